@@ -1,0 +1,398 @@
+"""
+The model: a GPT-2-style decoder, a scalar-head variant (reward model, critic), the hand-written
+batched KV-cache sampler, per-token log-probs shared by every algorithm, and LoRA.
+
+GPT-2 layout (pre-LayerNorm blocks, tanh-GELU MLP, learned positions, tied embeddings), so that
+GPT-2 checkpoints load and give the same logits as transformers' GPT2LMHeadModel.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 256
+    vocab_size: int = 320  # the byte tokenizer's 266 ids, rounded up to a multiple of 64
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = True
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        assert cfg.n_embd % cfg.n_head == 0
+        self.n_head, self.dropout = cfg.n_head, cfg.dropout
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, attn_mask=None, cache=None, layer=0):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # all past keys/values of this layer, new ones included
+        dropout = self.dropout if self.training else 0.0
+        if attn_mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's "gelu_new"
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, attn_mask=None, cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), attn_mask, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class KVCache:
+    """Keys and values of every layer, preallocated for the whole batch and the longest sequence.
+
+    All rows write the same columns (prompts are left-padded), so an update is one slice copy.
+    """
+
+    def __init__(self, cfg, batch_size, max_len, device, dtype):
+        shape = (cfg.n_layer, batch_size, cfg.n_head, max_len, cfg.n_embd // cfg.n_head)
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
+        self.length = 0  # columns filled by every layer so far
+        self.n_layer = cfg.n_layer
+
+    def update(self, layer, k, v):
+        end = self.length + k.size(2)
+        self.k[layer, :, :, self.length:end] = k
+        self.v[layer, :, :, self.length:end] = v
+        if layer == self.n_layer - 1:
+            self.length = end
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def keep_rows(self, rows):
+        self.k, self.v = self.k[:, rows], self.v[:, rows]
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = cfg
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
+            wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
+            drop=nn.Dropout(cfg.dropout),
+            h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
+            ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
+        ))
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied embeddings
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2: scaled init of the residual projections
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def hidden(self, idx, pos=None, attn_mask=None, cache=None):
+        """Final-LayerNorm hidden states (B, T, n_embd). pos: (B, T) position ids (ragged rows)."""
+        T = idx.size(1)
+        if pos is None:
+            pos = torch.arange(T, device=idx.device).unsqueeze(0)
+        if int(pos.max()) >= self.config.block_size:
+            raise ValueError(f"position {int(pos.max())} is beyond block_size={self.config.block_size}")
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, attn_mask, cache, layer)
+        return self.transformer.ln_f(x)
+
+    def forward(self, idx, pos=None, attn_mask=None, cache=None):
+        return self.lm_head(self.hidden(idx, pos, attn_mask, cache))
+
+    @torch.no_grad()
+    def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                 stop_tokens=(), seed=None, pad_id=0, tool_hook=None):
+        """Batched KV-cache sampling of ragged prompts (see `sample`). Returns (tokens, logprobs)."""
+        tokens, logprobs, _ = sample(self, prompts, max_new_tokens, temperature, top_k, top_p,
+                                     stop_tokens, seed, pad_id, tool_hook)
+        return tokens, logprobs
+
+    @classmethod
+    def from_pretrained(cls, name_or_dir, dropout=0.0):
+        """GPT-2 weights from a hub name ('gpt2', 'gpt2-medium', ...: network) or a local directory
+        written by transformers' save_pretrained (offline). Needs the optional transformers package."""
+        from transformers import GPT2LMHeadModel
+        hf = GPT2LMHeadModel.from_pretrained(name_or_dir)
+        c = hf.config
+        cfg = GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer,
+                        n_head=c.n_head, n_embd=c.n_embd, dropout=dropout, bias=True)
+        model = cls(cfg)
+        sd_hf = hf.state_dict()
+        transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+        with torch.no_grad():
+            for name, p in model.state_dict().items():
+                if name == "lm_head.weight":
+                    continue  # tied to wte
+                src = sd_hf[name]
+                # GPT-2 stores its linear layers as Conv1D, i.e. transposed
+                p.copy_(src.t() if name.endswith(transposed) else src)
+        return model
+
+    def resize_vocab(self, vocab_size):
+        """Grow the (tied) embedding, e.g. for chat special tokens appended to GPT-2's vocabulary."""
+        old = self.transformer.wte.weight
+        if vocab_size <= old.size(0):
+            return
+        new = nn.Embedding(vocab_size, old.size(1)).to(old.device, old.dtype)
+        with torch.no_grad():
+            new.weight[:old.size(0)] = old
+            new.weight[old.size(0):] = old.mean(0)  # new tokens start at the average embedding
+        self.transformer.wte = new
+        self.lm_head = nn.Linear(old.size(1), vocab_size, bias=False).to(old.device, old.dtype)
+        self.lm_head.weight = new.weight
+        self.config.vocab_size = vocab_size
+
+
+class ScalarHeadGPT(nn.Module):
+    """The same backbone with one linear head: a scalar per position (reward model, critic)."""
+
+    def __init__(self, gpt):
+        super().__init__()
+        self.gpt = gpt
+        self.config = gpt.config
+        self.head = nn.Linear(gpt.config.n_embd, 1)
+        nn.init.normal_(self.head.weight, std=1.0 / math.sqrt(gpt.config.n_embd + 1))
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, idx, pos=None, attn_mask=None):
+        return self.head(self.gpt.hidden(idx, pos, attn_mask)).squeeze(-1)  # (B, T)
+
+
+# ----------------------------------------------------------------------------------------------
+# Log-probs: the one function every algorithm uses to score tokens
+
+def token_logprobs(logits, targets, temperature=1.0):
+    """log π(targets | prefix) per position, in fp32. logits (B, T, V), targets (B, T) -> (B, T).
+
+    RL must divide by the sampler's temperature, or the ratio π_θ/π_old is wrong from step one."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    # cross_entropy avoids materialising the (B, T, V) log_softmax
+    return -F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+
+
+def sequence_logprobs(model, ids, temperature=1.0):
+    """Per-token log-probs of ids[:, 1:] given their prefixes: (B, T-1). Right padding is harmless
+    (causal attention never looks ahead); the caller masks padded and prompt positions."""
+    return token_logprobs(model(ids[:, :-1]), ids[:, 1:], temperature)
+
+
+def entropy_from_logits(logits, temperature=1.0):
+    logp = F.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# The sampler
+
+def _filter_logits(logits, top_k, top_p):
+    """Truncate the (already temperature-scaled) distribution: top-k, then nucleus (top-p)."""
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) >= top_p  # mass strictly before this token already ≥ p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return logits
+
+
+@torch.no_grad()
+def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+           stop_tokens=(), seed=None, pad_id=0, tool_hook=None):
+    """Batched sampling with a preallocated KV cache.
+
+    prompts: list of token-id lists (ragged). They are left-padded so every row writes the same
+    cache column; each row's position ids start at 0 at its own first token, and pad keys are
+    masked out, so a row's logits equal those of the same prompt alone.
+
+    Returns (tokens, logprobs, forced): per row the generated ids (stop token included when hit),
+    their log-probs under the distribution they were drawn from (logits / temperature before
+    top-k / top-p: what RL uses as π_old; greedy (temperature=0) reports the temperature-1
+    log-prob), and a 0/1 list marking tokens injected by tool_hook (log-prob 0.0, masked in RL).
+
+    tool_hook(row, generated_ids) -> list of ids or None is called after each sampled token; ids it
+    returns are fed to that row one per step (the tool's output) while other rows keep sampling.
+    """
+    was_training = model.training
+    model.eval()  # dropout off while sampling
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    B = len(prompts)
+    if B == 0:
+        return [], [], []
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    lens = torch.tensor([len(p) for p in prompts], device=device)
+    P = int(lens.max())
+    max_new_tokens = min(max_new_tokens, model.config.block_size - P)
+    if max_new_tokens <= 0:
+        raise ValueError(f"prompt of {P} tokens leaves no room in block_size={model.config.block_size}")
+    idx = torch.full((B, P), pad_id, dtype=torch.long, device=device)
+    for i, p in enumerate(prompts):
+        idx[i, P - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
+    pad_len = P - lens                                  # (B,)
+    cols = torch.arange(P + max_new_tokens, device=device)
+    key_valid = cols.unsqueeze(0) >= pad_len.unsqueeze(1)  # (B, P+N): False on left padding
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed) if seed is not None else gen.seed()
+
+    # prefill: causal within the row, never attending to pads (a pad query sees itself: no NaN)
+    causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
+    mask = (causal.unsqueeze(0) & key_valid[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=device)
+    cache = KVCache(model.config, B, P + max_new_tokens, device, dtype)
+    pos = (torch.arange(P, device=device).unsqueeze(0) - pad_len.unsqueeze(1)).clamp(min=0)
+    logits = model(idx, pos=pos, attn_mask=mask.unsqueeze(1), cache=cache)[:, -1]
+
+    out_tokens = [[] for _ in range(B)]
+    out_logprobs = [[] for _ in range(B)]
+    out_forced = [[] for _ in range(B)]
+    queued = [[] for _ in range(B)]        # tool output waiting to be fed, per row
+    rows = torch.arange(B, device=device)  # original row index of each cache row still active
+    next_pos = lens.clone()
+    for step in range(max_new_tokens):
+        if temperature == 0:
+            logp = F.log_softmax(logits.float(), dim=-1)
+            tok = logits.argmax(-1)
+        else:
+            logp = F.log_softmax(logits.float() / temperature, dim=-1)
+            probs = _filter_logits(logp, top_k, top_p).softmax(-1)
+            tok = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+        tok_logp = logp.gather(1, tok[:, None]).squeeze(1)
+        row_list = rows.tolist()
+        tok_list, lp_list = tok.tolist(), tok_logp.tolist()
+        done = []
+        for j, r in enumerate(row_list):
+            if queued[r]:  # a tool's output overrides what was sampled
+                tok_list[j] = queued[r].pop(0)
+                out_tokens[r].append(tok_list[j]); out_logprobs[r].append(0.0); out_forced[r].append(1)
+                continue
+            out_tokens[r].append(tok_list[j]); out_logprobs[r].append(lp_list[j]); out_forced[r].append(0)
+            if tok_list[j] in stop_tokens:
+                done.append(j)
+            elif tool_hook is not None:
+                injected = tool_hook(r, out_tokens[r])
+                if injected:
+                    queued[r].extend(injected)
+        if tool_hook is not None:
+            tok = torch.tensor(tok_list, dtype=torch.long, device=device)
+        if step == max_new_tokens - 1:
+            break
+        if done:
+            keep = torch.ones(len(row_list), dtype=torch.bool, device=device)
+            keep[done] = False
+            if not keep.any():
+                break
+            # drop finished rows from the batch: later steps cost only what is still running
+            keep_idx = keep.nonzero().squeeze(1)
+            cache.keep_rows(keep_idx)
+            rows, tok, next_pos, key_valid = rows[keep_idx], tok[keep_idx], next_pos[keep_idx], key_valid[keep_idx]
+        step_mask = key_valid[:, None, None, :cache.length + 1]
+        logits = model(tok[:, None], pos=next_pos[:, None], attn_mask=step_mask, cache=cache)[:, -1]
+        next_pos = next_pos + 1
+    model.train(was_training)
+    return out_tokens, out_logprobs, out_forced
+
+
+# ----------------------------------------------------------------------------------------------
+# LoRA: frozen W plus a trainable low-rank update B·A·(α/r), B zero-initialised (no change at init)
+
+class LoRALinear(nn.Module):
+    def __init__(self, base, rank, alpha):
+        super().__init__()
+        self.base = base
+        self.scale = alpha / rank
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=base.weight.device))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        base.weight.requires_grad_(False)
+        if base.bias is not None:
+            base.bias.requires_grad_(False)
+
+    def forward(self, x):
+        return self.base(x) + (x @ self.lora_A.t() @ self.lora_B.t()) * self.scale
+
+    def merged(self):
+        with torch.no_grad():
+            self.base.weight += (self.lora_B @ self.lora_A) * self.scale
+        return self.base
+
+
+def apply_lora(model, rank, alpha=None, trainable=()):
+    """Wrap every linear layer of the transformer blocks (attention and MLP) in LoRA and freeze the
+    rest, except parameters whose name starts with one of `trainable` (e.g. a scalar head).
+    Returns (trainable, total) parameter counts."""
+    alpha = alpha if alpha is not None else 2 * rank
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for block in [m for m in model.modules() if isinstance(m, Block)]:
+        for parent in (block.attn, block.mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, LoRALinear(child, rank, alpha))
+    for name, p in model.named_parameters():
+        if name.startswith(tuple(trainable)):
+            p.requires_grad_(True)
+    return count_parameters(model)
+
+
+def merge_lora(model):
+    """Fold every B·A·(α/r) into its W, leaving plain nn.Linear layers (same logits, faster)."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, LoRALinear):
+                setattr(module, name, child.merged())
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model
+
+
+def count_parameters(model):
+    """(trainable, total), counting a tied weight once."""
+    params = {id(p): p for p in model.parameters()}.values()
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)

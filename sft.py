@@ -1,0 +1,144 @@
+"""
+Pre-training and SFT: one masked next-token loss. SPEC §3 "Pre-training / SFT".
+
+    L = - Σ_t m_t · log π_θ(x_{t+1} | x_≤t)  /  Σ_t m_t
+
+--algo pretrain: m_t = 1 on every token of packed block_size windows of a corpus.
+--algo sft:      m_t = 1 only on the assistant's tokens (end token included); prompt, template,
+                 environment output and padding have m_t = 0 and get no gradient.
+
+Data: the built-in environment (solver demonstrations; a corpus of worked equations for
+pre-training) or --data=FILE through `datasets`, rows as {"text"}, {"prompt", "completion"} or
+{"messages": [{"role", "content"}, ...]}.
+"""
+
+import torch
+
+import train as T
+from model import token_logprobs
+
+defaults = dict(
+    train_problems=20000,  # built-in SFT pool (solver demonstrations of train-split problems)
+    corpus_docs=40000,     # built-in pre-training corpus size (documents)
+    val_examples=256,      # held-out examples for the validation loss
+)
+
+
+def masked_nll(model, ids, mask):
+    """(Σ m·(−log p), Σ m) of the next-token loss: position t predicts ids[t+1], weighted by mask[t+1]."""
+    m = mask[:, 1:]
+    logp = token_logprobs(model(ids[:, :-1]), ids[:, 1:])
+    return -(logp * m).sum(), m.sum()
+
+
+# -- data ------------------------------------------------------------------------------------------
+
+def encode_row(run, row):
+    """One file row -> (ids, loss mask), or RowError naming the bad field."""
+    tok, limit = run.tok, run.cfg["block_size"] + 1  # inputs are ids[:-1]: block_size tokens
+    if "messages" in row:
+        messages = T.require(row, "messages", list)
+        for j, msg in enumerate(messages):
+            if not isinstance(msg, dict) or not isinstance(msg.get("content"), str):
+                raise T.RowError(f"messages[{j}].content", "missing or not a string")
+        if not any(m.get("role") == "assistant" and m["content"].strip() for m in messages):
+            raise T.RowError("messages", "no non-empty assistant message")
+        try:
+            ids, mask = tok.render_chat(messages)
+        except ValueError as e:
+            raise T.RowError("messages", str(e)) from None
+        field = "messages"
+    elif "prompt" in row or "completion" in row:
+        prompt, completion = T.require(row, "prompt", str), T.require(row, "completion", str)
+        if not completion.strip():
+            raise T.RowError("completion", "empty answer")
+        ids = tok.prompt_ids(prompt)
+        answer = tok.response_ids(completion)
+        ids, mask = ids + answer, [0] * len(ids) + [1] * len(answer)
+        field = "completion"
+    elif "text" in row:
+        text = T.require(row, "text", str)
+        if not text.strip():
+            raise T.RowError("text", "empty text")
+        ids = [tok.bos] + tok.encode(text) + [tok.eos]
+        mask, field = [1] * len(ids), "text"
+    else:
+        raise T.RowError("text", f"no known layout: expected 'text', 'prompt'+'completion' or "
+                                 f"'messages', got fields {sorted(row)}")
+    if len(ids) > limit and run.cfg["algo"] == "sft":
+        raise T.RowError(field, f"{len(ids)} tokens, longer than block_size+1={limit}")
+    return ids, mask
+
+
+def builtin_examples(run, split, n):
+    tok = run.tok
+    out = []
+    for p in run.env.problems(split, n, seed=0):
+        prompt, answer = tok.prompt_ids(p["prompt"]), tok.response_ids(run.env.solve(p))
+        out.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+    return out
+
+
+def setup(run):
+    cfg = run.cfg
+    if cfg["data"]:
+        examples = T.encode_rows(run, cfg["data"], T.load_rows(cfg["data"]), lambda row: encode_row(run, row))
+        n_val = max(1, min(cfg["val_examples"], len(examples) // 20))
+        run.train_examples, run.val_examples = examples[:-n_val] or examples, examples[-n_val:]
+    elif cfg["algo"] == "pretrain":
+        docs = lambda split, n: [(ids, [1] * len(ids)) for ids in
+                                 ([run.tok.bos] + run.tok.encode(t) + [run.tok.eos]
+                                  for t in run.env.corpus(n, seed=0 if split == "train" else 1))]
+        run.train_examples, run.val_examples = docs("train", cfg["corpus_docs"]), docs("val", cfg["val_examples"])
+    else:
+        run.train_examples = builtin_examples(run, "train", cfg["train_problems"])
+        run.val_examples = builtin_examples(run, "heldout", cfg["val_examples"])
+    if cfg["algo"] == "pretrain":  # pack documents into one stream of tokens
+        run.stream = torch.tensor([t for ids, _ in run.train_examples for t in ids])
+        if len(run.stream) <= cfg["block_size"] + 1:
+            raise ValueError(f"pre-training corpus has {len(run.stream)} tokens, fewer than block_size+1")
+
+
+def batches(run, it):
+    """One optimizer step of gradient_accumulation_steps micro-batches, cut from a global batch that
+    depends only on (seed, it)."""
+    cfg = run.cfg
+    accum, bs = cfg["gradient_accumulation_steps"], cfg["batch_size"]
+    n = run.world_size * accum * bs
+    rng = T.seeded_rng(run, it)
+    if cfg["algo"] == "pretrain":
+        L = cfg["block_size"] + 1
+        starts = rng.integers(0, len(run.stream) - L, n)
+        windows = [(run.stream[s:s + L].tolist(), [1] * L) for s in starts]
+        return [[T.collate(mb, run.tok.pad, run.device) for mb in T.shard(windows, run, accum, bs)]]
+    picks = [run.train_examples[i] for i in rng.integers(0, len(run.train_examples), n)]
+    return [[T.collate(mb, run.tok.pad, run.device) for mb in T.shard(picks, run, accum, bs)]]
+
+
+def loss(run, model, batch):
+    ids, mask = batch
+    loss_sum, count = masked_nll(model, ids, mask)
+    return loss_sum, count, {}
+
+
+@torch.no_grad()
+def evaluate(run):
+    model = run.raw_model
+    model.eval()
+    examples = run.val_examples[run.rank::run.world_size]
+    total, count = 0.0, 0.0
+    with run.autocast:
+        for start in range(0, len(examples), run.cfg["eval_batch_size"]):
+            chunk = [(ids[:run.cfg["block_size"] + 1], m[:run.cfg["block_size"] + 1])
+                     for ids, m in examples[start:start + run.cfg["eval_batch_size"]]]
+            s, c = masked_nll(model, *T.collate(chunk, run.tok.pad, run.device))
+            total, count = total + float(s), count + float(c)
+    total, count = T.all_reduce_sum([total, count], run)
+    metrics = {"val_loss": total / max(count, 1.0)}
+    if run.cfg["algo"] == "sft" and not run.cfg["data"]:
+        for split in ("heldout", "ood"):
+            m, transcripts = T.env_accuracy(run, model, split, run.cfg["eval_problems"])
+            metrics.update(m)
+            T.write_samples(run, run.iter, transcripts)
+    model.train()
+    return metrics

@@ -1,0 +1,89 @@
+"""
+Tokenizer and chat template, through tiktoken.
+
+Two encodings:
+- "byte" (the default, built in, no download): the 256 byte values as tokens plus the chat special
+  tokens. Every string round-trips, and the vocabulary is tiny, which suits the tiny default model.
+- "gpt2": GPT-2's BPE (tiktoken fetches it once, then caches it) plus the same special tokens
+  appended after GPT-2's 50257 ids; use it with GPT-2 weights (init_from=gpt2*).
+
+Chat template (one for every algorithm, so policy and reference always see the same ids):
+
+    <|bos|> <|user|> question <|eos|> <|assistant|> answer <|eos|>
+
+The loss mask is 1 exactly on the assistant's content and its closing <|eos|>: a model that never
+sees its end token in the loss never learns to stop. <|pad|> only fills ragged batches and is never
+the end token.
+"""
+
+import tiktoken
+
+SPECIAL_TOKENS = [
+    "<|bos|>", "<|eos|>", "<|pad|>",
+    "<|system|>", "<|user|>", "<|assistant|>",
+    "<|tool_call|>", "<|/tool_call|>", "<|tool_result|>", "<|/tool_result|>",
+]
+ROLES = ("system", "user", "assistant", "tool")
+# a "tool" message is environment output: rendered inside tool_result tags and never learned
+_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+class Tokenizer:
+    def __init__(self, name="byte"):
+        if name == "byte":
+            ranks = {bytes([i]): i for i in range(256)}
+            pat = _PAT
+        elif name == "gpt2":
+            base = tiktoken.get_encoding("gpt2")
+            ranks, pat = base._mergeable_ranks, base._pat_str
+        else:
+            raise ValueError(f"unknown tokenizer {name!r}: expected 'byte' or 'gpt2'")
+        first = len(ranks) + (1 if name == "gpt2" else 0)  # keep GPT-2's <|endoftext|> = 50256
+        specials = {tok: first + i for i, tok in enumerate(SPECIAL_TOKENS)}
+        if name == "gpt2":
+            specials["<|endoftext|>"] = 50256
+        self.name = name
+        self.enc = tiktoken.Encoding(name=f"nanopost-{name}", pat_str=pat,
+                                     mergeable_ranks=ranks, special_tokens=specials)
+        self.n_vocab = self.enc.n_vocab
+        self.special = {tok[2:-2]: i for tok, i in specials.items()}  # "bos" -> id, "/tool_call" -> id
+        self.bos, self.eos, self.pad = self.special["bos"], self.special["eos"], self.special["pad"]
+
+    def encode(self, text):
+        # plain text never turns into special tokens: a user typing "<|eos|>" gets bytes
+        return self.enc.encode_ordinary(text)
+
+    def decode(self, ids):
+        # ids past the vocabulary (the model's embedding is padded to a multiple of 64) show as U+FFFD
+        parts = [self.enc.decode_single_token_bytes(i) if i < self.n_vocab else b"\xef\xbf\xbd"
+                 for i in ids if i != self.pad]
+        return b"".join(parts).decode("utf-8", errors="replace")
+
+    def render_chat(self, messages, add_generation_prompt=False):
+        """messages: [{"role", "content"}] -> (ids, loss_mask); mask is 1 on assistant tokens."""
+        ids, mask = [self.bos], [0]
+        for i, msg in enumerate(messages):
+            role, content = msg.get("role"), msg.get("content")
+            if role not in ROLES:
+                raise ValueError(f"message {i}: role must be one of {ROLES}, got {role!r}")
+            if not isinstance(content, str):
+                raise ValueError(f"message {i}: content must be a string, got {type(content).__name__}")
+            if role == "tool":
+                body = [self.special["tool_result"]] + self.encode(content) + [self.special["/tool_result"]]
+            else:
+                body = [self.special[role]] + self.encode(content) + [self.eos]
+            learn = 1 if role == "assistant" else 0
+            ids += body
+            mask += [0] + [learn] * (len(body) - 1)  # the role token itself is template, not learned
+        if add_generation_prompt:
+            ids.append(self.special["assistant"])
+            mask.append(0)
+        return ids, mask
+
+    def prompt_ids(self, prompt):
+        """A single-turn prompt, ready for the assistant to answer."""
+        return self.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)[0]
+
+    def response_ids(self, response):
+        """The assistant's answer as the model must produce it (end token included)."""
+        return self.encode(response) + [self.eos]
