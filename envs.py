@@ -61,10 +61,8 @@ class Arithmetic:
         if rng.random() >= self.word_frac:
             return "What is " + str(start) + "".join(f" {op} {b}" for op, b in steps) + "?"
         name, item = rng.choice(NAMES), rng.choice(ITEMS)
-        text = f"{name} has {start} {item}."
-        for op, b in steps:
-            text += f" Then gets {b} more." if op == "+" else f" Then gives away {b}."
-        return text + f" How many {item} now?"
+        moves = ", ".join(f"got {b}" if op == "+" else f"gave away {b}" for op, b in steps)
+        return f"{name} had {start} {item}, {moves}. How many now?"
 
     @staticmethod
     def _split_of(start, steps):

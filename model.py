@@ -129,10 +129,10 @@ class GPT(nn.Module):
     def hidden(self, idx, pos=None, attn_mask=None, cache=None):
         """Final-LayerNorm hidden states (B, T, n_embd). pos: (B, T) position ids (ragged rows)."""
         T = idx.size(1)
-        if pos is None:
+        if pos is None:  # (the sampler passes its own positions and keeps them in range)
+            if T > self.config.block_size:
+                raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
             pos = torch.arange(T, device=idx.device).unsqueeze(0)
-        if int(pos.max()) >= self.config.block_size:
-            raise ValueError(f"position {int(pos.max())} is beyond block_size={self.config.block_size}")
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for layer, block in enumerate(self.transformer.h):
             x = block(x, attn_mask, cache, layer)

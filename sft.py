@@ -76,6 +76,10 @@ def builtin_examples(run, split, n):
     for p in run.env.problems(split, n, seed=0):
         prompt, answer = tok.prompt_ids(p["prompt"]), tok.response_ids(run.env.solve(p))
         out.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+    longest = max(len(ids) for ids, _ in out)
+    if longest > run.cfg["block_size"] + 1:
+        raise ValueError(f"built-in {split} examples reach {longest} tokens: raise block_size "
+                         f"(now {run.cfg['block_size']}) or lower env_digits / env_ops")
     return out
 
 

@@ -374,6 +374,49 @@ def env_accuracy(run, model, split, n, temperature=0.0, samples=1, seed=0):
     return metrics, transcripts
 
 
+def rollouts(run, model, problems, samples_per_prompt, temperature=1.0, max_new_tokens=None, seed=None,
+             top_k=None, top_p=None):
+    """Sample `samples_per_prompt` responses per problem with the KV-cache sampler and score them
+    with the environment's verifier. Tokens in, tokens out: response ids are never decoded and
+    re-encoded for training (text is decoded only for the verifier).
+
+    Returns a dict; per-token tensors are aligned with the shifted targets ids[:, 1:], exactly like
+    sequence_logprobs(model, ids), so position t scores token ids[:, t+1]:
+        ids          (N, T) long   prompt + response, right-padded with <|pad|>; N = P·G, grouped by prompt
+        mask         (N, T-1) float 1 on response tokens (stop token included), 0 on prompt and padding
+        old_logprobs (N, T-1) float the sampler's log-probs (π_old), 0 where mask is 0
+        rewards      (N,) float    verifier reward
+        lengths      (N,) long     response lengths in tokens
+        truncated    (N,) bool     response hit max_new_tokens without the end token
+        group        (N,) long     index of the problem each row answers
+        texts, problems            decoded responses (for logs) and the problem of each row
+        decode_time, verify_time   seconds
+    """
+    prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(samples_per_prompt)]
+    rows = [p for p in problems for _ in range(samples_per_prompt)]
+    t0 = time.time()
+    tokens, logprobs = generate(run, model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                seed=seed, batch_size=len(prompts), top_k=top_k, top_p=top_p)
+    t1 = time.time()
+    texts = [response_text(run, t) for t in tokens]
+    rewards = torch.tensor([run.env.verify(p, text) for p, text in zip(rows, texts)], dtype=torch.float32)
+    t2 = time.time()
+    N, T = len(prompts), max(len(p) + len(t) for p, t in zip(prompts, tokens))
+    ids = torch.full((N, T), run.tok.pad, dtype=torch.long)
+    mask = torch.zeros(N, T - 1)
+    old = torch.zeros(N, T - 1)
+    for i, (p, t, lp) in enumerate(zip(prompts, tokens, logprobs)):
+        ids[i, :len(p) + len(t)] = torch.tensor(p + t)
+        mask[i, len(p) - 1:len(p) - 1 + len(t)] = 1.0
+        old[i, len(p) - 1:len(p) - 1 + len(t)] = torch.tensor(lp)
+    device = run.device
+    return dict(ids=ids.to(device), mask=mask.to(device), old_logprobs=old.to(device), rewards=rewards.to(device),
+                lengths=torch.tensor([len(t) for t in tokens], device=device),
+                truncated=torch.tensor([run.tok.eos not in t for t in tokens], device=device),
+                group=torch.arange(len(problems), device=device).repeat_interleave(samples_per_prompt),
+                texts=texts, problems=rows, decode_time=t1 - t0, verify_time=t2 - t1)
+
+
 def write_samples(run, it, transcripts):
     """Append a few sampled trajectories per eval to samples.txt, for a person to read."""
     if run.master and transcripts:
@@ -420,7 +463,7 @@ def lr_at(cfg, it):
 
 
 def train(overrides):
-    """Run one training job; returns the final evaluation metrics (on every rank)."""
+    """Run one training job; returns the run (run.raw_model, run.metrics: the last evaluation)."""
     overrides = dict(overrides)
     resume_ckpt = None
     if overrides.get("init_from") == "resume":
@@ -561,7 +604,8 @@ def train(overrides):
     if run.ddp:
         dist.barrier()
         dist.destroy_process_group()
-    return metrics
+    run.metrics = metrics
+    return run
 
 
 if __name__ == "__main__":

@@ -1,0 +1,44 @@
+"""Shared test fixtures: a tiny model config and a two-process (gloo) runner for train.train."""
+
+import os
+import socket
+import sys
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+torch.set_num_threads(1)
+
+# A model small enough that a few iterations take well under a second on one core.
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=96, batch_size=4, eval_interval=0,
+            log_interval=1, warmup_iters=2, max_iters=3, eval_problems=8, eval_batch_size=8,
+            train_problems=256, corpus_docs=256, val_examples=8, device="cpu")
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """TINY plus a fresh out_dir."""
+    return dict(TINY, out_dir=str(tmp_path / "run"))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world_size, port, fn, args, results):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    results[rank] = fn(*args)
+
+
+def run_ddp(fn, *args, world_size=2):
+    """Run fn(*args) in `world_size` gloo processes set up as torchrun would; returns each rank's
+    result (fn must be a module-level function and its result picklable)."""
+    results = mp.Manager().dict()
+    mp.spawn(_worker, args=(world_size, _free_port(), fn, args, results), nprocs=world_size, join=True)
+    return [results[r] for r in range(world_size)]
