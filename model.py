@@ -365,7 +365,7 @@ class LoRALinear(nn.Module):
 
 def apply_lora(model, rank, alpha=None, trainable=()):
     """Wrap every linear layer of the transformer blocks (attention and MLP) in LoRA and freeze the
-    rest, except parameters whose name starts with one of `trainable` (e.g. a scalar head).
+    rest, except parameters with a name component in `trainable` (e.g. "head": a scalar head).
     Returns (trainable, total) parameter counts."""
     alpha = alpha if alpha is not None else 2 * rank
     for p in model.parameters():
@@ -376,7 +376,7 @@ def apply_lora(model, rank, alpha=None, trainable=()):
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, LoRALinear(child, rank, alpha))
     for name, p in model.named_parameters():
-        if name.startswith(tuple(trainable)):
+        if any(part in trainable for part in name.split(".")):
             p.requires_grad_(True)
     return count_parameters(model)
 

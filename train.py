@@ -68,6 +68,7 @@ DEFAULTS = dict(
     lora_rank=0, lora_alpha=32.0,    # rank 0 = full fine-tuning; LoRA scale = alpha / rank
     # evaluation and logging
     eval_interval=100, eval_problems=200, eval_batch_size=100, log_interval=10,
+    max_new_tokens=64,          # response length limit for sampling (evaluation and rollouts)
     checkpoint=True,
     seed=1337, device="auto",
 )
@@ -272,18 +273,14 @@ def build_model(cfg, tok):
                      f"(with ckpt.pt), a GPT-2 name or a transformers GPT-2 directory")
 
 
-def _model_skeleton(meta):
-    model = GPT(GPTConfig(**meta["model_args"]))
-    return ScalarHeadGPT(model) if meta["kind"] == "scalar" else model
-
-
 def load_model(ckpt_dir, device="cpu"):
     """A trained model from a checkpoint directory, LoRA merged, in eval mode; a GPT or a ScalarHeadGPT."""
     path = os.path.join(ckpt_dir, "ckpt.pt")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
     ckpt = torch.load(path, map_location=device, weights_only=False)
-    model = _model_skeleton(ckpt)
+    model = GPT(GPTConfig(**ckpt["model_args"]))
+    model = ScalarHeadGPT(model) if ckpt["kind"] == "scalar" else model
     if ckpt["lora_rank"]:
         apply_lora(model, ckpt["lora_rank"], ckpt["lora_alpha"])
     model.load_state_dict(ckpt["model"])
@@ -304,12 +301,17 @@ def load_reference(run):
 
 
 def save_checkpoint(run, optimizer, it):
-    """Atomic: write a temporary file, then rename, so a crash never leaves a half-written ckpt.pt."""
+    """Atomic: write a temporary file, then rename, so a crash never leaves a half-written ckpt.pt.
+
+    "model" is what load_model() gives later scripts: the trained module itself, or its `policy` when
+    the algorithm trains several (PPO's policy + critic); "train_model" then holds all of them."""
     raw = run.raw_model
-    gpt = raw.gpt if isinstance(raw, ScalarHeadGPT) else raw
+    export = raw.policy if hasattr(raw, "policy") else raw
+    gpt = export.gpt if isinstance(export, ScalarHeadGPT) else export
     ckpt = dict(
-        model=raw.state_dict(), optimizer=optimizer.state_dict(), iter=it, config=run.cfg,
-        model_args=dataclasses.asdict(gpt.config), kind="scalar" if isinstance(raw, ScalarHeadGPT) else "lm",
+        model=export.state_dict(), train_model=raw.state_dict() if export is not raw else None,
+        optimizer=optimizer.state_dict(), iter=it, config=run.cfg,
+        model_args=dataclasses.asdict(gpt.config), kind="scalar" if isinstance(export, ScalarHeadGPT) else "lm",
         lora_rank=run.cfg["lora_rank"], lora_alpha=run.cfg["lora_alpha"], tokenizer=run.tok.name,
         rng=dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
                  cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None),
@@ -325,7 +327,7 @@ def save_checkpoint(run, optimizer, it):
 
 def generate(run, model, prompts, max_new_tokens=None, temperature=0.0, seed=None, batch_size=None, **kw):
     """Sample responses for a list of prompt-id lists in chunks; returns (tokens, logprobs)."""
-    max_new_tokens = max_new_tokens or run.cfg["block_size"]
+    max_new_tokens = max_new_tokens or run.cfg["max_new_tokens"]
     batch_size = batch_size or run.cfg["eval_batch_size"]
     tokens, logprobs = [], []
     with run.autocast:
@@ -485,10 +487,7 @@ def train(overrides):
     random.seed(cfg["seed"])
     np.random.seed(cfg["seed"])
 
-    if resume_ckpt is not None:
-        model = _model_skeleton(resume_ckpt)
-    else:
-        model = build_model(cfg, run.tok)
+    model = build_model(cfg, run.tok)  # on resume too: the same construction, then the saved weights
     if hasattr(run.algo, "wrap_model"):
         model = run.algo.wrap_model(run, model)
     elif not isinstance(model, GPT):
@@ -496,7 +495,7 @@ def train(overrides):
     if cfg["lora_rank"]:
         apply_lora(model, cfg["lora_rank"], cfg["lora_alpha"], trainable=("head",))
     if resume_ckpt is not None:
-        model.load_state_dict(resume_ckpt["model"])
+        model.load_state_dict(resume_ckpt["train_model"] or resume_ckpt["model"])
     model.to(run.device)
     run.raw_model = model
     run.model = DDP(model, device_ids=[run.device] if run.device.startswith("cuda") else None) if run.ddp else model
