@@ -2,14 +2,15 @@
 Verifiable environments, generated procedurally (no downloads). SPEC §4.
 
 Arithmetic (the default task): chains of additions and subtractions, written as symbols
-("What is 47 + 8 - 23?") or as a short word problem. Each environment offers
+("What is 7 + 8 - 3 + 5?") or as a short word problem ("Ann had 7 apples, got 8, gave away 3, ..."). Each environment offers
 - problems(split, n, seed): disjoint "train" / "heldout" splits and an "ood" split (one more digit);
-- solve(problem): a worked demonstration for SFT ("47+8=55. 55-23=32. Answer: 32");
+- solve(problem): a worked demonstration for SFT ("7+8=15. 15-3=12. 12+5=17. Answer: 17");
 - verify(problem, response): the reward, 1.0 or 0.0, from a strict answer parser;
 - corpus(n, seed): pre-training documents (bare worked equations, no question template).
 
-Difficulty knobs: `digits` (operand size) and `n_ops` (chain length). The default (2 digits, 2 ops)
-is learnt only partly by the tiny model in a few CPU minutes, leaving headroom for RL.
+Difficulty knobs: `digits` (operand size) and `n_ops` (chain length). The default (1 digit, 3 ops)
+is learnt only partly by the tiny model in a few CPU minutes (about half the held-out problems),
+leaving headroom for RL; the OOD split (2-digit start values) is far harder.
 """
 
 import hashlib
@@ -36,7 +37,7 @@ def parse_answer(response):
 class Arithmetic:
     name = "arithmetic"
 
-    def __init__(self, digits=2, n_ops=2, word_frac=0.5):
+    def __init__(self, digits=1, n_ops=3, word_frac=0.5):
         if digits < 1 or n_ops < 1:
             raise ValueError("digits and n_ops must be >= 1")
         self.digits, self.n_ops, self.word_frac = digits, n_ops, word_frac

@@ -36,6 +36,7 @@ def masked_nll(model, ids, mask):
 def encode_row(run, row):
     """One file row -> (ids, loss mask), or RowError naming the bad field."""
     tok, limit = run.tok, run.cfg["block_size"] + 1  # inputs are ids[:-1]: block_size tokens
+    row = {k: v for k, v in row.items() if v is not None}  # datasets fills absent columns with None
     if "messages" in row:
         messages = T.require(row, "messages", list)
         for j, msg in enumerate(messages):

@@ -57,7 +57,7 @@ DEFAULTS = dict(
     tokenizer="byte",           # byte (built in) | gpt2 (with GPT-2 weights)
     data="",                    # a json/jsonl/parquet file or hub dataset; "" = the built-in environment
     skip_bad_rows=False,        # malformed data rows: False = error naming file/row/field, True = skip and count
-    env="arithmetic", env_digits=2, env_ops=2,
+    env="arithmetic", env_digits=1, env_ops=3,  # the default task: 3-step chains of 1-digit operands
     # model, when init_from=scratch
     n_layer=4, n_head=4, n_embd=128, block_size=128, dropout=0.0, bias=True,
     # optimisation
@@ -69,7 +69,7 @@ DEFAULTS = dict(
     # evaluation and logging
     eval_interval=100, eval_problems=200, eval_batch_size=100, log_interval=10,
     max_new_tokens=64,          # response length limit for sampling (evaluation and rollouts)
-    checkpoint=True,
+    checkpoint=True, plot=True,  # checkpoint / metrics.png at every eval and at the end
     seed=1337, device="auto",
 )
 
@@ -445,7 +445,7 @@ def plot_metrics(out_dir):
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
-    fig.tight_layout()
+    fig.subplots_adjust(hspace=0.6, wspace=0.3, left=0.05, right=0.98, top=0.95, bottom=0.05)
     fig.savefig(os.path.join(out_dir, "metrics.png"), dpi=80)
     plt.close(fig)
 
@@ -541,7 +541,7 @@ def train(overrides):
         metrics = run.algo.evaluate(run)
         metrics["eval_time"] = time.time() - t0
         log({"iter": it, **metrics})
-        if run.master:
+        if run.master and cfg["plot"]:
             plot_metrics(cfg["out_dir"])
         return metrics
 

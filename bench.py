@@ -1,0 +1,312 @@
+"""
+Benchmarks (speed figures, not tests). One JSON line per measurement, then one line per target.
+
+    python bench.py                      # every benchmark
+    python bench.py sampler train_loop   # only these (names of the functions below)
+    python bench.py --device=cuda        # on a GPU (default: cpu)
+
+Every ratio compares two things measured side by side in this one process: same model, same
+inputs, warm-up first, then the median of several repeats.
+
+Adding a benchmark: write `def name(args) -> list of target rows` (use `report` and `target`) and
+put `@benchmark` above it.
+"""
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+import sft
+import train as T
+from tokenizer import Tokenizer
+
+BENCHMARKS = {}  # name -> function(args) returning its target rows; main() runs them in order
+
+
+def benchmark(fn):
+    BENCHMARKS[fn.__name__] = fn
+    return fn
+
+
+def report(**row):
+    print(json.dumps(row, ensure_ascii=False), flush=True)
+    return row
+
+
+def target(name, value, goal, higher_is_better=True):
+    """A target row: `value` against `goal` (a minimum, or a maximum when not higher_is_better)."""
+    met = value >= goal if higher_is_better else value <= goal
+    return dict(target=name, value=round(value, 3), goal=("≥ " if higher_is_better else "≤ ") + str(goal), met=met)
+
+
+def sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def median_seconds(fn, device, repeats, warmup=1):
+    """Median wall time of fn() over `repeats` calls, after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sampling: the KV-cache sampler vs recomputing the whole sequence, and vs transformers' generate
+
+PROMPT_LEN, NEW_TOKENS = 32, 128
+
+
+def default_model(device, block_size):
+    """train.py's default (from-scratch) model, with block_size raised to at least `block_size`."""
+    cfg = T.make_config(dict(block_size=max(T.DEFAULTS["block_size"], block_size)))
+    return T.build_model(cfg, Tokenizer(cfg["tokenizer"])).to(device).eval()
+
+
+@torch.no_grad()
+def sample_recompute(model, prompts, new_tokens, seed):
+    """The baseline without a cache: every step runs the whole sequence again. Same sampling rule
+    as model.sample at temperature 1 (softmax of the logits, one multinomial draw per row)."""
+    idx = torch.tensor(prompts, device=next(model.parameters()).device)
+    gen = torch.Generator(device=idx.device).manual_seed(seed)
+    for _ in range(new_tokens):
+        probs = F.softmax(model(idx)[:, -1].float(), dim=-1)
+        idx = torch.cat([idx, torch.multinomial(probs, 1, generator=gen)], dim=1)
+    return idx[:, len(prompts[0]):]
+
+
+TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def to_transformers(model):
+    """The inverse of GPT.from_pretrained: a GPT2LMHeadModel holding the same weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    c = model.config
+    if not c.bias:
+        raise ValueError("GPT-2 has biases: only a bias=True model converts")
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd,
+                                    n_layer=c.n_layer, n_head=c.n_head, resid_pdrop=0.0, embd_pdrop=0.0,
+                                    attn_pdrop=0.0, bos_token_id=None, eos_token_id=None))
+    # GPT-2's Conv1D layers store the transpose of an nn.Linear weight; lm_head is tied to wte
+    state = {name: (p.t() if name.endswith(TRANSPOSED) else p) for name, p in model.state_dict().items()}
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    if unexpected or any(not k.endswith((".attn.bias", ".attn.masked_bias")) for k in missing):
+        raise RuntimeError(f"weight names do not line up: missing {missing}, unexpected {unexpected}")
+    return hf.to(next(model.parameters()).device).eval()
+
+
+@benchmark
+def sampler(args):
+    device = args["device"]
+    model = default_model(device, PROMPT_LEN + NEW_TOKENS)
+    prompts_for = lambda batch: torch.randint(0, 256, (batch, PROMPT_LEN), generator=torch.Generator().manual_seed(0)).tolist()
+    targets = []
+    hf = None
+    try:
+        hf = to_transformers(model)
+    except ImportError:
+        report(bench="sampler", note="transformers is not installed: no comparison with its generate")
+    if hf is not None:  # identical weights: the same logits, else the comparison means nothing
+        ids = torch.tensor(prompts_for(2), device=device)
+        with torch.no_grad():
+            diff = (hf(ids).logits - model(ids)).abs().max().item()
+        report(bench="sampler", check="logits ours vs transformers", max_abs_diff=diff)
+        if diff > 1e-4:
+            raise RuntimeError(f"converted model's logits differ by {diff}")
+    ratios = {}
+    for batch in (1, 8, 64):
+        prompts = prompts_for(batch)
+        cached = lambda: model.generate(prompts, NEW_TOKENS, temperature=1.0, seed=0)
+        recompute = lambda: sample_recompute(model, prompts, NEW_TOKENS, seed=0)
+        # the recompute baseline is slow: fewer repeats of it, and at batch 64 (seconds per call) no
+        # warm-up, since the smaller batches have already run the same code
+        t_cache = median_seconds(cached, device, repeats=5)
+        t_full = median_seconds(recompute, device, repeats=3 if batch < 64 else 1, warmup=1 if batch < 64 else 0)
+        n = batch * NEW_TOKENS
+        row = dict(bench="sampler", batch=batch, new_tokens=NEW_TOKENS, prompt_len=PROMPT_LEN,
+                   kv_cache_tok_s=round(n / t_cache), recompute_tok_s=round(n / t_full),
+                   cache_vs_recompute=round(t_full / t_cache, 2))
+        if hf is not None:
+            input_ids = torch.tensor(prompts, device=device)
+            hf_generate = lambda: hf.generate(
+                input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=1.0,
+                top_k=0, top_p=1.0, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0)
+            out_len = hf_generate().size(1) - PROMPT_LEN  # (also its warm-up)
+            if out_len != NEW_TOKENS:
+                raise RuntimeError(f"transformers generated {out_len} tokens, not {NEW_TOKENS}")
+            t_hf = median_seconds(hf_generate, device, repeats=5, warmup=0)
+            row.update(hf_generate_tok_s=round(n / t_hf), ours_vs_hf=round(t_hf / t_cache, 2))
+            ratios[batch] = t_hf / t_cache
+        report(**row)
+        targets.append(target(f"sampler: KV cache vs full recompute, batch {batch}, {NEW_TOKENS} new tokens",
+                              t_full / t_cache, 5))
+    if 64 in ratios:
+        targets.append(target("sampler: ours vs transformers generate, batch 64", ratios[64], 2))
+    return targets
+
+
+# ----------------------------------------------------------------------------------------------
+# Training: the shared loop (train.train) vs a bare PyTorch loop on the same batches
+
+TRAIN_ITERS, TRAIN_WARMUP, TRAIN_REPEATS = 10, 2, 4
+
+
+def clocks():
+    """(wall, process CPU) seconds: CPU time is the cross-check when other jobs share the cores."""
+    return time.perf_counter(), time.process_time()
+
+
+def shared_loop_iteration_times(overrides):
+    """Run train.train and return (wall, CPU) seconds of each iteration, measured between
+    consecutive calls of sft.batches (the first thing an iteration does), so everything the loop
+    does per iteration (lr schedule, accumulation, clipping, logging, progress bar) is inside."""
+    stamps = []
+    original = sft.batches
+
+    def stamped_batches(run, it):
+        sync(run.device)
+        stamps.append(clocks())
+        return original(run, it)
+
+    sft.batches = stamped_batches
+    try:
+        run = T.train(overrides)
+    finally:
+        sft.batches = original
+    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(stamps, stamps[1:])], run
+
+
+def bare_loop_iteration_times(run, batches):
+    """The same model, optimizer settings and masked loss, written as the shortest loop possible."""
+    cfg, env = run.cfg, T.setup_device(run.cfg)
+    model = T.build_model(cfg, run.tok).to(run.device)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg["weight_decay"]},
+                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                                  lr=cfg["learning_rate"], betas=(cfg["beta1"], cfg["beta2"]),
+                                  fused=run.device.startswith("cuda"))
+    times = []
+    for ids, mask in batches:
+        sync(run.device)
+        start = clocks()
+        optimizer.zero_grad(set_to_none=True)
+        with env.autocast:
+            loss_sum, count = sft.masked_nll(model, ids, mask)
+        (loss_sum / count).backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])
+        optimizer.step()
+        sync(run.device)
+        end = clocks()
+        times.append((end[0] - start[0], end[1] - start[1]))
+    return times
+
+
+@benchmark
+def train_loop(args):
+    out_dir = tempfile.mkdtemp(prefix="bench_train_")
+    overrides = dict(algo="sft", max_iters=TRAIN_ITERS, eval_interval=0, checkpoint=False, device=args["device"],
+                     train_problems=2000, val_examples=16, out_dir=out_dir)  # small pools: setup stays short
+    shared, bare = [], []
+    for _ in range(TRAIN_REPEATS):  # alternate the two, so a change in machine load hits both alike
+        times, run = shared_loop_iteration_times(overrides)
+        shared += times[TRAIN_WARMUP:]
+        # the very batches the shared loop drew (they depend only on seed and iteration)
+        batches = [mb for it in range(TRAIN_ITERS) for mb in run.algo.batches(run, it)[0]]
+        # the shared loop's intervals end at the start of its last iteration: time the same iterations
+        bare += bare_loop_iteration_times(run, batches)[TRAIN_WARMUP:TRAIN_ITERS - 1]
+    tokens = statistics.mean(ids[:, :-1].numel() for ids, _ in batches)  # model input tokens per iteration
+    wall_shared, wall_bare = (statistics.median(t for t, _ in x) for x in (shared, bare))
+    cpu_shared, cpu_bare = (statistics.median(c for _, c in x) for x in (shared, bare))
+    overhead = wall_shared / wall_bare - 1
+    report(bench="train_loop", batch_size=run.cfg["batch_size"], tokens_per_iter=round(tokens),
+           iterations_timed=len(shared), shared_loop_tok_s=round(tokens / wall_shared),
+           bare_loop_tok_s=round(tokens / wall_bare), shared_iter_ms=round(1000 * wall_shared, 2),
+           bare_iter_ms=round(1000 * wall_bare, 2), overhead_pct=round(100 * overhead, 2),
+           cpu_overhead_pct=round(100 * (cpu_shared / cpu_bare - 1), 2))
+    return [target("train loop: overhead of train.train over a bare loop, % (wall clock)", 100 * overhead, 10,
+                   higher_is_better=False)]
+
+
+# ----------------------------------------------------------------------------------------------
+# DPO: one step with cached reference log-probs vs one SFT step on the same rows
+
+DPO_PAIRS, DPO_REPEATS = 32, 15
+
+
+@benchmark
+def dpo_step(args):
+    """A DPO optimizer step never runs π_ref (its log-probs are cached at setup), so it should cost
+    what an SFT step on the same chosen + rejected rows costs: same forward, same backward."""
+    from dpo import loss as dpo_loss_of_batch
+    import rm
+    out_dir = tempfile.mkdtemp(prefix="bench_dpo_")
+    # style pairs need no sampling: setup is just the pairs and their cached reference log-probs
+    run = T.train(dict(algo="dpo", loss="dpo", pairs="style", train_prompts=DPO_PAIRS, heldout_prompts=2,
+                       max_iters=0, eval_interval=0, checkpoint=False, device=args["device"], out_dir=out_dir))
+    batch = rm.collate(run, run.train_examples[:DPO_PAIRS])
+    sft_mask = F.pad(batch["mask"], (1, 0))  # masked_nll wants the mask aligned with ids, not ids[:, 1:]
+    model = T.build_model(run.cfg, run.tok).to(run.device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=run.device.startswith("cuda"))
+
+    def step(loss_fn):
+        optimizer.zero_grad(set_to_none=True)
+        with run.autocast:
+            loss_sum, count = loss_fn()
+        (loss_sum / count).backward()
+        optimizer.step()
+
+    dpo_fn = lambda: step(lambda: dpo_loss_of_batch(run, model, batch)[:2])
+    sft_fn = lambda: step(lambda: sft.masked_nll(model, batch["ids"], sft_mask))
+    t_dpo, t_sft = [], []
+    for _ in range(3):  # alternate, so a change in machine load hits both alike
+        t_dpo.append(median_seconds(dpo_fn, run.device, DPO_REPEATS))
+        t_sft.append(median_seconds(sft_fn, run.device, DPO_REPEATS))
+    t_dpo, t_sft = statistics.median(t_dpo), statistics.median(t_sft)
+    tokens = batch["ids"][:, :-1].numel()
+    report(bench="dpo_step", pairs=DPO_PAIRS, rows=batch["ids"].size(0), tokens_per_step=tokens,
+           dpo_step_ms=round(1000 * t_dpo, 2), sft_step_ms=round(1000 * t_sft, 2),
+           dpo_tok_s=round(tokens / t_dpo), sft_tok_s=round(tokens / t_sft), dpo_vs_sft=round(t_dpo / t_sft, 3))
+    return [target("dpo step (cached reference) vs sft step on the same tokens, ×", t_dpo / t_sft, 1.15,
+                   higher_is_better=False)]
+
+
+# ----------------------------------------------------------------------------------------------
+
+def main(argv):
+    args = dict(device="cpu")
+    names = []
+    for arg in argv:
+        if arg.startswith("--device="):
+            args["device"] = arg.split("=", 1)[1]
+        elif arg in BENCHMARKS:
+            names.append(arg)
+        else:
+            sys.exit(f"unknown argument {arg!r}: benchmarks are {list(BENCHMARKS)}, option --device=")
+    report(torch=torch.__version__, threads=torch.get_num_threads(), device=args["device"],
+           cpu_count=os.cpu_count())
+    targets = []
+    for name in names or BENCHMARKS:
+        t0 = time.time()
+        targets += BENCHMARKS[name](args)
+        report(bench=name, seconds=round(time.time() - t0, 1))
+    for row in targets:
+        report(**row)
+    print(f"targets met: {sum(r['met'] for r in targets)} of {len(targets)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

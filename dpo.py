@@ -1,0 +1,298 @@
+"""
+Direct preference methods: DPO and its family (IPO, KTO, SimPO, ORPO). SPEC §3 "DPO",
+"Direct-method family"; M14 §6–8.
+
+    python train.py --algo dpo config/dpo.py --init_from=out/sft --loss=dpo   # or ipo | kto | simpo | orpo
+
+Offline: the pairs are fixed (rm.py builds them: verifier- or style-labelled answers of the SFT
+model, or a file), nothing is sampled during training. Log-probs of a response are sums over its
+tokens only: logits shifted by one, prompt and padding excluded, the same chat template for policy
+and reference (model.sequence_logprobs and the 0/1 response mask):
+
+    log π(y | x) = Σ_t m_t · log π(x_{t+1} | x_≤t)
+
+With DPO, IPO and KTO the reference π_ref (the frozen init_from model) enters only through these
+sums on the fixed data, so they are computed once at setup and cached, in memory and in out_dir
+(keyed by a hash of the tokenizer, every token id and the reference weights: change any of them
+and the cache is rebuilt). No reference forward runs during training; π_ref is loaded again only
+at evaluation, to estimate the KL drift on the policy's own samples. SimPO and ORPO need no
+reference at all.
+
+Every loss is a mean over pairs (KTO: over single examples), count = examples.
+"""
+
+import hashlib
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+import rm
+import train as T
+from model import sequence_logprobs
+
+LOSSES = ("dpo", "ipo", "kto", "simpo", "orpo")
+USES_REFERENCE = ("dpo", "ipo", "kto")
+
+defaults = dict(
+    loss="dpo",                  # dpo | ipo | kto | simpo | orpo
+    beta=0.1,                    # DPO / IPO / KTO: strength of the anchor to π_ref
+    simpo_beta=2.0,              # SimPO's reward scale (on mean log-probs, hence much larger)
+    simpo_gamma=1.0,             # SimPO's target margin γ
+    orpo_lambda=0.1,             # ORPO: weight λ of the odds-ratio term next to the NLL
+    kto_desirable_weight=1.0,    # KTO λ_D
+    kto_undesirable_weight=1.0,  # KTO λ_U
+    **rm.PAIR_DEFAULTS,
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# The losses, elementwise over examples. Inputs are sequence log-prob sums (or means: ℓ̄ = sum / |y|).
+
+def dpo_loss(policy_lp_w, policy_lp_l, ref_lp_w, ref_lp_l, beta):
+    """M14 §6, §13. Returns (loss, local slope |∂L/∂z| = σ(−z), z > 0)."""
+    if not math.isfinite(beta) or beta <= 0:
+        raise ValueError("beta must be finite and positive")
+    if not all(bool(torch.isfinite(v).all()) for v in (policy_lp_w, policy_lp_l, ref_lp_w, ref_lp_l)):
+        raise ValueError("log probabilities must be finite")
+    # z = β[(log π_θ(y_w) − log π_ref(y_w)) − (log π_θ(y_l) − log π_ref(y_l))],  L = −log σ(z)
+    z = beta * ((policy_lp_w - ref_lp_w) - (policy_lp_l - ref_lp_l))
+    return F.softplus(-z), torch.sigmoid(-z), z > 0  # softplus(−z) = −log σ(z) without overflow
+
+
+def ipo_loss(policy_lp_w, policy_lp_l, ref_lp_w, ref_lp_l, beta):
+    # h = (log π_θ(y_w) − log π_ref(y_w)) − (log π_θ(y_l) − log π_ref(y_l)),  L = (h − 1/(2β))²:
+    # a bounded target margin, so near-tied or noisy pairs are not pushed apart without end
+    h = (policy_lp_w - ref_lp_w) - (policy_lp_l - ref_lp_l)
+    return (h - 1 / (2 * beta)) ** 2
+
+
+def kto_loss(policy_lp, ref_lp, desirable, z_ref, beta, desirable_weight, undesirable_weight):
+    # r = log π_θ(y|x) − log π_ref(y|x), z_ref = detached KL(π_θ‖π_ref) estimate ≥ 0,
+    # v = λ_D σ(β(r − z_ref)) if desirable else λ_U σ(β(z_ref − r)),  L = λ_y − v
+    r = policy_lp - ref_lp
+    value = torch.where(desirable, desirable_weight * torch.sigmoid(beta * (r - z_ref)),
+                        undesirable_weight * torch.sigmoid(beta * (z_ref - r)))
+    return torch.where(desirable, desirable_weight, undesirable_weight) - value
+
+
+def simpo_loss(mean_lp_w, mean_lp_l, beta, gamma):
+    # ℓ̄ = log π_θ(y|x) / |y| (no reference),  L = −log σ(β(ℓ̄_w − ℓ̄_l) − γ)
+    return F.softplus(-(beta * (mean_lp_w - mean_lp_l) - gamma))
+
+
+def log_odds(mean_lp):
+    """log(p / (1 − p)) of the per-token likelihood p = exp(ℓ̄); ℓ̄ is kept just below 0, where
+    log(1 − p) = log(−expm1(ℓ̄)) would be −inf."""
+    mean_lp = mean_lp.clamp(max=-1e-6)
+    return mean_lp - torch.log(-torch.expm1(mean_lp))
+
+
+def orpo_loss(mean_lp_w, mean_lp_l, lam):
+    # L = −ℓ̄_w + λ · (−log σ(log odds(y_w) − log odds(y_l))): SFT on the chosen answer plus an
+    # odds-ratio penalty on the rejected one, one stage, no reference
+    return -mean_lp_w + lam * F.softplus(-(log_odds(mean_lp_w) - log_odds(mean_lp_l)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Sequence log-probs and the reference cache
+
+def sequence_sums(model, batch):
+    """One forward over the batch's rows: (log-prob sums, response lengths), each split into the
+    examples' first and second responses."""
+    token_lp = sequence_logprobs(model, batch["ids"]) * batch["mask"]
+    sums, lengths = token_lp.sum(1), batch["mask"].sum(1)
+    return sums.chunk(2), lengths.chunk(2)
+
+
+def weights_fingerprint(model):
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def cache_key(run, reference, example_sets):
+    """Changes when the tokenizer, any token id (template included) or the reference weights change."""
+    h = hashlib.sha256(f"{run.tok.name}|{weights_fingerprint(reference)}".encode())
+    for examples in example_sets:
+        for ex in examples:
+            h.update(repr((ex["prompt"], ex["responses"])).encode())
+    return h.hexdigest()
+
+
+@torch.no_grad()
+def reference_logprobs(run, reference, examples):
+    """(N, 2) log π_ref sums of every example's two responses."""
+    out = []
+    with run.autocast:
+        for start in range(0, len(examples), run.cfg["eval_batch_size"]):
+            (a, b), _ = sequence_sums(reference, rm.collate(run, examples[start:start + run.cfg["eval_batch_size"]]))
+            out.append(torch.stack([a, b], 1).float().cpu())
+    return torch.cat(out)
+
+
+def attach_reference(run, example_sets):
+    """Put ex["ref"] = (log π_ref(resp 0), log π_ref(resp 1)) on every example, from the cache file
+    when its key matches, else computed once (every rank computes; rank 0 writes)."""
+    reference = T.load_reference(run)
+    key = cache_key(run, reference, example_sets)
+    path = os.path.join(run.cfg["out_dir"], f"ref_logprobs_{key[:16]}.pt")
+    cached = torch.load(path, weights_only=True) if os.path.isfile(path) else None
+    if cached is not None and cached["key"] == key:
+        values = cached["values"]
+    else:
+        values = [reference_logprobs(run, reference, examples) for examples in example_sets]
+        if run.master:
+            torch.save(dict(key=key, values=values), path + ".tmp")
+            os.replace(path + ".tmp", path)
+    for examples, v in zip(example_sets, values):
+        for ex, ref in zip(examples, v.tolist()):
+            ex["ref"] = tuple(ref)
+    run.ref_cache_path = path
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-example loss and implicit rewards of the chosen --loss
+
+def preference_terms(run, batch, sums, lengths, z_ref=None):
+    """Per-example (loss, reward of response 0, reward of response 1), rewards in each method's own
+    units: β·log(π_θ/π_ref) for DPO / IPO / KTO, SimPO's β·ℓ̄, ORPO's log-odds."""
+    cfg, kind = run.cfg, run.cfg["loss"]
+    (lp_a, lp_b), (len_a, len_b) = sums, lengths
+    if kind in USES_REFERENCE:
+        ref_a, ref_b = batch["ref"].unbind(1)
+        reward_a, reward_b = cfg["beta"] * (lp_a - ref_a), cfg["beta"] * (lp_b - ref_b)
+    if kind == "dpo":
+        losses = dpo_loss(lp_a, lp_b, ref_a, ref_b, cfg["beta"])[0]
+    elif kind == "ipo":
+        losses = ipo_loss(lp_a, lp_b, ref_a, ref_b, cfg["beta"])
+    elif kind == "kto":  # response 1 is the mismatched completion: it only feeds z_ref
+        losses = kto_loss(lp_a, ref_a, batch["label"] > 0, z_ref, cfg["beta"],
+                          cfg["kto_desirable_weight"], cfg["kto_undesirable_weight"])
+    elif kind == "simpo":
+        mean_a, mean_b = lp_a / len_a, lp_b / len_b
+        losses = simpo_loss(mean_a, mean_b, cfg["simpo_beta"], cfg["simpo_gamma"])
+        reward_a, reward_b = cfg["simpo_beta"] * mean_a, cfg["simpo_beta"] * mean_b
+    elif kind == "orpo":
+        mean_a, mean_b = lp_a / len_a, lp_b / len_b
+        losses = orpo_loss(mean_a, mean_b, cfg["orpo_lambda"])
+        reward_a, reward_b = log_odds(mean_a), log_odds(mean_b)
+    return losses, reward_a, reward_b
+
+
+def mismatched_kl(run, batch, sums):
+    """KTO's reference point terms: Σ over the batch of log π_θ(y_j|x_i) − log π_ref(y_j|x_i) on
+    the mismatched pairs, detached (no gradient through z_ref), and their count."""
+    return float((sums[1] - batch["ref"][:, 1]).detach().sum()), len(sums[1])
+
+
+def example_metrics(run, batch, sums, lengths, losses, reward_a, reward_b):
+    """Sums (not means) of the logged figures over the examples of one batch."""
+    (lp_a, lp_b), (len_a, len_b) = sums, lengths
+    if run.cfg["loss"] == "kto":
+        desirable = (batch["label"] > 0).float()
+        return dict(loss=losses.sum(), reward_desirable=(reward_a * desirable).sum(),
+                    reward_undesirable=(reward_a * (1 - desirable)).sum(), n_desirable=desirable.sum(),
+                    logp=lp_a.sum(), length=len_a.sum(), n=len(losses))
+    return dict(loss=losses.sum(), reward_chosen=reward_a.sum(), reward_rejected=reward_b.sum(),
+                margin=(reward_a - reward_b).sum(), pref_acc=(reward_a > reward_b).sum(),
+                logp_chosen=lp_a.sum(), logp_rejected=lp_b.sum(), len_chosen=len_a.sum(),
+                len_rejected=len_b.sum(), n=len(losses))
+
+
+def as_means(sums):
+    """Turn example_metrics sums into means (KTO's rewards over their own class)."""
+    n, n_d = sums["n"], sums.get("n_desirable")
+    out = {}
+    for k, v in sums.items():
+        if k in ("n", "n_desirable"):
+            continue
+        denominator = n_d if k == "reward_desirable" else n - n_d if k == "reward_undesirable" else n
+        out[k] = float(v) / max(float(denominator), 1.0)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The algorithm
+
+def setup(run):
+    if run.cfg["loss"] not in LOSSES:
+        raise ValueError(f"loss={run.cfg['loss']!r}: choose from {LOSSES}")
+    run.train_examples, run.heldout_examples = rm.load_preferences(run, singles=run.cfg["loss"] == "kto")
+    if run.cfg["loss"] in USES_REFERENCE:
+        attach_reference(run, [run.train_examples, run.heldout_examples])
+    T.write_samples(run, 0, run.pair_transcripts)
+
+
+def batches(run, it):
+    return rm.step_batches(run, it, run.train_examples)
+
+
+def loss(run, model, batch):
+    sums, lengths = sequence_sums(model, batch)
+    z_ref = None
+    if run.cfg["loss"] == "kto":  # the KL estimate of the whole step batch, over all ranks
+        kl_sum, kl_count = T.all_reduce_sum(mismatched_kl(run, batch, sums), run)
+        z_ref = max(kl_sum / kl_count, 0.0)
+    losses, reward_a, reward_b = preference_terms(run, batch, sums, lengths, z_ref)
+    with torch.no_grad():
+        metrics = as_means(example_metrics(run, batch, sums, lengths, losses, reward_a, reward_b))
+    metrics.pop("loss")  # (the loop logs the loss itself)
+    if z_ref is not None:
+        metrics["kto_z_ref"] = z_ref
+    return losses.sum(), len(losses), metrics
+
+
+@torch.no_grad()
+def kl_to_reference(run, model):
+    """KL(π_θ‖π_ref) per response, estimated on the policy's own samples (temperature 1) of held-out
+    prompts: mean over samples of Σ_t (log π_θ − log π_ref). Also their accuracy and length."""
+    reference = T.load_reference(run)
+    problems = run.env.problems("heldout", run.cfg["eval_problems"], seed=1)[run.rank::run.world_size]
+    kl, reward, length = 0.0, 0.0, 0.0
+    for start in range(0, len(problems), run.cfg["eval_batch_size"]):
+        roll = T.rollouts(run, model, problems[start:start + run.cfg["eval_batch_size"]], 1, temperature=1.0,
+                          seed=start)
+        with run.autocast:
+            ref_lp = sequence_logprobs(reference, roll["ids"])
+        kl += float(((roll["old_logprobs"] - ref_lp) * roll["mask"]).sum())
+        reward += float(roll["rewards"].sum())
+        length += float(roll["lengths"].sum())
+    kl, reward, length, n = T.all_reduce_sum([kl, reward, length, len(problems)], run)
+    return dict(kl_ref=kl / n, sampled_acc=reward / n, sampled_len=length / n)
+
+
+@torch.no_grad()
+def evaluate(run):
+    """Held-out preference figures (val_*), and on the environment: greedy held-out accuracy and
+    response length, and the KL drift to π_ref on sampled answers."""
+    model = run.raw_model
+    model.eval()
+    examples = run.heldout_examples[run.rank::run.world_size]
+    totals = {}
+    with run.autocast:
+        for start in range(0, len(examples), run.cfg["eval_batch_size"]):
+            batch = rm.collate(run, examples[start:start + run.cfg["eval_batch_size"]])
+            sums, lengths = sequence_sums(model, batch)
+            z_ref = None
+            if run.cfg["loss"] == "kto":  # this chunk's own estimate: ranks may hold different chunk counts
+                kl_sum, kl_count = mismatched_kl(run, batch, sums)
+                z_ref = max(kl_sum / kl_count, 0.0)
+            terms = preference_terms(run, batch, sums, lengths, z_ref)
+            for k, v in example_metrics(run, batch, sums, lengths, *terms).items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+    keys = ["n", "loss", "pref_acc", "margin", "reward_chosen", "reward_rejected", "len_chosen", "len_rejected",
+            "logp_chosen", "logp_rejected"] if run.cfg["loss"] != "kto" else \
+        ["n", "n_desirable", "loss", "reward_desirable", "reward_undesirable", "logp", "length"]
+    reduced = dict(zip(keys, T.all_reduce_sum([totals.get(k, 0.0) for k in keys], run)))
+    metrics = {f"val_{k}": v for k, v in as_means(reduced).items()}
+    if not run.cfg["data"]:
+        env_metrics, transcripts = T.env_accuracy(run, model, "heldout", run.cfg["eval_problems"])
+        metrics.update(env_metrics)
+        metrics.update(kl_to_reference(run, model))
+        T.write_samples(run, run.iter, transcripts)
+    model.train()
+    return metrics

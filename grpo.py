@@ -1,0 +1,505 @@
+"""
+Online RL with verifiable rewards: REINFORCE, RLOO, GRPO, Dr. GRPO and DAPO as named, independent
+choices of one loop. SPEC §3 (REINFORCE, RLOO, GRPO, DAPO), §5 (worked examples), §6 (what a run
+reports, its passport), §7 (rollouts dominate the cost); seed M14 §9–§13.
+
+    python train.py --algo grpo --init_from=out/sft                 # GRPO from an SFT checkpoint
+    python train.py --algo grpo config/dapo.py --init_from=out/sft  # a recipe: config/{grpo,dapo,dr_grpo,rloo}.py
+
+One iteration (synchronous, on-policy):
+  1. rollouts: prompts_per_iter prompts × group_size responses sampled from the current policy
+     (π_old) with the KV-cache sampler, tokens in / tokens out; rewards from the verifier;
+  2. one advantage A_i per response, shared by all its tokens;
+  3. inner_epochs × minibatches optimizer steps on the clipped surrogate, per response token t:
+
+         ρ_it = π_θ(y_it | x, y_i<t) / π_old(y_it | x, y_i<t)
+         q_it = min(ρ_it·A_i, clip(ρ_it, 1 − eps_low, 1 + eps_high)·A_i)      loss = −q_it (+ β·k3_it)
+
+     With A > 0 the gain stops once ρ > 1 + eps_high, with A < 0 once ρ < 1 − eps_low (the gradient
+     is cut on that side only). Clip-Higher (DAPO): eps_high > eps_low lets rare tokens grow more.
+     On the first step of a rollout batch ρ = 1 and the gradient is exactly REINFORCE with A_i.
+
+The choices (config keys):
+
+estimator — rewards r_1..r_G of one prompt's group -> advantages:
+    reinforce  A_i = r_i − mean(r over the whole batch)     (one batch-mean baseline, no groups)
+    rloo       A_i = r_i − (Σ_{j≠i} r_j) / (G − 1)          (leave-one-out: the baseline ignores r_i)
+    grpo       A_i = (r_i − mean(r_1..G)) / std(r_1..G)     (population std, ddof = 0)
+    dr_grpo    A_i = r_i − mean(r_1..G)                      (no std)
+  A mean that includes r_i shrinks the expected gradient by (G − 1)/G (SPEC §5: 0.18375 vs 0.21).
+
+loss_agg — how the per-token losses ℓ_it of one optimizer step's global batch become one number,
+  mapped onto the loop's contract loss = Σ loss_sum / Σ count (over micro-batches and ranks):
+    seq_mean_token_mean      (1/N) Σ_i (1/|y_i|) Σ_t ℓ_it   loss_sum = Σ_i mean_t ℓ_it,  count = N responses  (GRPO)
+    token_mean               Σ_it ℓ_it / Σ_i |y_i|          loss_sum = Σ_it ℓ_it,        count = tokens       (DAPO)
+    seq_mean_token_sum_norm  (1/N) Σ_i Σ_t ℓ_it / L_max     loss_sum = Σ_it ℓ_it / L_max, count = N           (Dr. GRPO)
+  The last is Dr. GRPO's Σ_it ℓ_it / (G·L_max) per group, averaged over groups; L_max = max_new_tokens,
+  a constant, so a response's weight does not depend on its own length. Prompt and padding are in no sum.
+
+kl — to π_ref, the frozen init_from model, scored at the sampler's temperature (β = kl_coef):
+    off        no KL term (the DAPO and Dr. GRPO recipes)
+    k1_reward  r_i ← r_i − β Σ_t (log π_old − log π_ref)(y_it): the sequence's log-ratio folded into the
+               reward before the advantages (γ = 1; one advantage per response). Unbiased: the
+               score-function gradient of E_π[log π/π_ref] is ∇KL(π‖π_ref), since E_π[∇log π] = 0.
+    k3_loss    + β·k3_it per token, k3 = π_ref/π_θ − log(π_ref/π_θ) − 1 ≥ 0, aggregated like the policy
+               term (as in the GRPO paper's objective). Its value estimates KL(π‖π_ref) without bias,
+               but its gradient is biased: E_π[∇k3] = −Σ_y π_ref(y)·∇log π_θ(y) = ∇KL(π_ref‖π_θ), the
+               other direction of the KL (and here on π_old's samples, with no ratio).
+  KL(π_old‖π_ref) per token (the k1 mean) is logged every iteration whatever this key says.
+
+on_degenerate — a group whose rewards are all equal carries no relative signal:
+    drop   its responses leave the batch: they are in no sum and no denominator
+    zeros  A = 0: no policy-gradient term, but its responses still count in the denominator and the
+           k3 term still pulls them towards π_ref (M14 §9)
+    raise  stop with an error
+  reinforce has no groups, so the rule does not apply to it.
+
+dynamic_sampling_rounds — DAPO's dynamic sampling (needs on_degenerate=drop): after the first
+  rollout, up to this many extra rollouts of fresh prompts refill each shard with informative groups;
+  extra responses are counted (extra_rollouts). If the rounds run out, the missing groups are
+  degenerate ones marked dropped: the batch never trains on a degenerate group.
+
+overlong_cache — DAPO's soft overlong penalty, added to the reward, with L = the response limit:
+    0 if |y| ≤ L − L_cache;  (L − L_cache − |y|) / L_cache in the last L_cache tokens (−1 at |y| = L).
+
+old_logprobs — where π_old comes from: "sampler" (the log-probs the sampler drew with; equal to a
+  training forward in fp32, checked by a test), "recompute" (one no-grad forward of the same weights
+  before the first update: needed when sampling and training differ numerically, e.g. bf16 autocast
+  on a GPU, or a separate inference engine), or "auto" (recompute under autocast, else sampler).
+  π_old stays fixed for all inner epochs: it is the policy that sampled, not the current one.
+
+Rollouts are sampled in shards of rollout_prompts prompts, shard s of iteration it seeded by
+(seed, it, s); rank r takes shards r, r + world_size, ...; minibatch m is slice m of every shard.
+So a run's batches do not depend on how many processes share them: two ranks take the same steps
+as one process (tested), and every rank always returns the same number of steps and micro-batches
+(dropped groups are masked, never removed, so DDP cannot deadlock).
+
+The policy is scored with dropout off (eval mode) in the loss too: π_θ in ρ must be the function
+that sampled, or ρ ≠ 1 before any update.
+"""
+
+import os
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import train as T
+from model import entropy_from_logits, sequence_logprobs, token_logprobs
+
+defaults = dict(
+    prompts_per_iter=16,       # P: prompts per iteration, global over ranks
+    group_size=8,              # G: responses per prompt
+    rollout_prompts=0,         # prompts per sampler call (a shard); 0 = prompts_per_iter / world_size
+    temperature=1.0,           # sampling temperature; π_θ, π_old and π_ref are all scored at it
+    estimator="grpo",          # reinforce | rloo | grpo | dr_grpo
+    loss_agg="seq_mean_token_mean",  # seq_mean_token_mean | token_mean | seq_mean_token_sum_norm
+    eps_low=0.2, eps_high=0.2,       # clip range [1 - eps_low, 1 + eps_high]
+    inner_epochs=1,            # passes over each rollout batch
+    minibatches=2,             # optimizer steps per pass
+    kl="k3_loss",              # off | k1_reward | k3_loss
+    kl_coef=0.04,              # β
+    on_degenerate="zeros",     # drop | zeros | raise
+    dynamic_sampling_rounds=0, # DAPO: extra rollouts to refill informative groups (0 = off)
+    overlong_cache=0,          # DAPO: soft length penalty over the last L_cache tokens (0 = off)
+    old_logprobs="auto",       # auto | sampler | recompute
+    eval_pass_k=8,             # pass@k on the held-out split at the sampling temperature (< 2: off)
+)
+
+CHOICES = dict(estimator=("reinforce", "rloo", "grpo", "dr_grpo"),
+               loss_agg=("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"),
+               kl=("off", "k1_reward", "k3_loss"), on_degenerate=("drop", "zeros", "raise"),
+               old_logprobs=("auto", "sampler", "recompute"))
+
+
+# ----------------------------------------------------------------------------------------------
+# The math: advantages, rewards, aggregation, the clipped loss (pure functions, tested on numbers)
+
+def degenerate_groups(rewards):
+    """(P, G) rewards -> (P,) True where every reward of the group is equal. Exact equality, not
+    std == 0: the mean of equal floats can be off by an ulp, and dividing by that std explodes."""
+    return (rewards == rewards[..., :1]).all(-1)
+
+
+def grpo_advantages(rewards, on_degenerate="raise"):
+    """The seed's primitive (M14 §13) in torch: (r − mean) / std with the population std (ddof = 0),
+    per group along the last dimension ((G,) or (P, G)). A degenerate group is an error or zeros."""
+    if on_degenerate not in ("raise", "zeros"):
+        raise ValueError(f"on_degenerate must be 'raise' or 'zeros', got {on_degenerate!r}")
+    r = torch.as_tensor(rewards)
+    if not r.is_floating_point():
+        r = r.float()
+    if r.dim() not in (1, 2) or r.size(-1) < 2:
+        raise ValueError(f"rewards must be one group (G,) or groups (P, G) with G >= 2, got shape {tuple(r.shape)}")
+    if not torch.isfinite(r).all():
+        raise ValueError("rewards must be finite (got NaN or inf)")
+    degenerate = degenerate_groups(r)
+    if degenerate.any() and on_degenerate == "raise":
+        raise ValueError(f"{int(degenerate.sum())} group(s) with all rewards equal: no relative signal "
+                         f"(choose on_degenerate='zeros', or drop such groups)")
+    centred = r - r.mean(-1, keepdim=True)
+    std = r.std(-1, correction=0, keepdim=True)
+    return torch.where(degenerate.unsqueeze(-1), 0.0, centred / torch.where(degenerate.unsqueeze(-1), 1.0, std))
+
+
+def group_advantages(rewards, estimator):
+    """(P, G) rewards -> (advantages (P, G), degenerate (P,)) for a group estimator. Degenerate
+    groups get exactly 0 (what every formula gives in exact arithmetic); the caller applies the rule."""
+    degenerate = degenerate_groups(rewards)
+    G = rewards.size(1)
+    if estimator == "grpo":
+        adv = grpo_advantages(rewards, on_degenerate="zeros")
+    elif estimator == "dr_grpo":
+        adv = rewards - rewards.mean(1, keepdim=True)
+    elif estimator == "rloo":
+        if G < 2:
+            raise ValueError("rloo needs group_size >= 2 (the others' mean is the baseline)")
+        adv = rewards - (rewards.sum(1, keepdim=True) - rewards) / (G - 1)
+    else:
+        raise ValueError(f"{estimator!r} is not a group estimator")
+    return torch.where(degenerate[:, None], 0.0, adv), degenerate
+
+
+def overlong_penalty(lengths, limit, cache):
+    """DAPO's soft overlong penalty: 0 up to limit − cache tokens, then linear down to −1 at limit."""
+    if cache <= 0:
+        return torch.zeros(lengths.shape)
+    over = (lengths.float() - (limit - cache)).clamp(min=0)
+    return -(over / cache).clamp(max=1.0)
+
+
+def aggregate(values, mask, loss_agg, max_len):
+    """Per-token values (B, T) on the tokens where mask > 0 -> (loss_sum, count) per `loss_agg`
+    (table at the top). Rows with no token (padding rows, dropped groups) count nowhere."""
+    on = mask > 0
+    v = torch.where(on, values, 0.0)  # where, not *: a NaN/inf on a padded position must not leak
+    n_tokens = on.sum(1)
+    n_responses = (n_tokens > 0).sum()
+    if loss_agg == "token_mean":
+        return v.sum(), n_tokens.sum()
+    if loss_agg == "seq_mean_token_mean":
+        return (v.sum(1) / n_tokens.clamp(min=1)).sum(), n_responses
+    if loss_agg == "seq_mean_token_sum_norm":
+        return v.sum() / max_len, n_responses
+    raise ValueError(f"loss_agg must be one of {CHOICES['loss_agg']}, got {loss_agg!r}")
+
+
+def k3(logp, ref_logp):
+    """Per-token k3 estimate of KL(π‖π_ref): π_ref/π − log(π_ref/π) − 1 (≥ 0, 0 where π = π_ref)."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1
+
+
+def policy_loss(logp, old_logp, advantages, mask, cfg, ref_logp=None):
+    """The clipped surrogate (+ β·k3) aggregated per cfg. logp (B, T) with gradient, old_logp and
+    ref_logp (B, T) constants, advantages (B,), mask (B, T) 0/1. Returns (loss_sum, count, metrics)."""
+    on = mask > 0
+    log_ratio = torch.where(on, logp - old_logp, 0.0)  # 0 off the response: no exp(garbage) on padding
+    ratio = torch.exp(log_ratio)
+    adv = advantages[:, None]
+    low, high = 1 - cfg["eps_low"], 1 + cfg["eps_high"]
+    per_token = -torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
+    metrics = {}
+    if cfg["kl"] == "k3_loss":
+        kl = k3(logp, torch.where(on, ref_logp, logp))
+        per_token = per_token + cfg["kl_coef"] * kl
+        metrics["kl_k3"] = float((kl.detach() * on).sum() / on.sum().clamp(min=1))
+    loss_sum, count = aggregate(per_token, mask, cfg["loss_agg"], cfg["max_new_tokens"])
+    with torch.no_grad():
+        clipped = on & (((adv > 0) & (ratio > high)) | ((adv < 0) & (ratio < low)))
+        n = on.sum().clamp(min=1)
+        metrics["clip_frac"] = float(clipped.sum() / n)
+        metrics["ratio_dev"] = float(((ratio - 1).abs() * on).max()) if on.any() else 0.0
+    return loss_sum, count, metrics
+
+
+# ----------------------------------------------------------------------------------------------
+# Rollouts: shards, scoring, rewards, dynamic sampling
+
+PER_TOKEN = ("mask", "old_logprobs", "ref_logprobs")  # (N, T-1), aligned with ids[:, 1:]
+PER_ROW = ("rewards", "reward", "advantages", "lengths", "truncated", "seq_len", "keep")  # (N,)
+
+
+def shard_size(run):
+    return run.cfg["rollout_prompts"] or run.cfg["prompts_per_iter"] // run.world_size
+
+
+@torch.no_grad()
+def score(run, model, ids):
+    """Per-token log-probs of ids[:, 1:] at the sampling temperature, no gradient, in chunks."""
+    bs = run.cfg["batch_size"]
+    with run.autocast:
+        return torch.cat([sequence_logprobs(model, ids[i:i + bs], run.cfg["temperature"]).float()
+                          for i in range(0, len(ids), bs)])
+
+
+def select_rows(batch, rows):
+    """The rows of a rollout batch (its per-token and per-row tensors), cut to their own width."""
+    rows = torch.as_tensor(rows, dtype=torch.long, device=batch["ids"].device)
+    out = {k: batch[k][rows] for k in ("ids",) + PER_TOKEN + PER_ROW if k in batch}
+    width = int(out["seq_len"].max()) if len(rows) else 2
+    out["ids"] = out["ids"][:, :width]
+    for k in PER_TOKEN:
+        out[k] = out[k][:, :width - 1]
+    return out
+
+
+def concat_rows(parts, pad_id):
+    """Concatenate row selections, right-padding to the widest (ids with pad_id, the rest with 0)."""
+    width = max(p["ids"].size(1) for p in parts)
+    out = {}
+    for k in parts[0]:
+        if k == "ids" or k in PER_TOKEN:
+            w, fill = (width, pad_id) if k == "ids" else (width - 1, 0.0)
+            out[k] = torch.cat([F.pad(p[k], (0, w - p[k].size(1)), value=fill) for p in parts])
+        else:
+            out[k] = torch.cat([p[k] for p in parts])
+    return out
+
+
+def sample_round(run, it, shard, round_):
+    """One rollout of a shard: fresh train problems, G responses each, scored and rewarded."""
+    cfg, G = run.cfg, run.cfg["group_size"]
+    rng = T.seeded_rng(run, it, shard, round_)
+    problems = run.env.problems("train", shard_size(run), seed=int(rng.integers(2 ** 31)))
+    ro = T.rollouts(run, run.raw_model, problems, G, temperature=cfg["temperature"],
+                    max_new_tokens=cfg["max_new_tokens"], seed=int(rng.integers(2 ** 31)))
+    t0 = time.time()
+    run.raw_model.eval()  # the sampler restored train mode; score (and later train) with dropout off
+    if run.old_logprobs_mode == "recompute":
+        ro["old_logprobs"] = score(run, run.raw_model, ro["ids"]) * ro["mask"]
+    ro["ref_logprobs"] = score(run, run.ref, ro["ids"]) * ro["mask"]
+    ro["time_score"] = time.time() - t0
+    positions = torch.arange(ro["mask"].size(1), device=ro["mask"].device)
+    ro["seq_len"] = ((ro["mask"] > 0) * positions).max(1).values + 2  # last response token + 1
+    # the sampler stops earlier than max_new_tokens when the longest prompt leaves less room
+    longest_prompt = max(len(run.tok.prompt_ids(p["prompt"])) for p in problems)
+    limit = min(cfg["max_new_tokens"], run.raw_model.config.block_size - longest_prompt)
+    reward = ro["rewards"] + overlong_penalty(ro["lengths"].cpu(), limit, cfg["overlong_cache"]).to(ro["rewards"].device)
+    if cfg["kl"] == "k1_reward":
+        reward = reward - cfg["kl_coef"] * ((ro["old_logprobs"] - ro["ref_logprobs"]) * ro["mask"]).sum(1)
+    ro["reward"] = reward
+    if cfg["estimator"] == "reinforce":  # the batch-mean baseline needs the whole batch: later
+        ro["advantages"], ro["degenerate"] = torch.zeros_like(reward), torch.zeros(len(problems), dtype=torch.bool)
+    else:
+        adv, ro["degenerate"] = group_advantages(reward.view(-1, G), cfg["estimator"])
+        ro["advantages"] = adv.flatten()
+    ro["degenerate"] = ro["degenerate"].to(reward.device)
+    return ro
+
+
+def rollout_shard(run, it, shard):
+    """A shard's training rows: shard_size(run) groups, with keep = 0 on rows that must not train
+    (dropped degenerate groups), plus the shard's counts for the logs."""
+    cfg, G, n = run.cfg, run.cfg["group_size"], shard_size(run)
+    first = sample_round(run, it, shard, 0)
+    if first["degenerate"].any() and cfg["on_degenerate"] == "raise" and cfg["estimator"] != "reinforce":
+        raise ValueError(f"iteration {it}: {int(first['degenerate'].sum())} of {n} groups have all rewards "
+                         f"equal (on_degenerate='raise'); choose drop or zeros")
+    rounds = [first]
+    informative = lambda ro: [g for g in range(n) if not ro["degenerate"][g]]
+    found = len(informative(first))
+    while found < n and len(rounds) <= cfg["dynamic_sampling_rounds"]:
+        rounds.append(sample_round(run, it, shard, len(rounds)))
+        found += len(informative(rounds[-1]))
+    drop = cfg["on_degenerate"] == "drop" and cfg["estimator"] != "reinforce"
+    parts, taken = [], 0
+    for ro in rounds:  # informative groups first, in sampling order
+        groups = informative(ro)[:n - taken] if drop else list(range(n))
+        taken += len(groups)
+        if groups:
+            parts.append(select_rows(ro, [g * G + j for g in groups for j in range(G)]))
+            parts[-1]["keep"] = torch.ones(len(groups) * G, device=ro["ids"].device)
+        if taken == n:
+            break
+    if taken < n:  # rounds ran out: fill with degenerate groups of the first round, masked out
+        groups = [g for g in range(n) if first["degenerate"][g]][:n - taken]
+        parts.append(select_rows(first, [g * G + j for g in groups for j in range(G)]))
+        parts[-1]["keep"] = torch.zeros(len(groups) * G, device=first["ids"].device)
+    batch = concat_rows(parts, run.tok.pad)
+    batch["mask"] = batch["mask"] * batch["keep"][:, None]
+    counts = dict(
+        reward_sum=float(first["rewards"].sum()), reward_n=len(first["rewards"]),
+        degenerate=float(first["degenerate"].sum()), groups=n,
+        extra_rollouts=(len(rounds) - 1) * n * G, kept_groups=float(batch["keep"].sum()) / G,
+        time_decode=sum(ro["decode_time"] for ro in rounds), time_verify=sum(ro["verify_time"] for ro in rounds),
+        time_score=sum(ro["time_score"] for ro in rounds),
+        decoded_tokens=sum(float(ro["lengths"].sum()) for ro in rounds))
+    return batch, counts
+
+
+# ----------------------------------------------------------------------------------------------
+# The algorithm module interface (see train.py)
+
+def check_config(cfg, world_size):
+    for key, allowed in CHOICES.items():
+        if cfg[key] not in allowed:
+            raise ValueError(f"config {key}={cfg[key]!r}: choose from {allowed}")
+    P, G = cfg["prompts_per_iter"], cfg["group_size"]
+    if P < 1 or G < 1:
+        raise ValueError("prompts_per_iter and group_size must be >= 1")
+    if G < 2 and cfg["estimator"] != "reinforce":
+        raise ValueError(f"estimator={cfg['estimator']!r} compares responses within a group: group_size must be >= 2")
+    shard = cfg["rollout_prompts"] or P // world_size
+    if shard < 1 or P % shard or (P // shard) % world_size:
+        raise ValueError(f"prompts_per_iter={P} must split into shards of rollout_prompts={shard} prompts, "
+                         f"a whole number of shards per each of {world_size} ranks")
+    if not 1 <= cfg["minibatches"] <= shard * G or cfg["inner_epochs"] < 1:
+        raise ValueError(f"need inner_epochs >= 1 and 1 <= minibatches <= rollout_prompts*group_size = {shard * G}")
+    if cfg["dynamic_sampling_rounds"] and (cfg["on_degenerate"] != "drop" or cfg["estimator"] == "reinforce"):
+        raise ValueError("dynamic sampling refills dropped groups: it needs on_degenerate='drop' and a group estimator")
+    if not (0 <= cfg["eps_low"] < 1 and cfg["eps_high"] >= 0):
+        raise ValueError("clip range needs 0 <= eps_low < 1 and eps_high >= 0")
+    if cfg["overlong_cache"] >= cfg["max_new_tokens"]:
+        raise ValueError(f"overlong_cache={cfg['overlong_cache']} must be below max_new_tokens={cfg['max_new_tokens']}")
+
+
+def passport(run):
+    """The run's post-training passport (SPEC §6, M14 §17) as markdown."""
+    c = run.cfg
+    P, G, shard = c["prompts_per_iter"], c["group_size"], shard_size(run)
+    kl = {"off": "not used", "k1_reward": f"in the reward: r − β·Σ_t log(π_old/π_ref), β = {c['kl_coef']}",
+          "k3_loss": f"a separate loss term β·k3 per token, β = {c['kl_coef']}, aggregated like the policy term"}[c["kl"]]
+    steps = c["inner_epochs"] * c["minibatches"]
+    degenerate = ("not applicable (batch-mean baseline, no groups)" if c["estimator"] == "reinforce" else
+                  {"drop": "dropped: out of every sum and denominator", "zeros": "zero advantage, still counted",
+                   "raise": "an error"}[c["on_degenerate"]])
+    if c["dynamic_sampling_rounds"]:
+        degenerate += f"; dynamic sampling refills them with up to {c['dynamic_sampling_rounds']} extra rollouts per shard"
+    overlong = (f"soft penalty over the last {c['overlong_cache']} tokens before the limit" if c["overlong_cache"]
+                else "no penalty (a truncated answer simply fails the verifier)")
+    return f"""# Post-training passport: {c['out_dir']}
+
+algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation **{c['loss_agg']}**, started from `{c['init_from']}`
+
+## Data and mode
+- online trajectories: {P} prompts × {G} responses per iteration, {c['max_iters']} iterations
+- prompts: the `{c['env']}` environment's procedurally generated *train* split; evaluation on the *heldout* split
+  (disjoint by equation) and *ood* (one more digit): no train/eval leakage by construction
+- answers written by the current policy (π_old = the weights at the start of the iteration), temperature {c['temperature']}
+- reuse of rollouts: {c['inner_epochs']} epoch(s) × {c['minibatches']} minibatch(es) = {steps} optimizer step(s) per batch, then discarded
+
+## Reward and verification
+- source: the rule verifier `{c['env']}.verify` (exactly one "Answer: <integer>" at the end), 1 or 0 per response
+- scalar per response, no partial credit; overlong answers: {overlong} (limit {c['max_new_tokens']} new tokens)
+
+## Optimisation
+- on-policy, clipped surrogate with ε_low = {c['eps_low']}, ε_high = {c['eps_high']}
+- models: policy (trained), π_old ({c['old_logprobs']} log-probs → {run.old_logprobs_mode}), π_ref (frozen `{c['init_from']}`);
+  no critic, no reward model
+- KL to π_ref: {kl}
+- loss aggregation units: {c['loss_agg']} over each optimizer step's global batch
+- degenerate (all-equal-reward) groups: {degenerate}
+
+## Infrastructure
+- generation and training on the same device(s): {run.device} × {run.world_size}, synchronous (staleness 0)
+- rollouts in shards of {shard} prompts (sampler batch {shard * G}), micro-batches of {c['batch_size']} responses
+- time split per iteration in metrics.jsonl: time_decode, time_verify, time_score (π_ref/π_old forwards), time_update
+"""
+
+
+def setup(run):
+    check_config(run.cfg, run.world_size)
+    run.ref = T.load_reference(run)
+    mode = run.cfg["old_logprobs"]
+    run.old_logprobs_mode = mode if mode != "auto" else ("recompute" if run.device.startswith("cuda") else "sampler")
+    if run.master:
+        if run.cfg["init_from"] == "scratch":
+            print("grpo: init_from=scratch: a random policy rarely earns a reward; start from an SFT checkpoint")
+        with open(os.path.join(run.cfg["out_dir"], "passport.md"), "w") as f:
+            f.write(passport(run))
+
+
+def timed(run, steps):
+    """Hand the optimizer steps to the loop one by one; the time until it asks for more after the
+    last one is the update (forward, backward, optimizer) part of the iteration."""
+    t0 = time.time()
+    yield from steps
+    run.stats["time_update"] = time.time() - t0
+
+
+def batches(run, it):
+    """Rollouts of this rank's shards, advantages, figures for the log, then the optimizer steps:
+    inner_epochs × minibatches, each a list of micro-batches of at most batch_size responses."""
+    cfg, G = run.cfg, run.cfg["group_size"]
+    n_shards = cfg["prompts_per_iter"] // shard_size(run)
+    shards, counts = [], []
+    for s in range(run.rank, n_shards, run.world_size):
+        batch, c = rollout_shard(run, it, s)
+        shards.append(batch)
+        counts.append(c)
+    rewards = torch.cat([b["reward"] for b in shards])
+    kept = torch.cat([b["mask"].sum(1) > 0 for b in shards])
+    if cfg["estimator"] == "reinforce":  # A = r − mean of the whole global batch
+        total, n = T.all_reduce_sum([float(rewards.sum()), len(rewards)], run)
+        for b in shards:
+            b["advantages"] = b["reward"] - total / n
+
+    # figures for the log, summed over ranks (round-0 figures: an unbiased sample of the policy)
+    lengths = torch.cat([b["lengths"].float() for b in shards])
+    kl_tokens = sum(float(((b["old_logprobs"] - b["ref_logprobs"]) * b["mask"]).sum()) for b in shards)
+    keys = ["reward_sum", "reward_n", "degenerate", "groups", "extra_rollouts", "kept_groups"]
+    sums = dict(zip(keys + ["len_sum", "len_sq", "len_n", "truncated", "kl", "tokens", "shaped"], T.all_reduce_sum(
+        [sum(c[k] for c in counts) for k in keys] + [float(lengths.sum()), float((lengths ** 2).sum()), len(lengths),
+         sum(float(b["truncated"].sum()) for b in shards), kl_tokens,
+         sum(float(b["mask"].sum()) for b in shards), float((rewards * kept).sum())], run)))
+    len_mean = sums["len_sum"] / sums["len_n"]
+    local_time = {k: sum(c[k] for c in counts) for k in ("time_decode", "time_verify", "time_score")}
+    run.stats.update(
+        reward=sums["reward_sum"] / sums["reward_n"],
+        reward_shaped=sums["shaped"] / max(sums["kept_groups"] * G, 1),
+        degenerate_frac=sums["degenerate"] / sums["groups"],
+        kept_groups_frac=sums["kept_groups"] / sums["groups"],
+        extra_rollouts=sums["extra_rollouts"],
+        len_mean=len_mean, len_std=max(sums["len_sq"] / sums["len_n"] - len_mean ** 2, 0.0) ** 0.5,
+        truncated_frac=sums["truncated"] / sums["len_n"],
+        kl_ref=sums["kl"] / max(sums["tokens"], 1.0),
+        decode_tok_per_s=sum(c["decoded_tokens"] for c in counts) / max(local_time["time_decode"], 1e-9),
+        **local_time)
+
+    # minibatch m = slice m of every shard, so the global minibatch is the same for any world size
+    minibatches = []
+    for m in range(cfg["minibatches"]):
+        rows = concat_rows([select_rows(b, np.array_split(np.arange(len(b["ids"])), cfg["minibatches"])[m])
+                            for b in shards], run.tok.pad)
+        micro = [select_rows(rows, range(i, min(i + cfg["batch_size"], len(rows["ids"]))))
+                 for i in range(0, len(rows["ids"]), cfg["batch_size"])]
+        minibatches.append(micro)
+    return timed(run, [mb for _ in range(cfg["inner_epochs"]) for mb in minibatches])
+
+
+def loss(run, model, batch):
+    """One micro-batch: π_θ log-probs at the sampler's temperature, the clipped surrogate, and the
+    policy's entropy on its own samples."""
+    ids, mask = batch["ids"], batch["mask"]
+    logits = model(ids[:, :-1])
+    logp = token_logprobs(logits, ids[:, 1:], run.cfg["temperature"])
+    loss_sum, count, metrics = policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask, run.cfg,
+                                           ref_logp=batch["ref_logprobs"])
+    with torch.no_grad():
+        entropy = entropy_from_logits(logits.detach(), run.cfg["temperature"])
+        metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+    return loss_sum, count, metrics
+
+
+@torch.no_grad()
+def evaluate(run):
+    """Held-out accuracy (greedy) and pass@k (k samples at the training temperature), OOD accuracy,
+    and a few trajectories to read in samples.txt."""
+    model, cfg = run.raw_model, run.cfg
+    was_training = model.training
+    model.eval()
+    n, k = cfg["eval_problems"], cfg["eval_pass_k"]
+    metrics, transcripts = T.env_accuracy(run, model, "heldout", n)
+    ood, _ = T.env_accuracy(run, model, "ood", n)
+    metrics.update(ood)
+    if k >= 2:
+        sampled, sampled_transcripts = T.env_accuracy(run, model, "heldout", n, temperature=cfg["temperature"],
+                                                      samples=k, seed=1)
+        metrics[f"heldout_pass@{k}"] = sampled[f"heldout_pass@{k}"]
+        metrics["heldout_sampled_acc"] = sampled["heldout_acc"]
+        transcripts += [t.replace("[heldout]", f"[heldout, T={cfg['temperature']}]") for t in sampled_transcripts[:2]]
+    T.write_samples(run, run.iter, transcripts)
+    model.train(was_training)
+    return metrics

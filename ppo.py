@@ -1,0 +1,358 @@
+"""
+PPO: classical RLHF with a critic. SPEC §3 "PPO / classical RLHF", §5 (memory), §6; M14 §4, §10, §13;
+Ch7 "RLHF".
+
+    python train.py --algo ppo config/ppo.py --init_from=out/sft --reward=verifier                   # RLVR
+    python train.py --algo ppo config/ppo.py --init_from=out/sft --reward=rm --reward_model=out/rm   # RLHF
+
+Objective: max_θ E_{x, y~π_θ}[ r(x, y) ] − β·KL(π_θ(·|x) ‖ π_ref(·|x)).
+
+Four logical roles, four separate copies here (the textbook configuration of M14 §10):
+  policy    π_θ  trained; starts as init_from (the SFT model)
+  reference π_ref frozen copy of init_from (T.load_reference); its log-probs are taken once per rollout batch
+  reward    r    the environment's verifier (--reward=verifier, RLVR) or a frozen Bradley–Terry reward
+                 model from --algo rm (--reward=rm, RLHF), read at the last response token (rm.score)
+  critic    V_ψ  trained ScalarHeadGPT, one value per prefix. critic_init="policy" (default): a copy of
+                 the SFT backbone with a zero head, because it exists for every reward source (the
+                 verifier has no network to copy) and sees text the way the policy does;
+                 critic_init="reward_model" starts from the RM as InstructGPT did (needs --reward_model).
+Policy and critic are one module (PolicyAndCritic) trained by the loop's one optimizer: one forward
+gives both, as DDP wants one forward per micro-batch. --lora_rank puts LoRA on both backbones and
+keeps the critic's head trainable.
+
+One iteration (batches() does steps 1-3, loss() step 4):
+ 1. Rollouts of the current policy (π_old) on train prompts: responses y, sequence rewards r(x, y).
+ 2. The KL sits in the reward, not in the loss [Ch7 "RLHF" (1)]: per response token
+        r_t = −β·k_t  (+ r(x, y) at the last token),   k1: k_t = log π_old(y_t) − log π_ref(y_t)   (default)
+                                                       k3: k_t = (ρ_t − 1) − log ρ_t,  ρ_t = π_ref/π_old
+    β fixed (kl_target=0) or adaptive (Ziegler et al. 2019) towards kl_target, per iteration:
+        β ← β·(1 + kl_adapt_rate·clip(KL/kl_target − 1, −0.2, 0.2)),  KL = mean over responses of Σ_t k_t
+ 3. GAE over response tokens: δ_t = r_t + γ·V(s_{t+1}) − V(s_t),  Â_t = δ_t + γλ·Â_{t+1}, the value after
+    the last token is 0; value targets R_t = Â_t + V_old(s_t); Â whitened over the global batch (all ranks).
+ 4. ppo_epochs passes over `minibatches` optimizer steps (order shuffled per epoch) of
+        L_t = −min(ρ_t·Â_t, clip(ρ_t, 1−ε, 1+ε)·Â_t)                                   ρ_t = π_θ(y_t)/π_old(y_t)
+              + c_v·½·max((V_t − R_t)², (V_old,t + clip(V_t − V_old,t, −ε_v, ε_v) − R_t)²)
+    averaged over the response tokens of the global minibatch (token-level aggregation).
+    Optional early stop: when the globally reduced KL(π_old‖π_θ) of a step exceeds early_stop_kl, the
+    rest of the iteration's steps are skipped on every rank alike.
+Every log-prob (policy, π_old, reference) and the entropy are taken at the sampler's temperature,
+with dropout off, so that ρ = 1 exactly before the first update.
+
+Each micro-batch of rollouts is drawn by its own sampler call seeded by (seed, iteration, micro-batch),
+so the global batch is the same for any split over ranks × micro-steps and a resumed run redraws it.
+
+Post-training passport: online, on-policy (each rollout batch is used for ppo_epochs epochs, then
+dropped); roles policy, reference, critic, reward (verifier or RM), π_old = the policy at rollout time;
+KL to π_ref in the per-token reward; token-level loss; no groups (samples_per_prompt=1 by default),
+so no degenerate-group rule is needed; a truncated response simply gets what the reward gives it (the
+verifier: 0, it has no answer); generation and training on the same devices, synchronous.
+"""
+
+import copy
+import math
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+import rm
+import train as T
+from model import GPT, ScalarHeadGPT, count_parameters, entropy_from_logits, sequence_logprobs, token_logprobs
+
+defaults = dict(
+    reward="verifier",          # verifier (RLVR) | rm (RLHF: needs reward_model)
+    reward_model="",            # checkpoint dir written by --algo rm (kind "scalar")
+    critic_init="policy",       # policy | reward_model (see the docstring)
+    prompts_pool=20000,         # train-split problems the rollouts draw their prompts from
+    samples_per_prompt=1,       # responses per prompt (batch_size must be a multiple)
+    minibatches=2,              # optimizer steps per epoch; rollout batch = minibatches × ranks × accum × batch_size
+    ppo_epochs=2,               # passes over each rollout batch
+    temperature=1.0,            # sampling temperature; every log-prob is taken at it
+    clip_eps=0.2,               # ε of the clipped surrogate
+    value_clip=0.2,             # ε_v of the clipped value loss
+    vf_coef=0.5,                # c_v
+    gamma=1.0, lam=0.95,        # GAE; γ = 1 is usual for LLMs (the return is the outcome, not its speed)
+    kl_coef=0.05,               # β (the initial β when adaptive)
+    kl_estimator="k1",          # k1 | k3
+    kl_target=0.0,              # > 0: adaptive β towards this KL per response (nats); 0: fixed β
+    kl_adapt_rate=0.1,          # K_β of the adaptive controller
+    early_stop_kl=0.0,          # > 0: stop an iteration's PPO steps once KL(π_old‖π_θ) per token exceeds it
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory anatomy [M14 §10, §13]
+
+BYTES_PER_PARAM = {"train": 16, "frozen_bf16": 2}  # bf16 w + bf16 grad + fp32 master + 2 fp32 Adam; bf16 w
+
+
+def stage_memory_gib(n_params, stack):
+    """The seed's teaching estimate of persistent model states (activations, KV cache, buffers,
+    sharding excluded), in GiB: one entry of `stack` per model copy, "train" or "frozen_bf16"."""
+    if not math.isfinite(n_params) or n_params <= 0:
+        raise ValueError("n_params must be finite and positive")
+    unknown = sorted(set(stack) - set(BYTES_PER_PARAM))
+    if unknown:
+        raise ValueError(f"unknown model state kinds {unknown}; expected {sorted(BYTES_PER_PARAM)}")
+    return sum(BYTES_PER_PARAM[kind] * n_params for kind in stack) / 2**30
+
+
+def role_memory_gib(module, trained):
+    """stage_memory_gib of one role: a trained role's frozen part (LoRA's base weights) counts as frozen."""
+    n_train, n_total = count_parameters(module)
+    if not trained or n_train == 0:
+        return stage_memory_gib(n_total, ["frozen_bf16"])
+    frozen = stage_memory_gib(n_total - n_train, ["frozen_bf16"]) if n_total > n_train else 0.0
+    return stage_memory_gib(n_train, ["train"]) + frozen
+
+
+# ----------------------------------------------------------------------------------------------
+# The pieces of the loss, each on (N, T-1) per-token tensors aligned with ids[:, 1:]
+
+def kl_per_token(logprobs, ref_logprobs, estimator):
+    """Per-token estimate of KL(π‖π_ref) on tokens sampled from π: k1 = log π − log π_ref (unbiased,
+    can be negative), k3 = (ρ − 1) − log ρ with ρ = π_ref/π (unbiased and never negative)."""
+    log_ratio = logprobs - ref_logprobs
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k3":
+        return torch.expm1(-log_ratio) + log_ratio
+    raise ValueError(f"kl_estimator={estimator!r}: choose k1 or k3")
+
+
+def shaped_rewards(score, kl, mask, kl_coef):
+    """r_t = −β·k_t on every response token, plus the sequence reward at the last response token."""
+    rewards = -kl_coef * kl * mask
+    positions = torch.arange(mask.size(1), device=mask.device)
+    last = torch.where(mask > 0, positions, -1).amax(1)
+    rewards[torch.arange(len(score), device=mask.device), last] += score
+    return rewards
+
+
+def gae(rewards, values, mask, gamma, lam):
+    """Generalised advantage estimation over each row's response tokens (contiguous in `mask`):
+    Â_t = δ_t + γλ·Â_{t+1}, δ_t = r_t + γ·V_{t+1} − V_t, with V = 0 after the last response token.
+    Returns (advantages, value targets Â + V), zero advantage off the response."""
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    next_value = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.size(1))):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = (delta + gamma * lam * running) * mask[:, t]
+        advantages[:, t] = running
+        next_value = values[:, t] * mask[:, t]
+    return advantages, advantages + values
+
+
+def clipped_surrogate(logprobs, old_logprobs, advantages, clip_eps):
+    """Per-token −min(ρ·Â, clip(ρ, 1−ε, 1+ε)·Â) and whether the clipped term was the smaller one."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped, clipped = ratio * advantages, ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages
+    return -torch.min(unclipped, clipped), (clipped < unclipped).float()
+
+
+def clipped_value_loss(values, old_values, returns, value_clip):
+    """Per-token ½·max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²): the critic cannot move
+    further than ε_v from its rollout-time value per PPO step and profit from it."""
+    clipped = old_values + (values - old_values).clamp(-value_clip, value_clip)
+    return 0.5 * torch.max((values - returns) ** 2, (clipped - returns) ** 2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Models
+
+class PolicyAndCritic(nn.Module):
+    """π_θ and V_ψ as one module: forward(ids) -> (logits, values). Always in eval mode (dropout off),
+    so the loss sees the same function the sampler (which runs in eval mode) used for π_old."""
+
+    def __init__(self, policy, critic):
+        super().__init__()
+        self.policy, self.critic = policy, critic
+
+    def forward(self, ids):
+        return self.policy(ids), self.critic(ids)
+
+    def train(self, mode=True):
+        return super().train(False)
+
+
+def load_reward_model(run):
+    cfg = run.cfg
+    if not cfg["reward_model"]:
+        raise ValueError("reward=rm and critic_init=reward_model need --reward_model=<checkpoint dir of --algo rm>")
+    model = T.load_model(cfg["reward_model"])
+    if not isinstance(model, ScalarHeadGPT):
+        raise ValueError(f"reward_model={cfg['reward_model']!r} is a language-model checkpoint, not a reward "
+                         f"model (train one with --algo rm)")
+    if model.config.vocab_size < run.tok.n_vocab:
+        raise ValueError(f"reward_model={cfg['reward_model']!r} has a vocabulary of {model.config.vocab_size}, "
+                         f"fewer than the {run.tok.n_vocab} ids of tokenizer {run.tok.name!r}")
+    return model
+
+
+def wrap_model(run, model):
+    if not isinstance(model, GPT):
+        raise ValueError(f"--algo ppo trains a language model; init_from={run.cfg['init_from']!r} is a scalar model")
+    if run.cfg["critic_init"] == "policy":
+        critic = ScalarHeadGPT(copy.deepcopy(model))
+        nn.init.zeros_(critic.head.weight)  # V = 0 everywhere at first: no random values in the first advantages
+    elif run.cfg["critic_init"] == "reward_model":
+        critic = load_reward_model(run)
+    else:
+        raise ValueError(f"critic_init={run.cfg['critic_init']!r}: choose policy or reward_model")
+    return PolicyAndCritic(model, critic)
+
+
+def setup(run):
+    cfg = run.cfg
+    if cfg["reward"] not in ("verifier", "rm"):
+        raise ValueError(f"reward={cfg['reward']!r}: choose verifier or rm")
+    if cfg["kl_estimator"] not in ("k1", "k3"):
+        raise ValueError(f"kl_estimator={cfg['kl_estimator']!r}: choose k1 or k3")
+    if cfg["batch_size"] % cfg["samples_per_prompt"]:
+        raise ValueError(f"batch_size={cfg['batch_size']} must be a multiple of "
+                         f"samples_per_prompt={cfg['samples_per_prompt']}")
+    run.policy = run.raw_model.policy
+    run.reference = T.load_reference(run)
+    run.reward_model = T.frozen(load_reward_model(run)).to(run.device) if cfg["reward"] == "rm" else None
+    run.kl_coef = cfg["kl_coef"]
+    run.train_problems = run.env.problems("train", cfg["prompts_pool"], seed=0)
+    run.step_kl = [0.0, 0.0]
+    if run.master:
+        roles = [("policy", role_memory_gib(run.policy, True)), ("critic", role_memory_gib(run.raw_model.critic, True)),
+                 ("reference", role_memory_gib(run.reference, False))]
+        if run.reward_model is not None:
+            roles.append(("reward model", role_memory_gib(run.reward_model, False)))
+        total = sum(g for _, g in roles)
+        print("ppo memory, persistent states only (M14 §10: 16 B/param trained, 2 B/param frozen bf16): "
+              + " + ".join(f"{name} {g:.4g}" for name, g in roles)
+              + f" = {total:.4g} GiB; critic {roles[1][1] / total:.0%}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Rollouts -> PPO micro-batches
+
+@torch.no_grad()
+def score_micro_batch(run, problems, seed):
+    """Roll out one micro-batch and take everything PPO needs from frozen or current networks:
+    π_old log-probs and V_old (one forward of policy + critic), π_ref log-probs, sequence rewards."""
+    cfg = run.cfg
+    roll = T.rollouts(run, run.policy, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"], seed=seed)
+    ids, mask = roll["ids"], roll["mask"]
+    with run.autocast:
+        # π_old from the same forward the loss makes (not the KV-cache sampler's numbers, whose
+        # difference is logged as sampler_logprob_gap), so that ρ = 1 before the first update
+        logits, values = run.raw_model(ids[:, :-1])
+        old_logprobs = token_logprobs(logits, ids[:, 1:], cfg["temperature"]) * mask
+        ref_logprobs = sequence_logprobs(run.reference, ids, cfg["temperature"]) * mask
+        rm_score = rm.score(run.reward_model, ids, mask) if run.reward_model is not None else None
+    return dict(ids=ids, mask=mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
+                old_values=values.float() * mask, verifier=roll["rewards"],
+                score=rm_score if rm_score is not None else roll["rewards"],
+                sampler_logprobs=roll["old_logprobs"], lengths=roll["lengths"].float(),
+                truncated=roll["truncated"].float(), decode_time=roll["decode_time"])
+
+
+def global_sums(run, micro):
+    """Sums over every rank's micro-batches of the figures whitening and the logs need."""
+    figures = dict(
+        tokens=lambda mb: mb["mask"], sequences=lambda mb: torch.ones_like(mb["score"]),
+        adv=lambda mb: mb["advantages"], adv2=lambda mb: mb["advantages"] ** 2,
+        ret=lambda mb: mb["returns"] * mb["mask"], ret2=lambda mb: mb["returns"] ** 2 * mb["mask"],
+        kl=lambda mb: mb["kl"], score=lambda mb: mb["score"], verifier=lambda mb: mb["verifier"],
+        length=lambda mb: mb["lengths"], truncated=lambda mb: mb["truncated"],
+        sampler_gap=lambda mb: (mb["sampler_logprobs"] - mb["old_logprobs"]).abs() * mb["mask"],
+        decode_time=lambda mb: torch.tensor(mb["decode_time"]))
+    local = [sum(float(f(mb).double().sum()) for mb in micro) for f in figures.values()]
+    return dict(zip(figures, T.all_reduce_sum(local, run)))
+
+
+def batches(run, it):
+    """Roll out this rank's share of the rollout batch, compute advantages, then yield
+    ppo_epochs × minibatches optimizer steps (fewer on every rank alike after an early stop)."""
+    cfg = run.cfg
+    accum, bs, G, K = cfg["gradient_accumulation_steps"], cfg["batch_size"], cfg["samples_per_prompt"], cfg["minibatches"]
+    n_micro = K * accum  # this rank's micro-batches; step k uses micro-batches k·accum ... (k+1)·accum − 1
+    rng = T.seeded_rng(run, it)
+    picks = rng.integers(0, len(run.train_problems), run.world_size * n_micro * bs // G)
+    seeds = rng.integers(0, 2**31, run.world_size * n_micro).tolist()
+    problems = T.shard([run.train_problems[i] for i in picks], run, n_micro, bs // G)
+    seeds = [s for [s] in T.shard(seeds, run, n_micro, 1)]
+    micro = [score_micro_batch(run, p, s) for p, s in zip(problems, seeds)]
+
+    for mb in micro:
+        mb["kl"] = kl_per_token(mb["old_logprobs"], mb["ref_logprobs"], cfg["kl_estimator"]) * mb["mask"]
+        rewards = shaped_rewards(mb["score"], mb["kl"], mb["mask"], run.kl_coef)
+        mb["advantages"], mb["returns"] = gae(rewards, mb["old_values"], mb["mask"], cfg["gamma"], cfg["lam"])
+
+    sums = global_sums(run, micro)
+    mean = lambda key: sums[key] / sums["tokens"]  # per response token
+    per_seq = lambda key: sums[key] / sums["sequences"]
+    adv_var, return_var = mean("adv2") - mean("adv") ** 2, mean("ret2") - mean("ret") ** 2
+    for mb in micro:
+        mb["advantages"] = (mb["advantages"] - mean("adv")) / math.sqrt(max(adv_var, 0.0) + 1e-8) * mb["mask"]
+    kl_ref = per_seq("kl")
+    run.stats.update(
+        kl_ref=kl_ref, kl_coef=run.kl_coef, verifier_acc=per_seq("verifier"), resp_len=per_seq("length"),
+        truncated_frac=per_seq("truncated"), sampler_logprob_gap=mean("sampler_gap"),
+        decode_time=sums["decode_time"] / run.world_size)
+    if return_var > 0:  # 1 − Var(R − V_old)/Var(R); R − V_old is the raw advantage on response tokens
+        run.stats["explained_var"] = 1 - adv_var / return_var
+    if run.reward_model is not None:
+        run.stats["rm_score"] = per_seq("score")
+    if cfg["kl_target"] > 0:  # adaptive β for the next iteration, from this batch's (global) KL
+        error = float(np.clip(kl_ref / cfg["kl_target"] - 1, -0.2, 0.2))
+        run.kl_coef *= 1 + cfg["kl_adapt_rate"] * error
+
+    fields = ("ids", "mask", "old_logprobs", "old_values", "advantages", "returns")
+    micro = [{f: mb[f] for f in fields} for mb in micro]
+    steps = [micro[k * accum:(k + 1) * accum] for k in range(K)]
+    order = [k for epoch in range(cfg["ppo_epochs"]) for k in T.seeded_rng(run, it, epoch + 1).permutation(K)]
+    taken = 0
+    for k in order:
+        run.step_kl = [0.0, 0.0]
+        yield steps[k]
+        taken += 1
+        kl_sum, n_tokens = T.all_reduce_sum(run.step_kl, run)
+        if cfg["early_stop_kl"] > 0 and kl_sum / n_tokens > cfg["early_stop_kl"]:
+            break
+    run.stats["ppo_steps"] = taken
+
+
+def loss(run, model, batch):
+    cfg = run.cfg
+    ids, mask = batch["ids"], batch["mask"]
+    logits, values = model(ids[:, :-1])
+    logprobs = token_logprobs(logits, ids[:, 1:], cfg["temperature"])
+    policy_loss, clipped = clipped_surrogate(logprobs, batch["old_logprobs"], batch["advantages"], cfg["clip_eps"])
+    value_loss = clipped_value_loss(values.float(), batch["old_values"], batch["returns"], cfg["value_clip"])
+    n = mask.sum()
+    loss_sum = ((policy_loss + cfg["vf_coef"] * value_loss) * mask).sum()
+    with torch.no_grad():
+        log_ratio = logprobs - batch["old_logprobs"]
+        approx_kl = ((torch.expm1(log_ratio) - log_ratio) * mask).sum()  # k3 estimate of KL(π_old‖π_θ)
+        run.step_kl[0] += float(approx_kl)
+        run.step_kl[1] += float(n)
+        metrics = dict(policy_loss=(policy_loss * mask).sum(), value_loss=(value_loss * mask).sum(),
+                       clip_frac=(clipped * mask).sum(), approx_kl=approx_kl,
+                       entropy=(entropy_from_logits(logits, cfg["temperature"]) * mask).sum())
+    return loss_sum, n, {k: float(v / n) for k, v in metrics.items()}
+
+
+def evaluate(run):
+    """Greedy exact-match accuracy of the policy on held-out and OOD problems (the true task metric,
+    whatever the training reward)."""
+    metrics = {}
+    for split in ("heldout", "ood"):
+        m, transcripts = T.env_accuracy(run, run.raw_model.policy, split, run.cfg["eval_problems"])
+        metrics.update(m)
+        T.write_samples(run, run.iter, transcripts)
+    return metrics
+
+
+def state_dict(run):
+    return {"kl_coef": run.kl_coef}
+
+
+def load_state_dict(run, state):
+    run.kl_coef = state["kl_coef"]

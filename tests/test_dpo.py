@@ -1,0 +1,211 @@
+"""DPO and the direct-method family: SPEC §5 worked examples, finite-difference gradients of the five
+losses, response-only sequence log-probs, the reference cache, each loss ordering a toy pair, LoRA,
+and a two-process run equal to one process."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import dpo
+import rm
+import train as T
+from conftest import run_ddp
+from model import token_logprobs
+
+
+def dpo_config(tiny, **overrides):
+    """TINY restricted to the keys --algo dpo knows (TINY also carries sft's own keys)."""
+    known = T.make_config({"algo": "dpo"})
+    return dict({k: v for k, v in tiny.items() if k in known}, algo="dpo", **overrides)
+
+
+def write_jsonl(path, rows):
+    with open(path, "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    return str(path)
+
+
+def t64(*values):
+    return [torch.tensor(v, dtype=torch.float64) for v in values]
+
+
+def test_dpo_worked_examples():
+    # SPEC §5 / M14 §7, pair I: policy (−12.0, −11.5), reference (−13.0, −10.8)
+    loss, slope, ordered = dpo.dpo_loss(*t64(-12.0, -11.5, -13.0, -10.8), beta=0.1)
+    z = 0.1 * ((-12.0 + 13.0) - (-11.5 + 10.8))
+    assert round(z, 3) == 0.170
+    assert round(loss.item(), 4) == 0.6118 and round(slope.item(), 4) == 0.4576 and bool(ordered)
+    # pair II: reference (−12.8, −11.65) -> z = 0.065, slope 0.4838
+    loss2, slope2, _ = dpo.dpo_loss(*t64(-12.0, -11.5, -12.8, -11.65), beta=0.1)
+    assert round(torch.log(1 / torch.exp(-loss2) - 1).neg().item(), 3) == 0.065  # z recovered from L = −log σ(z)
+    assert round(slope2.item(), 4) == 0.4838 and slope2 > slope  # closer to the boundary: stronger signal
+    # pair I with β = 0.5 -> z = 0.85, L = 0.356, slope 0.299
+    loss3, slope3, _ = dpo.dpo_loss(*t64(-12.0, -11.5, -13.0, -10.8), beta=0.5)
+    assert round(loss3.item(), 3) == 0.356 and round(slope3.item(), 3) == 0.299
+    # the slope is |∂L/∂z|: autograd through z agrees
+    z_t = torch.tensor(0.17, dtype=torch.float64, requires_grad=True)
+    torch.nn.functional.softplus(-z_t).backward()
+    assert -z_t.grad.item() == pytest.approx(slope.item(), abs=1e-12)
+    with pytest.raises(ValueError, match="beta"):
+        dpo.dpo_loss(*t64(-1.0, -1.0, -1.0, -1.0), beta=0.0)
+    with pytest.raises(ValueError, match="finite"):
+        dpo.dpo_loss(*t64(float("-inf"), -1.0, -1.0, -1.0), beta=0.1)
+
+
+def test_five_losses_gradients_match_finite_differences():
+    g = torch.Generator().manual_seed(0)
+    lp = lambda: (-5 * torch.rand(6, generator=g, dtype=torch.float64) - 0.5).requires_grad_()
+    pw, pl, rw, rl = lp(), lp(), lp(), lp()
+    desirable = torch.tensor([True, False, True, True, False, False])
+    cases = {
+        "dpo": (lambda a, b: dpo.dpo_loss(a, b, rw, rl, 0.3)[0], (pw, pl)),
+        "ipo": (lambda a, b: dpo.ipo_loss(a, b, rw, rl, 0.3), (pw, pl)),
+        "kto": (lambda a: dpo.kto_loss(a, rw, desirable, 0.2, 0.7, 1.0, 1.5), (pw,)),
+        "simpo": (lambda a, b: dpo.simpo_loss(a / 3, b / 5, 2.0, 0.5), (pw, pl)),
+        "orpo": (lambda a, b: dpo.orpo_loss(a / 3, b / 5, 0.4), (pw, pl)),
+    }
+    for name, (fn, inputs) in cases.items():
+        assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7), name
+
+
+def test_sequence_logprob_counts_response_tokens_only(tiny):
+    run = T.train(dpo_config(tiny, max_iters=0, loss="simpo", pairs="style", train_prompts=4, heldout_prompts=2,
+                             block_size=128))
+    model = run.raw_model
+    examples = run.train_examples[:3]
+    batch = rm.collate(run, examples)
+    (lp_w, lp_l), (len_w, len_l) = dpo.sequence_sums(model, batch)
+    for i, ex in enumerate(examples):  # each row alone, no padding: sum log π(response token | prefix)
+        for j, total in ((0, lp_w), (1, lp_l)):
+            ids = torch.tensor([ex["prompt"] + ex["responses"][j]])
+            logp = torch.log_softmax(model(ids[:, :-1]), -1)[0]
+            expected = sum(logp[t - 1, ids[0, t]] for t in range(len(ex["prompt"]), ids.size(1)))
+            assert total[i].item() == pytest.approx(expected.item(), abs=1e-4)
+            assert (len_w, len_l)[j][i].item() == len(ex["responses"][j])
+    # padding ids are irrelevant: replace them and nothing changes
+    changed = dict(batch, ids=batch["ids"].masked_fill(batch["ids"] == run.tok.pad, 7))
+    assert (changed["ids"] != batch["ids"]).any()
+    (lp_w2, lp_l2), _ = dpo.sequence_sums(model, changed)
+    assert torch.allclose(lp_w2, lp_w, atol=1e-6) and torch.allclose(lp_l2, lp_l, atol=1e-6)
+    # prompt-token targets and padding get no gradient: ∂(Σ m·log p)/∂logits is zero outside responses
+    logits = model(batch["ids"][:, :-1]).detach().requires_grad_()
+    (token_logprobs(logits, batch["ids"][:, 1:]) * batch["mask"]).sum().backward()
+    touched = logits.grad.abs().sum(-1) > 0
+    assert torch.equal(touched, batch["mask"] > 0)
+
+
+def test_reference_cache_equals_recomputed_and_key_tracks_the_reference(tiny):
+    overrides = dpo_config(tiny, max_iters=0, loss="dpo", train_prompts=6, heldout_prompts=3)
+    run = T.train(overrides)
+    reference = T.load_reference(run)
+    recomputed = dpo.reference_logprobs(run, reference, run.train_examples)
+    cached = torch.tensor([ex["ref"] for ex in run.train_examples])
+    assert torch.allclose(cached, recomputed, atol=1e-6) and cached.shape == (len(run.train_examples), 2)
+    assert os.path.isfile(run.ref_cache_path)
+    # a second run finds the file and uses it (a planted value shows it was read, not recomputed)
+    saved = torch.load(run.ref_cache_path)
+    saved["values"][0][0, 0] = -123.0
+    torch.save(saved, run.ref_cache_path)
+    again = T.train(overrides)
+    assert again.ref_cache_path == run.ref_cache_path and again.train_examples[0]["ref"][0] == -123.0
+    # the key changes with the reference weights, the token ids (template) and the tokenizer
+    sets = [run.train_examples, run.heldout_examples]
+    key = dpo.cache_key(run, reference, sets)
+    assert dpo.cache_key(run, T.load_reference(run), sets) == key
+    with torch.no_grad():
+        reference.transformer.h[0].mlp.c_fc.weight[0, 0] += 1e-3
+    assert dpo.cache_key(run, reference, sets) != key
+    with torch.no_grad():
+        reference.transformer.h[0].mlp.c_fc.weight[0, 0] -= 1e-3
+    edited = [dict(ex) for ex in run.train_examples]
+    edited[0]["prompt"] = edited[0]["prompt"][:-1] + [run.tok.special["user"]]
+    assert dpo.cache_key(run, reference, [edited, run.heldout_examples]) != key
+    run.tok.name = "other"
+    assert dpo.cache_key(run, reference, sets) != key
+
+
+def toy_rows():
+    """Two toy pairs, repeated; the last two rows (a tenth of the file) are held out."""
+    pairs = [{"prompt": "Pick a letter", "chosen": "A", "rejected": "B"},
+             {"prompt": "Pick a digit", "chosen": "7", "rejected": "3"}]
+    return pairs * 9 + [{"prompt": "Held out", "chosen": "x", "rejected": "y"},
+                        {"prompt": "Also held out", "chosen": "u", "rejected": "v"}]
+
+
+@pytest.mark.parametrize("loss", dpo.LOSSES)
+def test_each_loss_orders_a_toy_pair(tiny, tmp_path, loss):
+    path = write_jsonl(tmp_path / "toy.jsonl", toy_rows())
+    run = T.train(dpo_config(tiny, data=path, loss=loss, max_iters=12, batch_size=2, learning_rate=3e-3))
+    batch = rm.collate(run, run.train_examples[:4])  # (both toy pairs, or KTO: their four answers)
+    with torch.no_grad():
+        sums, lengths = dpo.sequence_sums(run.raw_model, batch)
+        z_ref = max(dpo.mismatched_kl(run, batch, sums)[0] / len(sums[0]), 0.0) if loss == "kto" else None
+        _, reward_a, reward_b = dpo.preference_terms(run, batch, sums, lengths, z_ref)
+    if loss == "kto":  # desirable examples rise above the reference, undesirable ones fall below it
+        desirable = batch["label"] > 0
+        assert reward_a[desirable].min() > 0 > reward_a[~desirable].max()
+    else:
+        assert (reward_a > reward_b).all(), (reward_a, reward_b)
+
+
+def test_kto_rows_and_their_errors(tiny, tmp_path):
+    good = [{"prompt": f"Q{i}", "completion": f"A{i}", "label": i % 2 == 0} for i in range(12)]
+    run = T.train(dpo_config(tiny, data=write_jsonl(tmp_path / "kto.jsonl", good), loss="kto", max_iters=1))
+    assert {ex["label"] for ex in run.train_examples} == {0.0, 1.0}
+    for ex in run.train_examples:  # the mismatched completion comes from another prompt
+        assert ex["responses"][1] != ex["responses"][0]
+    bad_label = write_jsonl(tmp_path / "bad.jsonl", good[:3] + [{"prompt": "Q", "completion": "A", "label": "yes"}])
+    with pytest.raises(ValueError, match=r"bad.jsonl: row 4: field 'label': expected bool"):
+        T.train(dpo_config(tiny, data=bad_label, loss="kto", max_iters=1))
+    with pytest.raises(ValueError, match=r"row 4: field 'completion': missing"):
+        T.train(dpo_config(tiny, data=write_jsonl(tmp_path / "b2.jsonl", good[:3] + [{"prompt": "Q", "label": True}]),
+                           loss="kto", max_iters=1))
+    with pytest.raises(ValueError, match="only with --loss=kto"):
+        T.train(dpo_config(tiny, data=write_jsonl(tmp_path / "k.jsonl", good), loss="dpo", max_iters=1))
+    run = T.train(dpo_config(tiny, data=write_jsonl(tmp_path / "k2.jsonl", good + [good[0] | {"completion": " "}]),
+                             loss="kto", max_iters=1, skip_bad_rows=True))
+    assert run.skipped_rows == 1
+
+
+def test_dpo_with_lora(tiny, tmp_path):
+    path = write_jsonl(tmp_path / "toy.jsonl", toy_rows())
+    before = T.build_model(T.make_config(dpo_config(tiny)), T.Tokenizer("byte"))
+    run = T.train(dpo_config(tiny, data=path, max_iters=4, batch_size=2, lora_rank=2))
+    layer = run.raw_model.transformer.h[1].mlp.c_fc
+    assert torch.equal(layer.base.weight, before.transformer.h[1].mlp.c_fc.weight)  # W frozen
+    assert layer.lora_B.abs().sum() > 0                                              # B·A trained
+    loaded = T.load_model(run.cfg["out_dir"])  # merged: the same log-probs as the LoRA model
+    batch = rm.collate(run, run.train_examples)
+    with torch.no_grad():
+        assert torch.allclose(torch.cat(dpo.sequence_sums(loaded, batch)[0]),
+                              torch.cat(dpo.sequence_sums(run.raw_model, batch)[0]), atol=1e-4)
+
+
+def test_builtin_run_logs_env_and_kl(tiny):
+    run = T.train(dpo_config(tiny, max_iters=2, eval_interval=2, pairs="both", train_prompts=8,
+                             heldout_prompts=4, block_size=128))
+    rows = [json.loads(line) for line in open(os.path.join(run.cfg["out_dir"], "metrics.jsonl"))]
+    first = rows[0]
+    for key in ("heldout_acc", "heldout_len", "kl_ref", "sampled_len", "val_pref_acc", "val_margin", "val_len_chosen"):
+        assert key in first and key in run.metrics, key
+    assert first["iter"] == 0 and abs(first["kl_ref"]) < 1e-3  # the policy is still the reference
+    assert first["val_margin"] == pytest.approx(0.0, abs=1e-5)
+    train_row = next(r for r in rows if "loss" in r)
+    for key in ("reward_chosen", "reward_rejected", "margin", "pref_acc", "logp_chosen", "logp_rejected"):
+        assert key in train_row, key
+
+
+def _ddp_params(overrides):
+    run = T.train(overrides)
+    return {k: v.detach().cpu().numpy() for k, v in run.raw_model.state_dict().items()}
+
+
+def test_two_processes_equal_one(tiny, tmp_path):
+    common = dpo_config(tiny, max_iters=3, train_prompts=16, heldout_prompts=4, samples_per_prompt=2)
+    one = _ddp_params(dict(common, batch_size=4, out_dir=str(tmp_path / "one")))
+    two = run_ddp(_ddp_params, dict(common, batch_size=2, out_dir=str(tmp_path / "two")))
+    for name, value in one.items():
+        assert torch.allclose(torch.from_numpy(two[0][name]), torch.from_numpy(value), atol=1e-5), name
+        assert (two[0][name] == two[1][name]).all(), name

@@ -1,0 +1,58 @@
+"""The built-in arithmetic environment: splits, solver, verifier."""
+
+import pytest
+
+from envs import Arithmetic, make_env, parse_answer
+
+
+def _equation(p):
+    return (p["start"], tuple(p["steps"]))
+
+
+def test_splits_are_disjoint_and_ood_has_more_digits():
+    env = Arithmetic(digits=1, n_ops=3)
+    train = {_equation(p) for p in env.problems("train", 3000)}
+    heldout = {_equation(p) for p in env.problems("heldout", 300)}
+    assert train and heldout and not train & heldout
+    assert all(p["start"] >= 10 for p in env.problems("ood", 200))
+    assert env.problems("train", 5, seed=1) == env.problems("train", 5, seed=1)
+    assert env.problems("train", 5, seed=1) != env.problems("train", 5, seed=2)
+
+
+def test_solver_answers_are_verified_and_intermediates_non_negative():
+    env = Arithmetic(digits=2, n_ops=3)
+    for p in env.problems("train", 500) + env.problems("ood", 100):
+        value = p["start"]
+        for op, b in p["steps"]:
+            value = value + b if op == "+" else value - b
+            assert value >= 0
+        assert value == p["answer"] and env.verify(p, env.solve(p)) == 1.0
+    p = {"start": 47, "steps": [("+", 8), ("-", 23)], "answer": 32}
+    assert env.solve(p) == "47+8=55. 55-23=32. Answer: 32"
+
+
+@pytest.mark.parametrize("response,reward", [
+    ("47+8=55. 55-23=32. Answer: 32", 1.0),
+    ("Answer: 32", 1.0),
+    ("Answer: 32  ", 1.0),
+    ("Answer: 31", 0.0),
+    ("Answer: 31 Answer: 32", 0.0),      # several answers: the marker must appear once
+    ("Answer: 32 or 31", 0.0),           # trailing junk after the number
+    ("Answer: 32, 31", 0.0),
+    ("32", 0.0),                         # no marker
+    ("Answer: 3232", 0.0),               # the answer repeated inside one number
+    ("Answer: 32.5", 0.0),
+    ("Answer: -32", 0.0),
+])
+def test_verifier_is_not_fooled_by_format_exploits(response, reward):
+    assert Arithmetic.verify({"answer": 32}, response) == reward
+
+
+def test_parse_answer_and_corpus():
+    assert parse_answer("x Answer: -4") == -4 and parse_answer("Answer:4") is None
+    docs = Arithmetic().corpus(10)
+    assert len(docs) == 10 and all("Answer" not in d and "=" in d for d in docs)
+    with pytest.raises(ValueError, match="unknown env"):
+        make_env("chess")
+    with pytest.raises(ValueError, match="split"):
+        Arithmetic().problems("test", 1)

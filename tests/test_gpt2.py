@@ -1,0 +1,110 @@
+"""GPT-2 compatibility: a random transformers GPT2LMHeadModel, saved to disk, must load into our GPT
+with the same logits and the same greedy continuations, and train.py must start from it offline."""
+
+import json
+import os
+
+import pytest
+import torch
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # a local save_pretrained directory must never touch the network
+transformers = pytest.importorskip("transformers")
+
+import sft
+import train as T
+from model import GPT
+from tokenizer import Tokenizer
+from conftest import TINY
+
+VOCAB = 100  # smaller than the byte tokenizer's 266 ids: init_from must grow the embedding
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A random 2-layer GPT-2 saved with save_pretrained; returns (directory, the model in eval mode)."""
+    torch.manual_seed(0)
+    # initializer_range above GPT-2's 0.02 spreads the logits, so greedy argmaxes are far from ties
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=32, n_layer=2, n_head=2,
+                                     initializer_range=0.2, bos_token_id=None, eos_token_id=None)
+    hf = transformers.GPT2LMHeadModel(config).eval()
+    path = tmp_path_factory.mktemp("gpt2") / "tiny-gpt2"
+    hf.save_pretrained(path)
+    return str(path), hf
+
+
+def random_ids(batch, length, seed):
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_logits_match_transformers(hf_dir):
+    path, hf = hf_dir
+    ours = GPT.from_pretrained(path).eval()
+    assert (ours.config.n_layer, ours.config.n_embd, ours.config.block_size) == (2, 32, 128)
+    ids = random_ids(3, 50, seed=1)
+    with torch.no_grad():
+        expected = hf(ids).logits
+        got = ours(ids)
+    assert got.shape == expected.shape == (3, 50, VOCAB)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+
+
+def test_greedy_generate_matches_transformers(hf_dir):
+    path, hf = hf_dir
+    ours = GPT.from_pretrained(path).eval()
+    # ragged prompts in one batch: ours left-pads them, transformers decodes each one alone
+    prompts = [random_ids(1, 5, seed=2)[0].tolist(), random_ids(1, 11, seed=3)[0].tolist(), [7]]
+    new = 20
+    tokens, logprobs = ours.generate(prompts, max_new_tokens=new, temperature=0.0)
+    for prompt, got, got_lp in zip(prompts, tokens, logprobs):
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                              do_sample=False, max_new_tokens=new, min_new_tokens=new, pad_token_id=0,
+                              output_scores=True, return_dict_in_generate=True)
+        expected = out.sequences[0, len(prompt):].tolist()
+        assert got == expected
+        # the sampler reports each greedy token's temperature-1 log-prob under the same model
+        expected_lp = [torch.log_softmax(s[0], -1)[t].item() for s, t in zip(out.scores, expected)]
+        torch.testing.assert_close(torch.tensor(got_lp), torch.tensor(expected_lp), atol=1e-4, rtol=0)
+
+
+def test_resize_vocab_keeps_old_logits(hf_dir):
+    path, _ = hf_dir
+    model = GPT.from_pretrained(path).eval()
+    ids = random_ids(2, 30, seed=4)
+    with torch.no_grad():
+        before = model(ids)
+        model.resize_vocab(VOCAB + 12)
+        after = model(ids)
+    assert after.shape == (2, 30, VOCAB + 12) and model.config.vocab_size == VOCAB + 12
+    torch.testing.assert_close(after[..., :VOCAB], before, atol=1e-5, rtol=0)
+    # a new token's embedding is the mean of the old ones, so its logit is the mean old logit
+    mean_old = before.mean(-1, keepdim=True).expand(-1, -1, 12)
+    torch.testing.assert_close(after[..., VOCAB:], mean_old, atol=1e-5, rtol=0)
+    assert model.lm_head.weight is model.transformer.wte.weight  # still tied after resizing
+
+
+def test_train_starts_from_hf_directory(hf_dir, tmp_path):
+    path, hf = hf_dir
+    cfg = T.make_config(dict(TINY, algo="sft", init_from=path, max_iters=2, checkpoint=False,
+                             out_dir=str(tmp_path / "run")))
+    tok = Tokenizer(cfg["tokenizer"])
+    start = T.build_model(cfg, tok).eval()
+    # the byte tokenizer's ids run past GPT-2's vocabulary: the embedding grew, the old logits stayed
+    assert start.config.vocab_size == tok.n_vocab and start.config.block_size == 128
+    ids = random_ids(2, 40, seed=5)
+    with torch.no_grad():
+        torch.testing.assert_close(start(ids)[..., :VOCAB], hf(ids).logits, atol=1e-4, rtol=0)
+
+    run = T.train(cfg)
+    trained = run.raw_model
+    assert isinstance(trained, GPT) and trained.config.vocab_size == tok.n_vocab
+    rows = [json.loads(line) for line in open(os.path.join(cfg["out_dir"], "metrics.jsonl"))]
+    assert [r["iter"] for r in rows if "loss" in r] == [1, 2]
+    # the first logged loss is the masked NLL of the GPT-2 weights on iteration 0's batch
+    (ids0, mask0), = run.algo.batches(run, 0)[0]
+    with torch.no_grad():
+        loss_sum, count = sft.masked_nll(start, ids0, mask0)
+    assert rows[0]["loss"] == pytest.approx((loss_sum / count).item(), rel=1e-4)
+    moved = max((p.detach() - q).abs().max().item()
+                for p, q in zip(trained.parameters(), start.parameters()))
+    assert moved > 1e-4  # two AdamW steps changed the GPT-2 weights

@@ -1,0 +1,392 @@
+"""grpo.py: the worked examples of SPEC §5, the estimators' gradients on a bandit, clipping, padding,
+degenerate groups, dynamic sampling, the KL term, the sampler/trainer traps, DDP, the recipes."""
+
+import contextlib
+import itertools
+import json
+import math
+import os
+import zlib
+
+import pytest
+import torch
+
+import envs
+import grpo
+import train as T
+from conftest import TINY, run_ddp
+from model import sequence_logprobs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = {k: v for k, v in TINY.items() if k in T.DEFAULTS}  # without the SFT data keys
+SMALL = dict(algo="grpo", prompts_per_iter=4, group_size=4, max_new_tokens=16, checkpoint=False)
+
+
+def coin_reward(problem, text):
+    """A deterministic reward that varies between responses (crc32, not hash(): the same in every process)."""
+    return float(zlib.crc32(text.encode()) % 2)
+
+
+def some_degenerate_reward(problem, text):
+    """Problems with a start divisible by 3 always score 1 (a degenerate group); the rest vary."""
+    return 1.0 if problem["start"] % 3 == 0 else coin_reward(problem, text)
+
+
+@contextlib.contextmanager
+def patched(run, verify=coin_reward, **cfg):
+    """Temporarily give the run another verifier and config values."""
+    old_verify, old_cfg = run.env.verify, run.cfg
+    run.env.verify, run.cfg = verify, dict(run.cfg, **cfg)
+    try:
+        yield run
+    finally:
+        run.env.verify, run.cfg = old_verify, old_cfg
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A set-up grpo run on the tiny model (no iterations yet): for calling batches / loss directly."""
+    return T.train(dict(TINY, **SMALL, max_iters=0, out_dir=str(tmp_path_factory.mktemp("grpo") / "run")))
+
+
+def loss_cfg(**kw):
+    return dict(dict(eps_low=0.2, eps_high=0.2, kl="off", kl_coef=0.0, loss_agg="token_mean", max_new_tokens=1), **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# SPEC §5 worked examples
+
+def test_grpo_group_example_and_ddof_factor():
+    r = torch.tensor([1., 0, 0, 1, 0, 0, 1, 0])
+    adv = grpo.grpo_advantages(r)
+    assert round(float(r.mean()), 3) == 0.375 and round(float(r.std(correction=0)), 4) == 0.4841
+    assert round(float(adv[0]), 3) == 1.291 and round(float(adv[1]), 3) == -0.775
+    assert abs(float(adv.sum())) < 1e-6
+    ddof1 = (r - r.mean()) / r.std(correction=1)
+    assert torch.allclose(ddof1 / adv, torch.full((8,), math.sqrt(7 / 8)))
+
+
+def test_grpo_advantages_errors_and_degenerate_rule():
+    with pytest.raises(ValueError, match="no relative signal"):
+        grpo.grpo_advantages([1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="shape"):
+        grpo.grpo_advantages([1.0])
+    with pytest.raises(ValueError, match="shape"):
+        grpo.grpo_advantages(torch.zeros(2, 3, 4))
+    with pytest.raises(ValueError, match="finite"):
+        grpo.grpo_advantages([1.0, float("nan"), 0.0])
+    with pytest.raises(ValueError, match="on_degenerate"):
+        grpo.grpo_advantages([1.0, 0.0], on_degenerate="drop")
+    # 0.1 * 3 rounds so that mean != 0.3 in float32: std would be ~1e-8 and the advantages huge
+    rows = torch.tensor([[0.3, 0.3, 0.3], [1.0, 0.0, 0.0]])
+    adv = grpo.grpo_advantages(rows, on_degenerate="zeros")
+    assert torch.equal(adv[0], torch.zeros(3))
+    assert torch.allclose(adv[1], torch.tensor([2.0, -1.0, -1.0]) / math.sqrt(2.0))
+
+
+def test_zero_variance_share_p03_g8():
+    groups = torch.tensor(list(itertools.product([0.0, 1.0], repeat=8)))  # all 2^8 groups
+    p = 0.3
+    prob = p ** groups.sum(1) * (1 - p) ** (8 - groups.sum(1))
+    share = float((prob * grpo.degenerate_groups(groups)).sum())
+    assert round(share, 4) == 0.0577 and math.isclose(share, 0.7 ** 8 + 0.3 ** 8, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("loss_agg,value,count", [("seq_mean_token_mean", 1.0, 2), ("token_mean", 0.5, 4),
+                                                  ("seq_mean_token_sum_norm", 0.25, 2)])
+def test_aggregation_lengths_1_and_3(loss_agg, value, count):
+    """Values 2 (length 1) and 0 (length 3): per-response mean 1, token mean 0.5, Dr. GRPO with
+    L_max = 4: (2 + 0) / (G·L_max) = 2 / 8 = 0.25. Padding holds garbage that must not leak."""
+    values = torch.tensor([[2.0, float("nan"), 1e9], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 0, 0], [1, 1, 1]])
+    loss_sum, n = grpo.aggregate(values, mask, loss_agg, max_len=4)
+    assert int(n) == count and float(loss_sum) / int(n) == pytest.approx(value, abs=1e-7)
+
+
+def test_group_baseline_bias_exhaustive_and_simulated():
+    """a ~ Bernoulli(p = σ(θ)), reward a, score ∂log π(a)/∂θ = a − p. True gradient p(1−p) = 0.21;
+    the group mean (self included) gives (G−1)p(1−p)/G = 0.18375, leave-one-out keeps 0.21."""
+    p, G = 0.3, 8
+    theta = torch.tensor(math.log(p / (1 - p)), requires_grad=True)
+    torch.sigmoid(theta).backward()  # ∇ E[reward] = ∇σ(θ)
+    assert round(float(theta.grad), 5) == 0.21
+    groups = torch.tensor(list(itertools.product([0.0, 1.0], repeat=G)))
+    prob = p ** groups.sum(1) * (1 - p) ** (G - groups.sum(1))
+    expected = {}
+    for estimator in ("dr_grpo", "rloo"):
+        adv, _ = grpo.group_advantages(groups, estimator)
+        per_group = (adv * (groups - p)).mean(1)  # the REINFORCE estimate of one group
+        expected[estimator] = float((prob * per_group).sum())
+    assert round(expected["dr_grpo"], 5) == 0.18375 and round(expected["rloo"], 5) == 0.21
+    gen = torch.Generator().manual_seed(0)
+    sims = (torch.rand(100_000, G, generator=gen) < p).float()
+    for estimator, truth in expected.items():
+        adv, _ = grpo.group_advantages(sims, estimator)
+        per_group = (adv * (sims - p)).mean(1)
+        stderr = float(per_group.std()) / math.sqrt(len(sims))
+        assert abs(float(per_group.mean()) - truth) < 4 * stderr
+    assert abs(expected["dr_grpo"] - expected["rloo"]) > 40 * stderr  # the simulation tells them apart
+
+
+# ---------------------------------------------------------------------------------------------
+# The loss: bandit gradients, clipping, padding, degenerate groups, KL
+
+@pytest.mark.parametrize("estimator", ["reinforce", "rloo", "grpo", "dr_grpo"])
+@pytest.mark.parametrize("loss_agg", list(grpo.CHOICES["loss_agg"]))
+def test_one_token_bandit_gradient_is_reinforce(estimator, loss_agg):
+    """One token per response, ρ = 1: the loss gradient is −(1/N) Σ_i A_i ∇log π(a_i), with
+    ∇_θ log softmax(θ)[a] = onehot(a) − softmax(θ)."""
+    gen = torch.Generator().manual_seed(1)
+    theta = torch.randn(5, generator=gen).requires_grad_()
+    actions = torch.multinomial(torch.softmax(theta.detach(), 0), 8, replacement=True, generator=gen)
+    rewards = torch.tensor([0.0, 1.0, 0.5, 2.0, -1.0])[actions].view(2, 4)  # two groups of four
+    if estimator == "reinforce":
+        adv = (rewards - rewards.mean()).flatten()
+    else:
+        adv, degenerate = grpo.group_advantages(rewards, estimator)
+        assert not degenerate.any()
+        adv = adv.flatten()
+    logp = torch.log_softmax(theta, 0)[actions][:, None]
+    loss_sum, count, _ = grpo.policy_loss(logp, logp.detach(), adv, torch.ones(8, 1), loss_cfg(loss_agg=loss_agg))
+    (loss_sum / count).backward()
+    score = torch.nn.functional.one_hot(actions, 5).float() - torch.softmax(theta.detach(), 0)
+    assert torch.allclose(theta.grad, -(adv[:, None] * score).mean(0), atol=1e-6)
+
+
+@pytest.mark.parametrize("ratio,adv,eps_high,clipped", [
+    (1.3, 1.0, 0.28, True), (1.3, -1.0, 0.28, False),    # above 1 + eps_high: cut only when A > 0
+    (0.7, -1.0, 0.28, True), (0.7, 1.0, 0.28, False),    # below 1 - eps_low: cut only when A < 0
+    (1.25, 1.0, 0.28, False), (1.25, 1.0, 0.2, True),    # Clip-Higher leaves room that eps = 0.2 does not
+    (0.85, -1.0, 0.28, False)])
+def test_clipping_stops_gradient_on_the_right_side_only(ratio, adv, eps_high, clipped):
+    cfg = loss_cfg(eps_low=0.2, eps_high=eps_high)
+    old, a, mask = torch.tensor([[-math.log(ratio)]]), torch.tensor([adv]), torch.ones(1, 1)
+    logp = torch.zeros(1, 1, requires_grad=True)
+    loss_sum, count, metrics = grpo.policy_loss(logp, old, a, mask, cfg)
+    loss_sum.backward()
+    assert metrics["clip_frac"] == (1.0 if clipped else 0.0)
+    h = 1e-3  # central finite difference of the same loss
+    f = lambda x: float(grpo.policy_loss(torch.full((1, 1), x), old, a, mask, cfg)[0])
+    fd = (f(h) - f(-h)) / (2 * h)
+    assert float(logp.grad) == pytest.approx(fd, abs=1e-3)
+    assert float(logp.grad) == (0.0 if clipped else pytest.approx(-adv * ratio, rel=1e-5))
+
+
+@pytest.mark.parametrize("loss_agg", list(grpo.CHOICES["loss_agg"]))
+def test_padding_contributes_nothing(loss_agg):
+    """Extra padded positions holding garbage change no loss, count or gradient (k3 term included)."""
+    gen = torch.Generator().manual_seed(2)
+    logp = -torch.rand(3, 5, generator=gen)
+    old, ref = logp + 0.1 * torch.randn(3, 5, generator=gen), logp + 0.3 * torch.randn(3, 5, generator=gen)
+    mask = torch.tensor([[0, 1, 1, 0, 0], [0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.float)
+    adv = torch.tensor([1.0, -0.5, 2.0])
+    cfg = loss_cfg(kl="k3_loss", kl_coef=0.1, loss_agg=loss_agg, max_new_tokens=8)
+    garbage = lambda x, value: torch.cat([x, torch.full((3, 4), value)], 1)
+    a = logp.clone().requires_grad_()
+    b = garbage(logp, 50.0).requires_grad_()
+    sa, na, _ = grpo.policy_loss(a, old, adv, mask, cfg, ref_logp=ref)
+    sb, nb, _ = grpo.policy_loss(b, garbage(old, -50.0), adv, garbage(mask, 0.0), cfg, ref_logp=garbage(ref, float("nan")))
+    sa.backward(), sb.backward()
+    assert int(na) == int(nb) and float(sa.detach()) == pytest.approx(float(sb.detach()), abs=1e-6)
+    assert torch.allclose(a.grad, b.grad[:, :5], atol=1e-7) and torch.equal(b.grad[:, 5:], torch.zeros(3, 4))
+    assert torch.equal(a.grad * (1 - mask), torch.zeros(3, 5))  # prompt positions get no gradient either
+
+
+def test_padding_columns_do_not_change_the_model_loss(run):
+    with patched(run):
+        mb = next(iter(grpo.batches(run, 0)))[0]
+    padded = dict(mb, ids=torch.cat([mb["ids"], torch.full((len(mb["ids"]), 7), run.tok.pad)], 1))
+    for k in grpo.PER_TOKEN:
+        padded[k] = torch.cat([mb[k], torch.zeros(len(mb[k]), 7)], 1)
+    sa, na, _ = grpo.loss(run, run.model, mb)
+    sb, nb, _ = grpo.loss(run, run.model, padded)
+    assert float(na) == float(nb) and float(sa.detach()) == pytest.approx(float(sb.detach()), abs=1e-5)
+
+
+def test_kl_term_is_zero_when_policy_equals_reference():
+    logp = torch.tensor([[-0.5, -2.0, -0.1]], requires_grad=True)
+    kl = grpo.k3(logp, logp.detach())
+    kl.sum().backward()
+    assert torch.equal(kl.detach(), torch.zeros(1, 3)) and torch.equal(logp.grad, torch.zeros(1, 3))
+    assert float(grpo.k3(torch.tensor(-0.5), torch.tensor(-1.5))) == pytest.approx(math.exp(-1) + 1 - 1)
+    logp.grad = None
+    cfg = loss_cfg(kl="k3_loss", kl_coef=0.5)
+    s, n, m = grpo.policy_loss(logp, logp.detach(), torch.zeros(1), torch.ones(1, 3), cfg, ref_logp=logp.detach())
+    s.backward()
+    assert float(s.detach()) == 0.0 and m["kl_k3"] == 0.0 and torch.equal(logp.grad, torch.zeros(1, 3))
+
+
+def test_overlong_penalty_ramp():
+    lengths = torch.tensor([10, 48, 56, 63, 64])
+    assert grpo.overlong_penalty(lengths, 64, 16).tolist() == [0.0, 0.0, -0.5, -0.9375, -1.0]
+    assert grpo.overlong_penalty(lengths, 64, 0).tolist() == [0.0] * 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout batches on a real (tiny) run
+
+def first_step_ratio_dev(run, temperature=None, train_mode=False):
+    """max |ρ − 1| over the first optimizer step, π_θ scored at `temperature` (default: the run's)."""
+    steps = list(grpo.batches(run, 3))
+    if train_mode:
+        run.raw_model.train()
+    dev = 0.0
+    for mb in steps[0]:
+        with torch.no_grad():
+            logp = sequence_logprobs(run.model, mb["ids"], temperature or run.cfg["temperature"])
+        on = mb["mask"] > 0
+        dev = max(dev, float(((logp - mb["old_logprobs"]).exp() - 1).abs()[on].max()))
+    return dev, steps
+
+
+def test_ratio_is_one_on_the_first_step_tokens_in_tokens_out(tmp_path):
+    """Sampler log-probs are π_old: a training forward on the same ids gives ρ = 1 in fp32, with dropout
+    in the model and a temperature of 0.7 — only because the loss scores at that temperature with dropout off."""
+    run = T.train(dict(TINY, **SMALL, max_iters=0, dropout=0.2, temperature=0.7, out_dir=str(tmp_path / "r")))
+    with torch.no_grad():  # sharpen the random model's logits (tied embeddings), or every temperature looks alike
+        run.raw_model.transformer.wte.weight.mul_(3)
+    with patched(run):
+        dev, steps = first_step_ratio_dev(run)
+        assert dev < 1e-4
+        assert not run.raw_model.training  # batches() left dropout off for the loss
+        metrics = grpo.loss(run, run.model, steps[0][0])[2]
+        assert metrics["ratio_dev"] < 1e-4 and metrics["clip_frac"] == 0.0
+        assert first_step_ratio_dev(run, temperature=1.0)[0] > 0.05  # the temperature trap
+        assert first_step_ratio_dev(run, train_mode=True)[0] > 0.05   # the dropout trap
+    # tokens in, tokens out: the sampled ids do not survive decode + encode, so scoring re-encoded
+    # text would not give ρ = 1
+    mb = steps[0][0]
+    rows = [ids[(m > 0).nonzero().min() + 1:(m > 0).nonzero().max() + 2].tolist() for ids, m in zip(mb["ids"], mb["mask"])]
+    assert any(run.tok.encode(run.tok.decode(r)) != r for r in rows)
+    run.old_logprobs_mode = "recompute"
+    with patched(run):
+        assert first_step_ratio_dev(run)[0] < 1e-5
+
+
+def test_degenerate_groups_drop_or_zeros(run):
+    """drop: a degenerate group's rows are masked out of every sum and count (the loss equals the loss
+    without them); zeros: they stay in the count with A = 0."""
+    with patched(run, some_degenerate_reward, on_degenerate="drop"):
+        batch, counts = grpo.rollout_shard(run, 7, 0)
+    G = run.cfg["group_size"]
+    degenerate = grpo.degenerate_groups(batch["reward"].view(-1, G)).repeat_interleave(G)
+    assert 0 < degenerate.sum() < len(degenerate)
+    assert torch.equal(batch["keep"], (~degenerate).float())
+    assert torch.equal(batch["mask"].sum(1) > 0, ~degenerate)
+    kept = grpo.select_rows(batch, (~degenerate).nonzero().squeeze(1))
+    surrogate = lambda b, cfg: grpo.policy_loss(b["old_logprobs"] - 0.1 * b["mask"], b["old_logprobs"], b["advantages"],
+                                                b["mask"], cfg, ref_logp=b["ref_logprobs"])
+    for agg in grpo.CHOICES["loss_agg"]:
+        cfg = dict(run.cfg, loss_agg=agg)
+        (s_all, n_all, _), (s_kept, n_kept, _) = surrogate(batch, cfg), surrogate(kept, cfg)
+        assert int(n_all) == int(n_kept) and float(s_all) == pytest.approx(float(s_kept), rel=1e-5)
+    with patched(run, some_degenerate_reward, on_degenerate="zeros"):
+        zeros, _ = grpo.rollout_shard(run, 7, 0)
+    degenerate = grpo.degenerate_groups(zeros["reward"].view(-1, G)).repeat_interleave(G)
+    assert torch.equal(zeros["keep"], torch.ones(len(degenerate)))
+    assert torch.equal(zeros["advantages"][degenerate], torch.zeros(int(degenerate.sum())))
+    n_zeros = grpo.aggregate(zeros["mask"], zeros["mask"], "seq_mean_token_mean", 16)[1]
+    assert int(n_zeros) == len(degenerate)  # every response counts, degenerate ones included
+    with patched(run, some_degenerate_reward, on_degenerate="raise"), pytest.raises(ValueError, match="raise"):
+        grpo.rollout_shard(run, 7, 0)
+
+
+def test_dynamic_sampling_refills_and_never_trains_on_degenerate_groups(run):
+    rare = lambda p, text: coin_reward(p, text) if p["start"] % 4 == 0 else 0.0  # most groups all-wrong
+    G, n = run.cfg["group_size"], run.cfg["prompts_per_iter"]
+    with patched(run, rare, on_degenerate="drop", dynamic_sampling_rounds=6):
+        batch, counts = grpo.rollout_shard(run, 11, 0)
+        steps = list(grpo.batches(run, 11))
+    kept = batch["keep"] > 0
+    assert kept.any() and counts["extra_rollouts"] > 0 and counts["extra_rollouts"] % (n * G) == 0
+    assert not grpo.degenerate_groups(batch["reward"][kept].view(-1, G)).any()
+    assert run.stats["extra_rollouts"] == counts["extra_rollouts"]
+    with patched(run, lambda p, text: 1.0, on_degenerate="drop", dynamic_sampling_rounds=3):
+        solved, counts = grpo.rollout_shard(run, 11, 0)
+        solved_steps = list(grpo.batches(run, 11))
+    assert counts["extra_rollouts"] == 3 * n * G and not (solved["keep"] > 0).any()
+    assert float(solved["mask"].sum()) == 0.0  # nothing to learn from, and nothing learnt from it
+    # the same number of optimizer steps and micro-batches either way: DDP ranks cannot diverge
+    assert [len(s) for s in steps] == [len(s) for s in solved_steps]
+
+
+def test_first_iteration_from_scratch_logs_zero_kl_and_every_figure(tmp_path, monkeypatch):
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
+    run = T.train(dict(TINY, **SMALL, max_iters=1, minibatches=1, out_dir=str(tmp_path / "r")))
+    row = [json.loads(line) for line in open(tmp_path / "r" / "metrics.jsonl")][-1]
+    for key in ("reward", "entropy", "kl_ref", "kl_k3", "clip_frac", "degenerate_frac", "len_mean", "len_std",
+                "extra_rollouts", "time_decode", "time_verify", "time_update", "time_score", "loss"):
+        assert key in row and math.isfinite(row[key]), key
+    assert abs(row["kl_ref"]) < 1e-5 and row["kl_k3"] < 1e-4  # π = π_ref before the first update
+    assert 0 < row["reward"] < 1 and row["time_update"] > 0
+    assert "seq_mean_token_mean" in open(tmp_path / "r" / "passport.md").read()
+
+
+def test_config_errors(run):
+    for bad, match in [(dict(estimator="ppo"), "estimator"), (dict(loss_agg="mean"), "loss_agg"),
+                       (dict(dynamic_sampling_rounds=2), "on_degenerate='drop'"),
+                       (dict(prompts_per_iter=5, rollout_prompts=2), "shards"),
+                       (dict(group_size=1), "group_size"), (dict(overlong_cache=16), "overlong_cache")]:
+        with pytest.raises(ValueError, match=match):
+            grpo.check_config(dict(run.cfg, **bad), world_size=1)
+    with pytest.raises(ValueError, match="shards"):
+        grpo.check_config(dict(run.cfg, prompts_per_iter=4, rollout_prompts=4), world_size=2)
+    grpo.check_config(dict(run.cfg, estimator="reinforce", group_size=1), world_size=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# DDP and the recipes end to end
+
+DDP_RUN = dict(TINY, **SMALL, rollout_prompts=2, inner_epochs=2, minibatches=2, batch_size=3, max_iters=2,
+               on_degenerate="drop", learning_rate=1e-2, warmup_iters=0)
+
+
+def train_and_report(overrides):
+    """(optimizer steps and micro-batches per iteration, final weights) of one training run."""
+    shapes, original, verify = [], grpo.batches, envs.Arithmetic.verify
+
+    def counted(run, it):
+        steps = list(original(run, it))
+        shapes.append([len(s) for s in steps])
+        return steps
+
+    grpo.batches, envs.Arithmetic.verify = counted, staticmethod(coin_reward)
+    try:
+        run = T.train(overrides)
+    finally:
+        grpo.batches, envs.Arithmetic.verify = original, verify
+    return shapes, {k: v.detach().numpy().copy() for k, v in run.raw_model.state_dict().items()}
+
+
+def test_ddp_two_ranks_equal_one_process_on_the_same_global_batch(tmp_path):
+    """Each rank samples one shard of 2 prompts; one process samples both shards: the same global
+    batch, then 2 epochs x 2 minibatches with uneven micro-batches (3 + 1 per rank, 3 + 3 + 2 alone)."""
+    (shapes0, w0), (shapes1, w1) = run_ddp(train_and_report, dict(DDP_RUN, out_dir=str(tmp_path / "ddp")))
+    single_shapes, single = train_and_report(dict(DDP_RUN, out_dir=str(tmp_path / "one")))
+    assert shapes0 == shapes1 == [[2, 2, 2, 2]] * 2 and single_shapes == [[3, 3, 3, 3]] * 2
+    assert all((w0[k] == w1[k]).all() for k in w0)
+    cfg = T.make_config(DDP_RUN)
+    start = T.build_model(cfg, T.Tokenizer(cfg["tokenizer"])).state_dict()
+    assert any(not torch.allclose(torch.from_numpy(single[k]), start[k]) for k in single)  # it did train
+    # except the attention key bias: softmax ignores a constant shift of the scores, so its true
+    # gradient is 0 and Adam turns the rounding noise of the two summation orders into small steps
+    n = cfg["n_embd"]
+    not_key_bias = lambda k, w: torch.from_numpy(w[k]) if not k.endswith("c_attn.bias") else \
+        torch.cat([torch.from_numpy(w[k][:n]), torch.from_numpy(w[k][2 * n:])])
+    assert all(torch.allclose(not_key_bias(k, w0), not_key_bias(k, single), atol=1e-5) for k in w0)
+
+
+@pytest.mark.parametrize("recipe", ["grpo", "dapo", "dr_grpo", "rloo"])
+def test_recipe_configs_train_and_evaluate(recipe, tmp_path, monkeypatch):
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
+    overrides = T.parse_args([os.path.join(ROOT, "config", f"{recipe}.py")])
+    overrides.update(TINY, **SMALL, max_iters=2, eval_interval=2, eval_problems=4, eval_pass_k=2,
+                     out_dir=str(tmp_path / recipe))
+    if recipe == "dapo":
+        overrides["overlong_cache"] = 4
+    run = T.train(overrides)
+    assert {"heldout_acc", "heldout_pass@2", "heldout_sampled_acc", "ood_acc"} <= set(run.metrics)
+    rows = [json.loads(line) for line in open(tmp_path / recipe / "metrics.jsonl")]
+    assert [r["iter"] for r in rows if "loss" in r] == [1, 2]
+    assert "=== iter 2 ===" in open(tmp_path / recipe / "samples.txt").read()
+    assert f"estimator **{overrides['estimator']}**" in open(tmp_path / recipe / "passport.md").read()

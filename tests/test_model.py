@@ -1,0 +1,141 @@
+"""The model, the KV-cache sampler, log-probs and LoRA."""
+
+import math
+
+import pytest
+import torch
+
+from model import (GPT, GPTConfig, ScalarHeadGPT, _filter_logits, apply_lora, count_parameters,
+                   merge_lora, sample, sequence_logprobs)
+
+CFG = GPTConfig(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32)
+RAGGED = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return GPT(CFG).eval()
+
+
+def test_cached_logits_equal_uncached_on_ragged_batch(model):
+    """Every decode step's logits (captured at lm_head) equal a full forward of that row alone."""
+    captured = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, out: captured.append(out[:, -1].clone()))
+    tokens, _ = model.generate(RAGGED, max_new_tokens=6, temperature=0)
+    hook.remove()
+    assert len(captured) == 6  # one prefill + 5 decode steps (the 6th token needs no forward)
+    worst = 0.0
+    for row, prompt in enumerate(RAGGED):
+        for step in range(6):
+            seq = torch.tensor([prompt + tokens[row][:step]])
+            full = model(seq)[0, -1]
+            worst = max(worst, (full - captured[step][row]).abs().max().item())
+    assert worst < 1e-5
+
+
+def test_cached_greedy_equals_uncached_greedy(model):
+    tokens, _ = model.generate(RAGGED, max_new_tokens=12, temperature=0)
+    for prompt, out in zip(RAGGED, tokens):
+        seq = list(prompt)
+        for _ in range(12):
+            seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+        assert seq[len(prompt):] == out
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, None), (0.7, 5, None), (1.3, None, 0.8)])
+def test_sampler_logprobs_equal_training_forward(model, temperature, top_k, top_p):
+    """π_old from the sampler == log softmax(logits / T) of a training forward (before truncation)."""
+    tokens, logprobs = model.generate(RAGGED, 10, temperature=temperature, top_k=top_k, top_p=top_p, seed=3)
+    for prompt, toks, lps in zip(RAGGED, tokens, logprobs):
+        lp = sequence_logprobs(model, torch.tensor([prompt + toks]), temperature)[0, len(prompt) - 1:]
+        torch.testing.assert_close(lp, torch.tensor(lps), atol=1e-5, rtol=0)
+
+
+def test_seed_reproducible_and_stop_tokens_per_row(model):
+    a = model.generate(RAGGED, 20, temperature=1.0, seed=7)
+    b = model.generate(RAGGED, 20, temperature=1.0, seed=7)
+    c = model.generate(RAGGED, 20, temperature=1.0, seed=8)
+    assert a == b and a[0] != c[0]
+    stop = a[0][1][2]  # a token row 1 produced at step 2: with it as stop token row 1 ends there
+    tokens, logprobs = model.generate(RAGGED, 20, temperature=1.0, seed=7, stop_tokens=(stop,))
+    assert tokens[1] == a[0][1][:a[0][1].index(stop) + 1]  # identical up to and including its stop token
+    for toks in tokens:  # a row ends at its first stop token (included) or at max_new_tokens
+        assert stop not in toks[:-1] and (toks[-1] == stop or len(toks) == 20)
+    assert [len(t) for t in tokens] == [len(lp) for lp in logprobs]
+    assert model.generate(RAGGED, 20, temperature=1.0, seed=7, stop_tokens=(stop,)) == (tokens, logprobs)
+
+
+def test_top_k_and_top_p_filtering():
+    logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
+    assert torch.isfinite(_filter_logits(logits, 2, None)).tolist() == [[True, True, False, False, False]]
+    # nucleus 0.8: 0.5 + 0.2 = 0.7 < 0.8, so the third token (cumulative 0.85) is still needed
+    assert torch.isfinite(_filter_logits(logits, None, 0.8)).tolist() == [[True, True, True, False, False]]
+    assert torch.isfinite(_filter_logits(logits, None, 0.5)).tolist() == [[True, False, False, False, False]]
+
+
+def test_sampler_frequencies_follow_the_distribution():
+    """A one-step 'model' with known probabilities: empirical frequencies of 4000 draws match."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=8, vocab_size=4, n_layer=1, n_head=1, n_embd=8)).eval()
+    prompts = [[0]] * 4000
+    tokens, logprobs = m.generate(prompts, 1, temperature=1.0, seed=0)
+    p = torch.tensor(logprobs[0]).exp().item()
+    counts = torch.bincount(torch.tensor([t[0] for t in tokens]), minlength=4).float() / 4000
+    expected = m(torch.tensor([[0]]))[0, -1].softmax(-1)
+    assert (counts - expected).abs().max() < 0.03
+    assert math.isclose(p, expected[tokens[0][0]].item(), rel_tol=1e-5)
+
+
+def test_prompt_too_long_is_a_clear_error(model):
+    with pytest.raises(ValueError, match="block_size"):
+        model.generate([[1] * 64], 5)
+
+
+def test_scalar_head_shape(model):
+    values = ScalarHeadGPT(model)(torch.tensor(RAGGED[1:2]))
+    assert values.shape == (1, 7)
+
+
+def test_lora_zero_change_at_init_then_only_lora_trains_and_merge_is_exact(model):
+    ids = torch.tensor([RAGGED[1]])
+    before = model(ids).detach()
+    base_weights = {k: v.clone() for k, v in model.state_dict().items()}
+    n_trainable, n_total = apply_lora(model, rank=4, alpha=8)
+    assert torch.equal(model(ids), before)  # B = 0 at init
+    # 2 blocks x (c_attn 32->96, attn c_proj 32->32, c_fc 32->128, mlp c_proj 128->32), rank 4
+    assert n_trainable == 2 * 4 * ((32 + 96) + (32 + 32) + (32 + 128) + (128 + 32))
+    assert n_total == count_parameters(model)[1]
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model.train()
+    for _ in range(3):
+        opt.zero_grad()
+        (-sequence_logprobs(model, ids).mean()).backward()
+        opt.step()
+    model.eval()
+    state = model.state_dict()
+    for k, v in base_weights.items():
+        key = k.replace("weight", "base.weight").replace("bias", "base.bias") if k not in state else k
+        assert torch.equal(state[key], v), f"frozen {k} changed"
+    tuned = model(ids).detach()
+    assert not torch.allclose(tuned, before)
+    merge_lora(model)
+    assert not any("lora" in k for k in model.state_dict())
+    torch.testing.assert_close(model(ids), tuned, atol=1e-5, rtol=0)
+
+
+def test_tool_hook_injects_tokens_that_later_steps_condition_on(model):
+    """A row that emits a trigger gets the tool's ids fed in (forced=1, log-prob 0); what it samples
+    afterwards is what an uncached forward over the whole sequence predicts."""
+    free, _ = model.generate(RAGGED, 8, temperature=0)
+    trigger = free[0][1]
+    injected = [40, 41, 42]
+    hook = lambda row, generated: injected if row == 0 and generated[-1] == trigger and len(generated) == 2 else None
+    tokens, logprobs, forced = sample(model, RAGGED, 10, temperature=0, tool_hook=hook)
+    assert tokens[0][:5] == free[0][:2] + injected and forced[0][:5] == [0, 0, 1, 1, 1]
+    assert logprobs[0][2:5] == [0.0] * 3
+    seq = list(RAGGED[0]) + tokens[0][:5]
+    for _ in range(5):
+        seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+    assert tokens[0] == seq[len(RAGGED[0]):]
+    assert tokens[1][:8] == free[1] and forced[1] == [0] * 10

@@ -1,0 +1,309 @@
+"""PPO (ppo.py): memory anatomy, GAE, KL shaping, the clipped losses, masking, end-to-end runs with
+the verifier and with a reward model, LoRA, resume of the adaptive β, and DDP lockstep."""
+
+import json
+import math
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import envs
+import ppo
+import rm
+import train as T
+from conftest import run_ddp
+from model import GPT, GPTConfig, ScalarHeadGPT
+
+
+def common(tiny):
+    """TINY's keys that every algorithm knows (it also carries SFT's own)."""
+    return {k: v for k, v in tiny.items() if k in T.DEFAULTS}
+
+
+def ppo_config(tiny, **overrides):
+    """TINY plus small PPO settings: two minibatches × two epochs per rollout batch of 8."""
+    return {**common(tiny), **dict(algo="ppo", batch_size=4, minibatches=2, ppo_epochs=2, max_new_tokens=8,
+                           prompts_pool=64, learning_rate=1e-3, min_lr=1e-3, warmup_iters=0), **overrides}
+
+
+def metrics_rows(out_dir):
+    return [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory anatomy [M14 §10]
+
+def test_stage_memory_gib_reproduces_the_worked_example():
+    n = 8.03e9
+    trained, frozen = ppo.stage_memory_gib(n, ["train"]), ppo.stage_memory_gib(n, ["frozen_bf16"])
+    ppo_gib = ppo.stage_memory_gib(n, ["train", "train", "frozen_bf16", "frozen_bf16"])
+    dpo_gib = ppo.stage_memory_gib(n, ["train", "frozen_bf16"])
+    assert f"{trained:.1f} {frozen:.2f} {ppo_gib:.1f} {dpo_gib:.1f}" == "119.7 14.96 269.2 134.6"
+    assert f"{ppo_gib / dpo_gib:.2f}" == "2.00"
+    assert f"{trained / ppo_gib:.0%}" == "44%"  # the critic's share of the PPO budget
+    assert trained == pytest.approx(16 * n / 2**30) and ppo_gib == pytest.approx(36 * n / 2**30)
+    with pytest.raises(ValueError, match="positive"):
+        ppo.stage_memory_gib(float("nan"), ["train"])
+    with pytest.raises(ValueError, match="unknown model state"):
+        ppo.stage_memory_gib(n, ["train", "fp8"])
+
+
+# ----------------------------------------------------------------------------------------------
+# GAE and the reward shaping
+
+def random_rollout_layout(rng, n_rows=5, width=12):
+    """A (rows, width) mask like T.rollouts': prompt zeros, a contiguous response, padding zeros."""
+    mask = torch.zeros(n_rows, width)
+    for i in range(n_rows):
+        start = int(rng.integers(1, 5))
+        length = int(rng.integers(1, width - start + 1))
+        mask[i, start:start + length] = 1
+    return mask
+
+
+def gae_by_definition(rewards, values, gamma, lam):
+    """Â_t = Σ_l (γλ)^l δ_{t+l} over one response (lists), V = 0 after the last token."""
+    n = len(rewards)
+    deltas = [rewards[t] + gamma * (values[t + 1] if t + 1 < n else 0.0) - values[t] for t in range(n)]
+    return [sum((gamma * lam) ** (l - t) * deltas[l] for l in range(t, n)) for t in range(n)]
+
+
+@pytest.mark.parametrize("gamma,lam", [(1.0, 0.95), (0.9, 0.8), (1.0, 0.0)])
+def test_gae_matches_the_definition_on_random_rollouts(gamma, lam):
+    rng = np.random.default_rng(0)
+    mask = random_rollout_layout(rng)
+    rewards = torch.tensor(rng.normal(size=mask.shape), dtype=torch.float32) * mask
+    values = torch.tensor(rng.normal(size=mask.shape), dtype=torch.float32)  # junk off the response too
+    advantages, returns = ppo.gae(rewards, values, mask, gamma, lam)
+    for i in range(len(mask)):
+        idx = mask[i].nonzero().flatten().tolist()
+        expected = gae_by_definition(rewards[i, idx].tolist(), values[i, idx].tolist(), gamma, lam)
+        assert advantages[i, idx].tolist() == pytest.approx(expected, abs=1e-5)
+        assert returns[i, idx].tolist() == pytest.approx((advantages[i, idx] + values[i, idx]).tolist(), abs=1e-6)
+        off = (mask[i] == 0).nonzero().flatten()
+        assert torch.all(advantages[i, off] == 0)
+
+
+def test_gae_with_lambda_1_gamma_1_is_reward_to_go_minus_value():
+    rng = np.random.default_rng(1)
+    mask = random_rollout_layout(rng)
+    rewards = torch.tensor(rng.normal(size=mask.shape), dtype=torch.float32) * mask
+    values = torch.tensor(rng.normal(size=mask.shape), dtype=torch.float32)
+    advantages, returns = ppo.gae(rewards, values, mask, 1.0, 1.0)
+    reward_to_go = rewards.flip(1).cumsum(1).flip(1)  # Σ_{k ≥ t} r_k (rewards are 0 off the response)
+    on = mask.bool()
+    assert torch.allclose(advantages[on], (reward_to_go - values)[on], atol=1e-5)
+    assert torch.allclose(returns[on], reward_to_go[on], atol=1e-5)
+
+
+def test_kl_penalty_sits_on_response_tokens_and_the_score_on_the_last():
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0], [0, 1, 1, 0, 0, 0]], dtype=torch.float32)
+    logp = torch.tensor([[-9., -9., -1.0, -2.0, -0.5, -9.], [-9., -0.2, -3.0, -9., -9., -9.]])
+    ref = torch.tensor([[-1., -1., -1.5, -1.0, -0.5, -1.], [-1., -0.7, -2.0, -1., -1., -1.]])
+    kl = ppo.kl_per_token(logp, ref, "k1") * mask
+    rewards = ppo.shaped_rewards(torch.tensor([1.0, -2.0]), kl, mask, kl_coef=0.1)
+    # row 0: −0.1·(0.5, −1, 0), score 1 at column 4; row 1: −0.1·(0.5, −1), score −2 at column 2
+    expected = torch.tensor([[0, 0, -0.05, 0.1, 1.0, 0], [0, -0.05, 0.1 - 2.0, 0, 0, 0]])
+    assert torch.allclose(rewards, expected, atol=1e-7)
+
+
+def test_kl_estimators_worked_value_and_exact_expectation():
+    assert float(ppo.kl_per_token(torch.tensor(-1.0), torch.tensor(-1.5), "k3")) == pytest.approx(0.106531, abs=1e-6)
+    # on a categorical, E_π[k1] and E_π[k3] over tokens drawn from π both equal KL(π‖π_ref)
+    torch.manual_seed(0)
+    logp, ref = torch.randn(7).log_softmax(0), torch.randn(7).log_softmax(0)
+    kl = float((logp.exp() * (logp - ref)).sum())
+    for name in ("k1", "k3"):
+        assert float((logp.exp() * ppo.kl_per_token(logp, ref, name)).sum()) == pytest.approx(kl, rel=1e-5)
+    assert bool((ppo.kl_per_token(logp, ref, "k3") >= 0).all())
+    with pytest.raises(ValueError, match="k1 or k3"):
+        ppo.kl_per_token(logp, ref, "k2")
+
+
+# ----------------------------------------------------------------------------------------------
+# The clipped losses
+
+def test_clipped_surrogate_worked_values_and_gradients():
+    old = torch.zeros(4)
+    ratio = torch.tensor([1.5, 0.5, 1.5, 0.5])
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    logp = ratio.log().requires_grad_()
+    loss, clipped = ppo.clipped_surrogate(logp, old, adv, 0.2)
+    # min(ρÂ, clip(ρ)Â): 1.2 (clipped), 0.5, −1.5, −0.8 (clipped); the loss is its negative
+    assert loss.tolist() == pytest.approx([-1.2, -0.5, 1.5, 0.8])
+    assert clipped.tolist() == [1.0, 0.0, 0.0, 1.0]
+    loss.sum().backward()
+    # ∂(−ρÂ)/∂log ρ = −ρÂ where unclipped, 0 where the clipped term is active
+    assert logp.grad.tolist() == pytest.approx([0.0, -0.5, 1.5, 0.0])
+
+
+def test_clipped_value_loss_worked_values_and_gradients():
+    old = torch.tensor([0.5, 0.5, 0.5])
+    new = torch.tensor([1.0, 0.8, 0.6], requires_grad=True)
+    ret = torch.tensor([0.0, 1.0, 1.0])
+    loss = ppo.clipped_value_loss(new, old, ret, 0.2)
+    # row 0: ½·max(1.0², 0.7²) = 0.5 (unclipped wins, gradient V − R = 1)
+    # row 1: ½·max(0.2², 0.3²) = 0.045 (the clipped value 0.7 wins, no gradient)
+    # row 2: inside the clip range, ½·0.4² = 0.08, gradient V − R = −0.4
+    assert loss.tolist() == pytest.approx([0.5, 0.045, 0.08])
+    loss.sum().backward()
+    assert new.grad.tolist() == pytest.approx([1.0, 0.0, -0.4])
+
+
+def tiny_policy_and_critic():
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=2, n_embd=16))
+    critic = ScalarHeadGPT(GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=2, n_embd=16)))
+    return ppo.PolicyAndCritic(gpt, critic)
+
+
+def test_masked_tokens_contribute_nothing():
+    model = tiny_policy_and_critic()
+    run = SimpleNamespace(cfg=dict(temperature=0.7, clip_eps=0.2, value_clip=0.2, vf_coef=0.5), step_kl=[0.0, 0.0])
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 64, (3, 10), generator=g)
+    mask = random_rollout_layout(np.random.default_rng(2), n_rows=3, width=9)
+    batch = dict(ids=ids, mask=mask, old_logprobs=-torch.rand(3, 9, generator=g) * mask,
+                 old_values=torch.randn(3, 9, generator=g) * mask, advantages=torch.randn(3, 9, generator=g) * mask,
+                 returns=torch.randn(3, 9, generator=g) * mask)
+
+    def loss_and_grads(batch):
+        model.zero_grad()
+        loss_sum, count, _ = ppo.loss(run, model, batch)
+        loss_sum.backward()
+        return float(loss_sum.detach()), float(count), [p.grad.clone() for p in model.parameters()]
+
+    before = loss_and_grads(batch)
+    off = mask == 0
+    noisy = {k: torch.where(off, torch.randn(3, 9, generator=g) * 5, v) if k != "ids" and k != "mask" else v
+             for k, v in batch.items()}
+    after_response = torch.zeros_like(ids, dtype=torch.bool)  # padding tokens after each response
+    for i in range(3):
+        last = int(mask[i].nonzero().max()) + 1  # ids index of the last response token
+        after_response[i, last + 1:] = True
+    noisy["ids"] = torch.where(after_response, torch.randint(0, 64, ids.shape, generator=g), ids)
+    after = loss_and_grads(noisy)
+    assert after[1] == before[1] == float(mask.sum())
+    assert after[0] == pytest.approx(before[0], rel=1e-6)
+    for a, b in zip(after[2], before[2]):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------
+# End-to-end runs
+
+def ascii_share(problem, response):
+    """A toy reward a random policy can raise in a few PPO steps: the share of ASCII characters
+    (about half of a random tiny model's bytes; the rest are high bytes and unused ids)."""
+    return sum(ord(c) < 128 for c in response) / max(len(response), 1)
+
+
+def test_end_to_end_ppo_raises_a_toy_reward(tiny, monkeypatch):
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(ascii_share))
+    run = T.train(ppo_config(tiny, max_iters=10, batch_size=8, kl_coef=0.0, learning_rate=1e-2, min_lr=1e-2,
+                             checkpoint=False))
+    rewards = [r["verifier_acc"] for r in metrics_rows(run.cfg["out_dir"]) if "verifier_acc" in r]
+    assert len(rewards) == 10
+    assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.2, rewards
+    row = metrics_rows(run.cfg["out_dir"])[-1]
+    for key in ("kl_ref", "clip_frac", "entropy", "value_loss", "explained_var", "resp_len", "approx_kl"):
+        assert math.isfinite(row[key]), key
+    assert row["ppo_steps"] == 4
+
+
+def test_reward_model_path_scores_rollouts_with_rm_score(tiny, monkeypatch):
+    # a tiny reward-model checkpoint from --algo rm (one step is enough: only the plumbing is tested)
+    rm_dir = os.path.join(tiny["out_dir"], "rm")
+    T.train(dict(common(tiny), algo="rm", out_dir=rm_dir, max_iters=1, train_prompts=4, heldout_prompts=2,
+                 samples_per_prompt=1, max_new_tokens=8))
+    calls = []
+    real_score = rm.score
+
+    def recording_score(reward_model, ids, mask):
+        out = real_score(reward_model, ids, mask)
+        calls.append((reward_model, ids.clone(), mask.clone(), out.clone()))
+        return out
+
+    monkeypatch.setattr(rm, "score", recording_score)
+    run = T.train(ppo_config(tiny, max_iters=1, reward="rm", reward_model=rm_dir, critic_init="reward_model"))
+    reward_model = T.load_model(rm_dir)
+    assert len(calls) == 2  # one per micro-batch of the rollout batch
+    for model, ids, mask, out in calls:
+        assert model is run.reward_model
+        with torch.no_grad():
+            values = reward_model(ids)  # the scalar at each row's last response token, found by hand
+            expected = [float(values[i, int(mask[i].nonzero().max()) + 1]) for i in range(len(ids))]
+        assert out.tolist() == pytest.approx(expected, abs=1e-5)
+    assert run.stats["rm_score"] == pytest.approx(float(torch.cat([c[3] for c in calls]).mean()), abs=1e-6)
+    for name, p in reward_model.state_dict().items():  # the frozen RM did not move; the critic (its copy) did
+        assert torch.equal(p, run.reward_model.state_dict()[name])
+    assert not torch.equal(run.raw_model.critic.head.weight, reward_model.head.weight)
+
+
+def test_bad_reward_settings_are_clear_errors(tiny):
+    with pytest.raises(ValueError, match="reward='human'"):
+        T.train(ppo_config(tiny, reward="human"))
+    with pytest.raises(ValueError, match="--reward_model"):
+        T.train(ppo_config(tiny, reward="rm"))
+    sft_dir = os.path.join(tiny["out_dir"], "sft")
+    T.train(dict(tiny, algo="sft", out_dir=sft_dir, max_iters=1))
+    with pytest.raises(ValueError, match="not a reward model"):
+        T.train(ppo_config(tiny, reward="rm", reward_model=sft_dir))
+
+
+def test_lora_trains_policy_and_critic_adapters_and_the_critic_head(tiny):
+    run = T.train(ppo_config(tiny, max_iters=1, lora_rank=2, learning_rate=1e-2, min_lr=1e-2))
+    trainable = {n for n, p in run.raw_model.named_parameters() if p.requires_grad}
+    assert any(n.startswith("policy.") and "lora_A" in n for n in trainable)
+    assert any(n.startswith("critic.") and "lora_B" in n for n in trainable)
+    assert {"critic.head.weight", "critic.head.bias"} <= trainable
+    assert all("lora_" in n or n.startswith("critic.head") for n in trainable)
+    exported = T.load_model(run.cfg["out_dir"])  # the policy alone, LoRA merged
+    assert isinstance(exported, GPT)
+    ids = torch.randint(0, 256, (2, 12))
+    assert torch.allclose(exported(ids), run.raw_model.policy(ids), atol=1e-5)
+
+
+def test_adaptive_kl_coef_moves_and_resumes_exactly(tiny, monkeypatch):
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(ascii_share))  # a reward with a gradient
+    # k3 is never negative, so once π_θ ≠ π_ref the measured KL is above a target this small
+    cfg = ppo_config(tiny, max_iters=3, kl_target=1e-4, kl_coef=0.1, kl_estimator="k3")
+    straight = T.train(dict(cfg, out_dir=tiny["out_dir"] + "_straight"))
+    T.train(dict(cfg, max_iters=2))
+    resumed = T.train(dict(algo="ppo", out_dir=tiny["out_dir"], init_from="resume", max_iters=3))
+    # iteration 1: π_θ = π_ref, KL 0 < target, β × (1 − 0.1·0.2); then KL ≫ target, β × (1 + 0.1·0.2)
+    betas = [r["kl_coef"] for r in metrics_rows(straight.cfg["out_dir"]) if "kl_coef" in r]
+    assert betas == pytest.approx([0.1, 0.098, 0.09996])
+    assert straight.kl_coef == pytest.approx(0.1 * 0.98 * 1.02 * 1.02)
+    assert resumed.kl_coef == pytest.approx(straight.kl_coef, rel=1e-12)
+    for (name, a), b in zip(straight.raw_model.state_dict().items(), resumed.raw_model.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+# ----------------------------------------------------------------------------------------------
+# DDP
+
+def report(run):
+    return dict(state={k: v.numpy().copy() for k, v in run.raw_model.state_dict().items()},
+                kl_coef=run.kl_coef, steps=run.stats["ppo_steps"])
+
+
+def train_with_ascii_reward(overrides):
+    envs.Arithmetic.verify = staticmethod(ascii_share)  # in a spawned worker: nothing to restore
+    return report(T.train(overrides))
+
+
+def test_two_processes_equal_one_process_and_stay_identical(tiny, monkeypatch):
+    # early_stop_kl this small stops every iteration after its second step, on both ranks alike
+    cfg = ppo_config(tiny, max_iters=2, batch_size=2, kl_target=0.01, early_stop_kl=1e-9, checkpoint=False)
+    ranks = run_ddp(train_with_ascii_reward, dict(cfg, out_dir=tiny["out_dir"] + "_ddp", gradient_accumulation_steps=1))
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(ascii_share))
+    single = report(T.train(dict(cfg, gradient_accumulation_steps=2)))
+    assert ranks[0]["steps"] == ranks[1]["steps"] == single["steps"] == 2
+    assert ranks[0]["kl_coef"] == ranks[1]["kl_coef"] == pytest.approx(single["kl_coef"], rel=1e-9)
+    for name, value in single["state"].items():
+        assert np.array_equal(ranks[0]["state"][name], ranks[1]["state"][name]), name
+        assert np.allclose(ranks[0]["state"][name], value, atol=1e-5), name

@@ -1,0 +1,184 @@
+"""The shared loop: configuration, loss normalisation under DDP and accumulation, exact resume,
+checkpoints, data files and the SFT loss mask."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import train as T
+from conftest import TINY, run_ddp
+from sft import masked_nll
+from tokenizer import Tokenizer
+
+
+# -- configuration -----------------------------------------------------------------------------
+
+def test_config_overrides_and_types():
+    cfg = T.make_config(T.parse_args(["--algo", "sft", "--batch_size=8", "--learning_rate=1e-3",
+                                      "--out_dir=/tmp/x", "--bias=False", "--lora_alpha=4"]))
+    assert (cfg["batch_size"], cfg["learning_rate"], cfg["bias"], cfg["lora_alpha"]) == (8, 1e-3, False, 4.0)
+    assert cfg["out_dir"] == "/tmp/x" and T.make_config({"algo": "pretrain"})["out_dir"] == "out/pretrain"
+
+
+def test_config_file(tmp_path):
+    path = tmp_path / "x.py"
+    path.write_text("batch_size = 3\nmax_iters = 7\n")
+    cfg = T.make_config(T.parse_args([str(path), "--max_iters=9"]))
+    assert (cfg["batch_size"], cfg["max_iters"]) == (3, 9)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--batch_sise=4"], "unknown config key 'batch_sise'.*did you mean batch_size"),
+    (["--batch_size=4.5"], "'batch_size' expects int, got 4.5"),
+    (["--bias=1"], "'bias' expects bool"),
+    (["--learning_rate=fast"], "'learning_rate' expects float"),
+    (["--algo=dpp"], "unknown algo 'dpp'.*dpo"),
+])
+def test_config_errors_name_the_key(args, message):
+    with pytest.raises(ValueError, match=message):
+        T.make_config(T.parse_args(args))
+
+
+# -- the loop: same global batch, same gradient ----------------------------------------------------
+
+def _final_weights(overrides):
+    run = T.train(overrides)
+    return {k: v.detach().clone() for k, v in run.raw_model.state_dict().items()}
+
+
+def test_ddp_and_accumulation_equal_one_process(tmp_path):
+    """1 process x 4 micro-batches, 2 processes x 2 and 1 x 1 (batch 4x) on the same global batch
+    take the same optimizer steps; both DDP ranks end with identical weights."""
+    base = dict(TINY, algo="sft", max_iters=2, checkpoint=False, dropout=0.0)
+    one_by_four = _final_weights(dict(base, out_dir=str(tmp_path / "a"), batch_size=2, gradient_accumulation_steps=4))
+    one_by_one = _final_weights(dict(base, out_dir=str(tmp_path / "b"), batch_size=8, gradient_accumulation_steps=1))
+    ranks = run_ddp(_final_weights, dict(base, out_dir=str(tmp_path / "c"), batch_size=2, gradient_accumulation_steps=2))
+    for k in one_by_four:
+        torch.testing.assert_close(one_by_one[k], one_by_four[k], atol=2e-5, rtol=0)
+        torch.testing.assert_close(ranks[0][k], one_by_four[k], atol=2e-5, rtol=0)
+        assert torch.equal(ranks[0][k], ranks[1][k]), f"ranks disagree on {k}"
+    assert any(not torch.equal(v, T.build_model(T.make_config(base), Tokenizer()).state_dict()[k])
+               for k, v in one_by_four.items())  # training moved the weights
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    """k steps, stop, resume to N == N steps straight (dropout on: RNG state is restored too)."""
+    base = dict(TINY, algo="sft", dropout=0.1, lr_decay_iters=6, eval_interval=3, eval_problems=4)
+    straight = _final_weights(dict(base, out_dir=str(tmp_path / "a"), max_iters=6))
+    T.train(dict(base, out_dir=str(tmp_path / "b"), max_iters=3))
+    resumed = _final_weights(dict(init_from="resume", out_dir=str(tmp_path / "b"), max_iters=6, device="cpu"))
+    for k in straight:
+        assert torch.equal(straight[k], resumed[k]), k
+    rows = [json.loads(line) for line in open(tmp_path / "b" / "metrics.jsonl")]
+    assert [r["iter"] for r in rows if "loss" in r] == list(range(1, 7))  # no duplicated or missing lines
+
+
+def test_checkpoint_is_atomic_and_loadable_with_lora(tmp_path):
+    out = tmp_path / "lora"
+    T.train(dict(TINY, algo="sft", out_dir=str(out), lora_rank=2, max_iters=2, eval_interval=2, plot=True))
+    # no .tmp left behind
+    assert sorted(os.listdir(out)) == ["ckpt.pt", "config.json", "metrics.jsonl", "metrics.png", "samples.txt"]
+    model = T.load_model(str(out))
+    assert not any("lora" in k for k in model.state_dict())
+    run = T.train(dict(TINY, algo="sft", out_dir=str(tmp_path / "next"), init_from=str(out), max_iters=1))
+    assert run.raw_model.config.n_embd == TINY["n_embd"]
+
+
+def test_lr_schedule_warmup_then_cosine():
+    cfg = dict(T.DEFAULTS, max_iters=100, warmup_iters=10, learning_rate=1.0, min_lr=0.1)
+    assert T.lr_at(cfg, 0) == pytest.approx(0.1) and T.lr_at(cfg, 9) == pytest.approx(1.0)
+    assert T.lr_at(cfg, 55) == pytest.approx(0.55) and T.lr_at(cfg, 100) == pytest.approx(0.1)
+
+
+# -- chat template and the SFT loss ---------------------------------------------------------------
+
+def test_chat_template_mask_is_one_exactly_on_assistant_tokens():
+    tok = Tokenizer()
+    ids, mask = tok.render_chat([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
+                                 {"role": "tool", "content": "42"}, {"role": "assistant", "content": "ok"}])
+    s = tok.special
+    assert ids == [tok.bos, s["user"], *b"hi", tok.eos, s["assistant"], *b"yo", tok.eos,
+                   s["tool_result"], *b"42", s["/tool_result"], s["assistant"], *b"ok", tok.eos]
+    learned = [i for i, m in zip(ids, mask) if m]
+    assert learned == [*b"yo", tok.eos, *b"ok", tok.eos]
+    assert tok.pad != tok.eos and tok.decode(tok.encode("<|eos|> é")) == "<|eos|> é"  # no special injection
+    prompt = tok.prompt_ids("hi")
+    assert prompt + tok.response_ids("yo") == ids[:len(prompt) + 3]
+
+
+def test_sft_loss_ignores_prompt_and_padding():
+    """The gradient reaches only logits at positions predicting a masked-in token, and extra padding
+    changes neither the loss nor any parameter gradient."""
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=40, n_layer=1, n_head=2, n_embd=16))
+    ids = torch.randint(0, 40, (2, 10))
+    mask = torch.zeros(2, 10)
+    mask[0, 6:] = 1
+    mask[1, 4:8] = 1  # row 1: positions 8, 9 act as padding
+    logits = model(ids[:, :-1])
+    logits.retain_grad()
+    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    (-(logp * mask[:, 1:]).sum()).backward()
+    touched = logits.grad.abs().sum(-1) > 0
+    assert touched.tolist() == (mask[:, 1:] > 0).tolist()
+
+    def grads(i, m):
+        model.zero_grad()
+        s, n = masked_nll(model, i, m)
+        (s / n).backward()
+        return s.item(), [p.grad.clone() for p in model.parameters()]
+
+    loss_a, g_a = grads(ids, mask)
+    padded = torch.cat([ids, torch.full((2, 5), 39)], 1)
+    loss_b, g_b = grads(padded, torch.cat([mask, torch.zeros(2, 5)], 1))
+    assert loss_a == pytest.approx(loss_b, abs=1e-5)
+    for a, b in zip(g_a, g_b):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+# -- data files -------------------------------------------------------------------------------------
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_sft_from_files_in_every_layout(tmp_path, tiny):
+    rows = {
+        "text": [{"text": "12+7=19."}] * 40,
+        "pc": [{"prompt": "What is 1 + 2?", "completion": "Answer: 3"}] * 40,
+        "messages": [{"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}] * 40,
+    }
+    for name, layout in rows.items():
+        data = _write_jsonl(tmp_path / f"{name}.jsonl", layout)
+        run = T.train(dict(tiny, algo="sft", data=data, out_dir=str(tmp_path / name), max_iters=2))
+        assert run.skipped_rows == 0 and len(run.train_examples) == 38
+    run = T.train(dict(tiny, algo="pretrain", data=str(tmp_path / "text.jsonl"), out_dir=str(tmp_path / "pt"),
+                       max_iters=2))
+    assert len(run.stream) > 64
+
+
+@pytest.mark.parametrize("bad,field,why", [
+    ({"prompt": "q"}, "completion", "missing"),
+    ({"prompt": 3, "completion": "a"}, "prompt", "expected str"),
+    ({"prompt": "q", "completion": "  "}, "completion", "empty answer"),
+    ({"prompt": "q", "completion": "x" * 500}, "completion", "longer than block_size"),
+    ({"messages": [{"role": "user", "content": "q"}]}, "messages", "no non-empty assistant"),
+    ({"messages": [{"role": "robot", "content": "q"}, {"role": "assistant", "content": "a"}]}, "messages", "role"),
+    ({"question": "q"}, "text", "no known layout"),
+])
+def test_malformed_rows_name_file_row_and_field(tmp_path, tiny, bad, field, why):
+    good = {"prompt": "What is 1 + 2?", "completion": "Answer: 3"}
+    data = _write_jsonl(tmp_path / "d.jsonl", [good, good, bad, good])
+    with pytest.raises(ValueError, match=rf"d\.jsonl: row 3: field '{field}'.*{why}"):
+        T.train(dict(tiny, algo="sft", data=data))
+    run = T.train(dict(tiny, algo="sft", data=data, skip_bad_rows=True, max_iters=1))
+    assert run.skipped_rows == 1
+
+
+def test_missing_data_file_is_a_clear_error(tiny):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        T.train(dict(tiny, algo="sft", data="nope.jsonl"))
