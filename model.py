@@ -78,16 +78,19 @@ class KVCache:
     """Keys and values of every layer, preallocated for the whole batch and the longest sequence.
 
     All rows write the same columns (prompts are left-padded), so an update is one slice copy.
+    Storage is allocated at the first update, in the dtype attention runs in (bf16 under autocast).
     """
 
-    def __init__(self, cfg, batch_size, max_len, device, dtype):
-        shape = (cfg.n_layer, batch_size, cfg.n_head, max_len, cfg.n_embd // cfg.n_head)
-        self.k = torch.empty(shape, device=device, dtype=dtype)
-        self.v = torch.empty(shape, device=device, dtype=dtype)
+    def __init__(self, cfg, batch_size, max_len):
+        self.shape = (cfg.n_layer, batch_size, cfg.n_head, max_len, cfg.n_embd // cfg.n_head)
+        self.k = self.v = None
         self.length = 0  # columns filled by every layer so far
         self.n_layer = cfg.n_layer
 
     def update(self, layer, k, v):
+        if self.k is None:
+            self.k = torch.empty(self.shape, device=k.device, dtype=k.dtype)
+            self.v = torch.empty(self.shape, device=v.device, dtype=v.dtype)
         end = self.length + k.size(2)
         self.k[layer, :, :, self.length:end] = k
         self.v[layer, :, :, self.length:end] = v
@@ -262,7 +265,6 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
     was_training = model.training
     model.eval()  # dropout off while sampling
     device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
     B = len(prompts)
     if B == 0:
         return [], [], []
@@ -285,7 +287,7 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
     # prefill: causal within the row, never attending to pads (a pad query sees itself: no NaN)
     causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
     mask = (causal.unsqueeze(0) & key_valid[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=device)
-    cache = KVCache(model.config, B, P + max_new_tokens, device, dtype)
+    cache = KVCache(model.config, B, P + max_new_tokens)
     pos = (torch.arange(P, device=device).unsqueeze(0) - pad_len.unsqueeze(1)).clamp(min=0)
     logits = model(idx, pos=pos, attn_mask=mask.unsqueeze(1), cache=cache)[:, -1]
 

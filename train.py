@@ -470,8 +470,8 @@ def train(overrides):
     resume_ckpt = None
     if overrides.get("init_from") == "resume":
         # the checkpoint's config is the run's config; only what is given again on the command line changes
-        probe = make_config({k: v for k, v in overrides.items() if k != "init_from"})
-        path = os.path.join(probe["out_dir"], "ckpt.pt")
+        out_dir = overrides.get("out_dir", DEFAULTS["out_dir"]).format(algo=overrides.get("algo", DEFAULTS["algo"]))
+        path = os.path.join(out_dir, "ckpt.pt")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"init_from=resume: no checkpoint at {path}")
         resume_ckpt = torch.load(path, map_location="cpu", weights_only=False)
@@ -500,6 +500,7 @@ def train(overrides):
     run.raw_model = model
     run.model = DDP(model, device_ids=[run.device] if run.device.startswith("cuda") else None) if run.ddp else model
     n_train, n_total = count_parameters(model)
+    torch.manual_seed(cfg["seed"] + run.rank)  # same init on every rank (above), own dropout masks (below)
     run.algo.setup(run)
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -558,7 +559,7 @@ def train(overrides):
             group["lr"] = lr
         run.stats = {}
         model.train()
-        sums, count, n_micro = {}, 0.0, 0
+        sums, count, n_micro, grad_norm = {}, 0.0, 0, None
         for micro_batches in run.algo.batches(run, it):  # one entry per optimizer step
             optimizer.zero_grad(set_to_none=True)
             step_count = 0.0
