@@ -6,7 +6,9 @@ Benchmarks (speed figures, not tests). One JSON line per measurement, then one l
     python bench.py --device=cuda        # on a GPU (default: cpu)
 
 Every ratio compares two things measured side by side in this one process: same model, same
-inputs, warm-up first, then the median of several repeats.
+inputs, warm-up first, then the median of several repeats. On a CPU that other jobs share, run
+with OMP_NUM_THREADS=1: with one thread per core, every parallel op waits for a descheduled thread
+(measured here: 6 tok/s instead of ~300 for batch-1 sampling).
 
 Adding a benchmark: write `def name(args) -> list of target rows` (use `report` and `target`) and
 put `@benchmark` above it.
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 
 import sft
 import train as T
+from model import draw
 from tokenizer import Tokenizer
 
 BENCHMARKS = {}  # name -> function(args) returning its target rows; main() runs them in order
@@ -50,6 +53,11 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+def clocks():
+    """(wall, process CPU) seconds: CPU time is the cross-check when other jobs share the cores."""
+    return time.perf_counter(), time.process_time()
+
+
 def median_seconds(fn, device, repeats, warmup=1):
     """Median wall time of fn() over `repeats` calls, after `warmup` untimed calls."""
     for _ in range(warmup):
@@ -62,6 +70,24 @@ def median_seconds(fn, device, repeats, warmup=1):
         sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def alternating_medians(fns, device, repeats, warmup=1):
+    """{name: (median wall s, median CPU s)} of several functions called in turn, so a change in
+    machine load hits all of them alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            sync(device)
+            start = clocks()
+            fn()
+            sync(device)
+            end = clocks()
+            times[name].append((end[0] - start[0], end[1] - start[1]))
+    return {name: tuple(statistics.median(t[i] for t in ts) for i in (0, 1)) for name, ts in times.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -79,12 +105,12 @@ def default_model(device, block_size):
 @torch.no_grad()
 def sample_recompute(model, prompts, new_tokens, seed):
     """The baseline without a cache: every step runs the whole sequence again. Same sampling rule
-    as model.sample at temperature 1 (softmax of the logits, one multinomial draw per row)."""
+    as model.sample at temperature 1 (log-softmax of the logits, model.draw)."""
     idx = torch.tensor(prompts, device=next(model.parameters()).device)
     gen = torch.Generator(device=idx.device).manual_seed(seed)
     for _ in range(new_tokens):
-        probs = F.softmax(model(idx)[:, -1].float(), dim=-1)
-        idx = torch.cat([idx, torch.multinomial(probs, 1, generator=gen)], dim=1)
+        logp = F.log_softmax(model(idx)[:, -1].float(), dim=-1)
+        idx = torch.cat([idx, draw(logp, gen)[:, None]], dim=1)
     return idx[:, len(prompts[0]):]
 
 
@@ -129,30 +155,32 @@ def sampler(args):
     ratios = {}
     for batch in (1, 8, 64):
         prompts = prompts_for(batch)
-        cached = lambda: model.generate(prompts, NEW_TOKENS, temperature=1.0, seed=0)
-        recompute = lambda: sample_recompute(model, prompts, NEW_TOKENS, seed=0)
-        # the recompute baseline is slow: fewer repeats of it, and at batch 64 (seconds per call) no
-        # warm-up, since the smaller batches have already run the same code
-        t_cache = median_seconds(cached, device, repeats=5)
-        t_full = median_seconds(recompute, device, repeats=3 if batch < 64 else 1, warmup=1 if batch < 64 else 0)
-        n = batch * NEW_TOKENS
-        row = dict(bench="sampler", batch=batch, new_tokens=NEW_TOKENS, prompt_len=PROMPT_LEN,
-                   kv_cache_tok_s=round(n / t_cache), recompute_tok_s=round(n / t_full),
-                   cache_vs_recompute=round(t_full / t_cache, 2))
+        fast = dict(kv_cache=lambda: model.generate(prompts, NEW_TOKENS, temperature=1.0, seed=0))
         if hf is not None:
             input_ids = torch.tensor(prompts, device=device)
-            hf_generate = lambda: hf.generate(
+            fast["hf_generate"] = lambda: hf.generate(
                 input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=1.0,
                 top_k=0, top_p=1.0, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0)
-            out_len = hf_generate().size(1) - PROMPT_LEN  # (also its warm-up)
+            out_len = fast["hf_generate"]().size(1) - PROMPT_LEN
             if out_len != NEW_TOKENS:
                 raise RuntimeError(f"transformers generated {out_len} tokens, not {NEW_TOKENS}")
-            t_hf = median_seconds(hf_generate, device, repeats=5, warmup=0)
-            row.update(hf_generate_tok_s=round(n / t_hf), ours_vs_hf=round(t_hf / t_cache, 2))
-            ratios[batch] = t_hf / t_cache
+        t = alternating_medians(fast, device, repeats=5)
+        # the recompute baseline is slow: fewer repeats, and at batch 64 (a minute per call on a
+        # laptop core) no warm-up, since the smaller batches have already run the same code
+        t.update(alternating_medians(dict(recompute=lambda: sample_recompute(model, prompts, NEW_TOKENS, seed=0)),
+                                     device, repeats=3 if batch < 64 else 1, warmup=1 if batch < 64 else 0))
+        n = batch * NEW_TOKENS
+        row = dict(bench="sampler", batch=batch, new_tokens=NEW_TOKENS, prompt_len=PROMPT_LEN,
+                   **{f"{name}_tok_s": round(n / wall) for name, (wall, _) in t.items()},
+                   cache_vs_recompute=round(t["recompute"][0] / t["kv_cache"][0], 2),
+                   cache_vs_recompute_cpu=round(t["recompute"][1] / t["kv_cache"][1], 2))
+        if hf is not None:
+            ratios[batch] = t["hf_generate"][0] / t["kv_cache"][0]
+            row.update(ours_vs_hf=round(ratios[batch], 2),
+                       ours_vs_hf_cpu=round(t["hf_generate"][1] / t["kv_cache"][1], 2))
         report(**row)
         targets.append(target(f"sampler: KV cache vs full recompute, batch {batch}, {NEW_TOKENS} new tokens",
-                              t_full / t_cache, 5))
+                              t["recompute"][0] / t["kv_cache"][0], 5))
     if 64 in ratios:
         targets.append(target("sampler: ours vs transformers generate, batch 64", ratios[64], 2))
     return targets
@@ -161,12 +189,7 @@ def sampler(args):
 # ----------------------------------------------------------------------------------------------
 # Training: the shared loop (train.train) vs a bare PyTorch loop on the same batches
 
-TRAIN_ITERS, TRAIN_WARMUP, TRAIN_REPEATS = 10, 2, 4
-
-
-def clocks():
-    """(wall, process CPU) seconds: CPU time is the cross-check when other jobs share the cores."""
-    return time.perf_counter(), time.process_time()
+TRAIN_ITERS, TRAIN_WARMUP, TRAIN_REPEATS = 10, 2, 4  # 4 × 7 timed iterations each
 
 
 def shared_loop_iteration_times(overrides):
@@ -191,7 +214,7 @@ def shared_loop_iteration_times(overrides):
 
 def bare_loop_iteration_times(run, batches):
     """The same model, optimizer settings and masked loss, written as the shortest loop possible."""
-    cfg, env = run.cfg, T.setup_device(run.cfg)
+    cfg = run.cfg
     model = T.build_model(cfg, run.tok).to(run.device)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -204,7 +227,7 @@ def bare_loop_iteration_times(run, batches):
         sync(run.device)
         start = clocks()
         optimizer.zero_grad(set_to_none=True)
-        with env.autocast:
+        with run.autocast:  # bf16 on CUDA, as in train.train
             loss_sum, count = sft.masked_nll(model, ids, mask)
         (loss_sum / count).backward()
         torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])
@@ -217,17 +240,17 @@ def bare_loop_iteration_times(run, batches):
 
 @benchmark
 def train_loop(args):
-    out_dir = tempfile.mkdtemp(prefix="bench_train_")
-    overrides = dict(algo="sft", max_iters=TRAIN_ITERS, eval_interval=0, checkpoint=False, device=args["device"],
-                     train_problems=2000, val_examples=16, out_dir=out_dir)  # small pools: setup stays short
     shared, bare = [], []
-    for _ in range(TRAIN_REPEATS):  # alternate the two, so a change in machine load hits both alike
-        times, run = shared_loop_iteration_times(overrides)
-        shared += times[TRAIN_WARMUP:]
-        # the very batches the shared loop drew (they depend only on seed and iteration)
-        batches = [mb for it in range(TRAIN_ITERS) for mb in run.algo.batches(run, it)[0]]
-        # the shared loop's intervals end at the start of its last iteration: time the same iterations
-        bare += bare_loop_iteration_times(run, batches)[TRAIN_WARMUP:TRAIN_ITERS - 1]
+    with tempfile.TemporaryDirectory(prefix="bench_train_") as out_dir:
+        overrides = dict(algo="sft", max_iters=TRAIN_ITERS, eval_interval=0, checkpoint=False, device=args["device"],
+                         train_problems=2000, val_examples=16, out_dir=out_dir)  # small pools: short setup
+        for _ in range(TRAIN_REPEATS):  # alternate the two, so a change in machine load hits both alike
+            times, run = shared_loop_iteration_times(overrides)
+            shared += times[TRAIN_WARMUP:]
+            # the very batches the shared loop drew (they depend only on seed and iteration)
+            batches = [mb for it in range(TRAIN_ITERS) for mb in run.algo.batches(run, it)[0]]
+            # the shared loop's intervals end at the start of its last iteration: time the same ones
+            bare += bare_loop_iteration_times(run, batches)[TRAIN_WARMUP:TRAIN_ITERS - 1]
     tokens = statistics.mean(ids[:, :-1].numel() for ids, _ in batches)  # model input tokens per iteration
     wall_shared, wall_bare = (statistics.median(t for t, _ in x) for x in (shared, bare))
     cpu_shared, cpu_bare = (statistics.median(c for _, c in x) for x in (shared, bare))
@@ -244,14 +267,14 @@ def train_loop(args):
 # ----------------------------------------------------------------------------------------------
 # DPO: one step with cached reference log-probs vs one SFT step on the same rows
 
-DPO_PAIRS, DPO_REPEATS = 32, 15
+DPO_PAIRS, DPO_REPEATS = 32, 5
 
 
 @benchmark
 def dpo_step(args):
     """A DPO optimizer step never runs π_ref (its log-probs are cached at setup), so it should cost
     what an SFT step on the same chosen + rejected rows costs: same forward, same backward."""
-    from dpo import loss as dpo_loss_of_batch
+    import dpo
     import rm
     out_dir = tempfile.mkdtemp(prefix="bench_dpo_")
     # style pairs need no sampling: setup is just the pairs and their cached reference log-probs
@@ -269,7 +292,7 @@ def dpo_step(args):
         (loss_sum / count).backward()
         optimizer.step()
 
-    dpo_fn = lambda: step(lambda: dpo_loss_of_batch(run, model, batch)[:2])
+    dpo_fn = lambda: step(lambda: dpo.loss(run, model, batch)[:2])
     sft_fn = lambda: step(lambda: sft.masked_nll(model, batch["ids"], sft_mask))
     t_dpo, t_sft = [], []
     for _ in range(3):  # alternate, so a change in machine load hits both alike
@@ -282,6 +305,65 @@ def dpo_step(args):
            dpo_tok_s=round(tokens / t_dpo), sft_tok_s=round(tokens / t_sft), dpo_vs_sft=round(t_dpo / t_sft, 3))
     return [target("dpo step (cached reference) vs sft step on the same tokens, ×", t_dpo / t_sft, 1.15,
                    higher_is_better=False)]
+
+
+# ----------------------------------------------------------------------------------------------
+# RL: rollout throughput inside a GRPO step vs the bare sampler on the same prompts
+
+RL_ITERS, RL_WARMUP = 4, 1
+
+
+@benchmark
+def rl_rollout(args):
+    """Decode tokens/s inside a GRPO step (the step's own decode clock, as logged in decode_tok_per_s)
+    against model.generate alone on the same prompts with the same seed (so the same tokens),
+    alternating. Also the whole rollout phase (sampling, verifying, π_ref scoring, advantages,
+    micro-batches: everything grpo.batches does before the update), which the target does not cover."""
+    import grpo
+    out_dir = tempfile.mkdtemp(prefix="bench_rl_")
+    run = T.train(dict(algo="grpo", max_iters=0, eval_interval=0, checkpoint=False, device=args["device"],
+                       prompts_per_iter=16, group_size=8, max_new_tokens=64, out_dir=out_dir))
+    calls, original = [], T.rollouts
+
+    def recorded(run, model, problems, samples_per_prompt, **kw):
+        calls.append((problems, samples_per_prompt, kw))
+        return original(run, model, problems, samples_per_prompt, **kw)
+
+    T.rollouts = recorded
+    in_step, phase, bare, tokens, split = [], [], [], [], []
+    try:
+        for it in range(RL_ITERS):
+            sync(run.device)
+            t0 = time.perf_counter()
+            grpo.batches(run, it)  # returns before the update: the rollout phase only
+            sync(run.device)
+            t_step = time.perf_counter() - t0
+            problems, G, kw = calls[-1]
+            prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(G)]
+            t0 = time.perf_counter()
+            out, _ = run.raw_model.generate(prompts, kw["max_new_tokens"], temperature=kw["temperature"],
+                                            stop_tokens=(run.tok.eos,), seed=kw["seed"], pad_id=run.tok.pad)
+            sync(run.device)
+            t_bare = time.perf_counter() - t0
+            n = sum(len(t) for t in out)
+            if n != run.stats["len_mean"] * len(prompts):
+                raise RuntimeError("the bare sampler did not reproduce the step's tokens: not the same work")
+            if it >= RL_WARMUP:
+                in_step.append(n / run.stats["time_decode"]), phase.append(n / t_step), bare.append(n / t_bare)
+                tokens.append(n)
+                split.append({k: run.stats[f"time_{k}"] / t_step for k in ("decode", "verify", "score")})
+    finally:
+        T.rollouts = original
+    step_tok_s, phase_tok_s, bare_tok_s = (statistics.median(x) for x in (in_step, phase, bare))
+    report(bench="rl_rollout", batch=len(prompts), max_new_tokens=kw["max_new_tokens"],
+           tokens_per_step=round(statistics.mean(tokens)), iterations_timed=len(in_step),
+           rl_step_decode_tok_s=round(step_tok_s), bare_sampler_tok_s=round(bare_tok_s),
+           in_step_vs_bare_pct=round(100 * step_tok_s / bare_tok_s, 1),
+           rollout_phase_tok_s=round(phase_tok_s), rollout_phase_vs_bare_pct=round(100 * phase_tok_s / bare_tok_s, 1),
+           rollout_phase_split_pct={k: round(100 * statistics.mean(s[k] for s in split), 1)
+                                    for k in ("decode", "verify", "score")})
+    return [target("rl rollout: decode tokens/s inside the GRPO step vs the bare sampler, batch 128, %",
+                   100 * step_tok_s / bare_tok_s, 80)]
 
 
 # ----------------------------------------------------------------------------------------------

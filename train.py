@@ -267,6 +267,9 @@ def build_model(cfg, tok):
         return load_model(init)
     if init.startswith("gpt2") or os.path.isfile(os.path.join(init, "config.json")):
         model = GPT.from_pretrained(init, dropout=cfg["dropout"])
+        if cfg["block_size"] > model.config.block_size:
+            raise ValueError(f"block_size={cfg['block_size']} is longer than {init}'s "
+                             f"{model.config.block_size} positions")
         model.resize_vocab(tok.n_vocab)
         return model
     raise ValueError(f"init_from={init!r}: not 'scratch', 'resume', a checkpoint directory "
