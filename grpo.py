@@ -76,6 +76,12 @@ as one process (tested), and every rank always returns the same number of steps 
 
 The policy is scored with dropout off (eval mode) in the loss too: π_θ in ρ must be the function
 that sampled, or ρ ≠ 1 before any update.
+
+Logged every iteration (metrics.jsonl, SPEC §6): reward (verifier, first rollout: a fair sample of
+the policy), reward_shaped (what the advantages saw), degenerate_frac (groups with all-equal verifier
+rewards), kept_groups_frac, extra_rollouts, len_mean / len_std / truncated_frac, kl_ref, and per
+micro-batch means of entropy, clip_frac, ratio_dev (max |ρ − 1|) and kl_k3; the time split
+time_decode / time_verify / time_score / time_update and decode_tok_per_s (this rank's clock).
 """
 
 import os
@@ -104,7 +110,10 @@ defaults = dict(
     dynamic_sampling_rounds=0, # DAPO: extra rollouts to refill informative groups (0 = off)
     overlong_cache=0,          # DAPO: soft length penalty over the last L_cache tokens (0 = off)
     old_logprobs="auto",       # auto | sampler | recompute
-    eval_pass_k=8,             # pass@k on the held-out split at the sampling temperature (< 2: off)
+    eval_pass_k=4,             # pass@k on the held-out split at the sampling temperature (< 2: off)
+    # common keys with RL values: far gentler than SFT's lr (Adam's first steps are sign steps: warm
+    # up), sized for the tiny model on a laptop CPU
+    learning_rate=5e-5, min_lr=5e-5, warmup_iters=5, max_iters=30, eval_interval=10, log_interval=1,
 )
 
 CHOICES = dict(estimator=("reinforce", "rloo", "grpo", "dr_grpo"),
@@ -321,7 +330,7 @@ def rollout_shard(run, it, shard):
     batch["mask"] = batch["mask"] * batch["keep"][:, None]
     counts = dict(
         reward_sum=float(first["rewards"].sum()), reward_n=len(first["rewards"]),
-        degenerate=float(first["degenerate"].sum()), groups=n,
+        degenerate=float(degenerate_groups(first["rewards"].view(-1, G)).sum()), groups=n,  # on the verifier's reward
         extra_rollouts=(len(rounds) - 1) * n * G, kept_groups=float(batch["keep"].sum()) / G,
         time_decode=sum(ro["decode_time"] for ro in rounds), time_verify=sum(ro["verify_time"] for ro in rounds),
         time_score=sum(ro["time_score"] for ro in rounds),
@@ -376,12 +385,12 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
 ## Data and mode
 - online trajectories: {P} prompts × {G} responses per iteration, {c['max_iters']} iterations
 - prompts: the `{c['env']}` environment's procedurally generated *train* split; evaluation on the *heldout* split
-  (disjoint by equation) and *ood* (one more digit): no train/eval leakage by construction
+  (disjoint by equation) and *ood* (a digit more in the start value): no train/eval leakage by construction
 - answers written by the current policy (π_old = the weights at the start of the iteration), temperature {c['temperature']}
 - reuse of rollouts: {c['inner_epochs']} epoch(s) × {c['minibatches']} minibatch(es) = {steps} optimizer step(s) per batch, then discarded
 
 ## Reward and verification
-- source: the rule verifier `{c['env']}.verify` (exactly one "Answer: <integer>" at the end), 1 or 0 per response
+- source: the environment's rule verifier (`envs.py`, `{c['env']}.verify`), 1 or 0 per response
 - scalar per response, no partial credit; overlong answers: {overlong} (limit {c['max_new_tokens']} new tokens)
 
 ## Optimisation
@@ -409,14 +418,6 @@ def setup(run):
             print("grpo: init_from=scratch: a random policy rarely earns a reward; start from an SFT checkpoint")
         with open(os.path.join(run.cfg["out_dir"], "passport.md"), "w") as f:
             f.write(passport(run))
-
-
-def timed(run, steps):
-    """Hand the optimizer steps to the loop one by one; the time until it asks for more after the
-    last one is the update (forward, backward, optimizer) part of the iteration."""
-    t0 = time.time()
-    yield from steps
-    run.stats["time_update"] = time.time() - t0
 
 
 def batches(run, it):
@@ -466,7 +467,7 @@ def batches(run, it):
         micro = [select_rows(rows, range(i, min(i + cfg["batch_size"], len(rows["ids"]))))
                  for i in range(0, len(rows["ids"]), cfg["batch_size"])]
         minibatches.append(micro)
-    return timed(run, [mb for _ in range(cfg["inner_epochs"]) for mb in minibatches])
+    return [mb for _ in range(cfg["inner_epochs"]) for mb in minibatches]
 
 
 def loss(run, model, batch):

@@ -48,7 +48,8 @@ PAIR_DEFAULTS = dict(
     samples_per_prompt=4,   # answers sampled per prompt to find a correct and a wrong one
     pair_temperature=1.0,   # sampling temperature of those answers
 )
-defaults = dict(PAIR_DEFAULTS)
+defaults = dict(PAIR_DEFAULTS, train_prompts=2048,  # more pairs: the RM overfits 512 prompts' pairs
+                learning_rate=3e-4, min_lr=3e-5, warmup_iters=10, max_iters=150, eval_interval=50)
 
 PAIR_KINDS = ("verifier", "style", "both")
 # Padding for the style preference: true, content-free, and free of "Answer:" so the padded
@@ -169,8 +170,10 @@ def builtin_pairs(run, sampler, split, n_prompts, seed):
             verdicts = [env.verify(problem, T.response_text(run, a)) for a in answers]
             correct = [a for a, v in zip(answers, verdicts) if v == 1.0]
             wrong = [a for a, v in zip(answers, verdicts) if v == 0.0]
-            if wrong:
-                chosen = correct[0] if correct else tok.response_ids(demo)
+            chosen = correct[0] if correct else tok.response_ids(demo)
+            if wrong and len(prompt) + len(chosen) > cfg["block_size"]:
+                counts["too_long"] += 1  # (sampled answers always fit; a demonstration may not)
+            elif wrong:
                 pairs.append(dict(prompt=prompt, responses=(chosen, wrong[0]), label=1.0))
                 counts["verifier"] += 1
                 counts["demo_chosen"] += not correct
@@ -247,12 +250,16 @@ def load_preferences(run, singles=False):
             train, heldout = to_singles(train), to_singles(heldout)
     if singles:
         train, heldout = add_mismatched(run, train), add_mismatched(run, heldout)
-    run.pair_transcripts = [
-        f"[pair] {run.tok.decode(ex['prompt'])}\n  {'chosen' if ex['label'] else 'undesirable'}: "
-        f"{T.response_text(run, ex['responses'][0])!r}"
-        + (f"\n  rejected: {T.response_text(run, ex['responses'][1])!r}" if not singles else "")
-        for ex in train[:4]]
+    run.pair_transcripts = [describe(run, ex, singles) for ex in train[:4]]
     return train, heldout
+
+
+def describe(run, ex, single):
+    """An example as text, for samples.txt."""
+    first, second = (T.response_text(run, r) for r in ex["responses"])
+    if single:
+        return f"[single] {run.tok.decode(ex['prompt'])}\n  {'desirable' if ex['label'] else 'undesirable'}: {first!r}"
+    return f"[pair] {run.tok.decode(ex['prompt'])}\n  chosen: {first!r}\n  rejected: {second!r}"
 
 
 def collate(run, examples):

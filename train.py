@@ -10,7 +10,7 @@ Configuration is plain Python values: DEFAULTS below plus the chosen algorithm m
 and its top-level names become overrides. An unknown key or a value of the wrong type is an error.
 
 An algorithm module supplies only what is particular to it:
-    defaults                     dict of its own config keys
+    defaults                     dict of its own config keys (it may also change common defaults, e.g. the lr)
     setup(run)                   build data, reference models, ... (store on `run`)
     wrap_model(run, model)       optional: turn the loaded model into what it trains (e.g. a scalar head)
     batches(run, it)             -> list of optimizer steps, each a list of micro-batches; may put
@@ -106,9 +106,9 @@ def make_config(overrides):
     algo = overrides.get("algo", DEFAULTS["algo"])
     module = algo_module(algo)
     defaults = dict(DEFAULTS)
-    for key, value in module.defaults.items():
+    for key, value in module.defaults.items():  # an algorithm may change a common default (e.g. its lr)
         if key in DEFAULTS:
-            raise ValueError(f"{module.__name__}.defaults redefines the common key {key!r}")
+            _coerce(f"{module.__name__}.defaults[{key!r}]", value, DEFAULTS[key])
         defaults[key] = value
     cfg = dict(defaults)
     for key, value in overrides.items():
@@ -258,11 +258,12 @@ def build_model(cfg, tok):
     """The model a run starts from (before the algorithm wraps it and before LoRA)."""
     init = cfg["init_from"]
     if init == "scratch":
-        torch.manual_seed(cfg["seed"])  # the same init every time it is built (π_ref == π_0)
         vocab = -(-tok.n_vocab // 64) * 64
-        return GPT(GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, n_layer=cfg["n_layer"],
-                             n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"],
-                             bias=cfg["bias"]))
+        with torch.random.fork_rng():  # the same init every time it is built (π_ref == π_0), RNG untouched
+            torch.manual_seed(cfg["seed"])
+            return GPT(GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, n_layer=cfg["n_layer"],
+                                 n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"],
+                                 bias=cfg["bias"]))
     if os.path.isfile(os.path.join(init, "ckpt.pt")):
         return load_model(init)
     if init.startswith("gpt2") or os.path.isfile(os.path.join(init, "config.json")):
@@ -563,7 +564,9 @@ def train(overrides):
         run.stats = {}
         model.train()
         sums, count, n_micro, grad_norm = {}, 0.0, 0, None
-        for micro_batches in run.algo.batches(run, it):  # one entry per optimizer step
+        steps = run.algo.batches(run, it)  # RL: the rollouts happen here
+        t_update = time.time()
+        for micro_batches in steps:  # one entry per optimizer step
             optimizer.zero_grad(set_to_none=True)
             step_count = 0.0
             for m, batch in enumerate(micro_batches):
@@ -586,6 +589,7 @@ def train(overrides):
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"]) if cfg["grad_clip"] > 0 else None
             optimizer.step()
             count += step_count
+        run.stats["time_update"] = time.time() - t_update  # forward, backward and optimizer of the iteration
         if (it + 1) % cfg["log_interval"] == 0 or it + 1 == cfg["max_iters"]:
             # loss: sum over micro-batches / their count, summed over ranks; other figures: means
             keys = sorted(sums)

@@ -9,7 +9,3 @@ kl = "off"
 on_degenerate = "drop"
 dynamic_sampling_rounds = 3     # at most 3 extra rollouts of a shard to find informative groups
 overlong_cache = 16             # penalty ramps from 0 to -1 over the last 16 of max_new_tokens
-prompts_per_iter, group_size = 16, 8
-inner_epochs, minibatches = 1, 2
-learning_rate, min_lr, warmup_iters = 1e-4, 1e-4, 0
-max_iters, eval_interval, log_interval = 100, 25, 1

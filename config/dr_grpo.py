@@ -7,7 +7,3 @@ loss_agg = "seq_mean_token_sum_norm"
 eps_low, eps_high = 0.2, 0.2
 kl = "off"
 on_degenerate = "zeros"         # r - mean is already 0 there
-prompts_per_iter, group_size = 16, 8
-inner_epochs, minibatches = 1, 2
-learning_rate, min_lr, warmup_iters = 1e-4, 1e-4, 0
-max_iters, eval_interval, log_interval = 100, 25, 1

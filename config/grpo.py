@@ -8,7 +8,3 @@ eps_low, eps_high = 0.2, 0.2
 kl = "k3_loss"
 kl_coef = 0.04
 on_degenerate = "zeros"         # (r - mean) / std is 0/0 there: zero advantage, still counted
-prompts_per_iter, group_size = 16, 8
-inner_epochs, minibatches = 1, 2
-learning_rate, min_lr, warmup_iters = 1e-4, 1e-4, 0
-max_iters, eval_interval, log_interval = 100, 25, 1

@@ -11,10 +11,12 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 torch.set_num_threads(1)
 
-# A model small enough that a few iterations take well under a second on one core.
+# A model small enough that a few iterations take well under a second on one core (common keys
+# only, so every algorithm accepts it); SFT_DATA shrinks the built-in SFT data to match.
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=128, batch_size=4, eval_interval=0,
             log_interval=1, warmup_iters=2, max_iters=3, eval_problems=8, eval_batch_size=8,
-            train_problems=256, corpus_docs=256, val_examples=8, device="cpu", plot=False)
+            device="cpu", plot=False)
+SFT_DATA = dict(train_problems=256, corpus_docs=256, val_examples=8)
 
 
 @pytest.fixture

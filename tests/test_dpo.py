@@ -16,9 +16,7 @@ from model import token_logprobs
 
 
 def dpo_config(tiny, **overrides):
-    """TINY restricted to the keys --algo dpo knows (TINY also carries sft's own keys)."""
-    known = T.make_config({"algo": "dpo"})
-    return dict({k: v for k, v in tiny.items() if k in known}, algo="dpo", **overrides)
+    return dict(tiny, algo="dpo", **overrides)
 
 
 def write_jsonl(path, rows):
@@ -141,7 +139,7 @@ def test_each_loss_orders_a_toy_pair(tiny, tmp_path, loss):
     batch = rm.collate(run, run.train_examples[:4])  # (both toy pairs, or KTO: their four answers)
     with torch.no_grad():
         sums, lengths = dpo.sequence_sums(run.raw_model, batch)
-        z_ref = max(dpo.mismatched_kl(run, batch, sums)[0] / len(sums[0]), 0.0) if loss == "kto" else None
+        z_ref = max(dpo.mismatched_kl(batch, sums)[0] / len(sums[0]), 0.0) if loss == "kto" else None
         _, reward_a, reward_b = dpo.preference_terms(run, batch, sums, lengths, z_ref)
     if loss == "kto":  # desirable examples rise above the reference, undesirable ones fall below it
         desirable = batch["label"] > 0

@@ -18,7 +18,6 @@ from conftest import TINY, run_ddp
 from model import sequence_logprobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = {k: v for k, v in TINY.items() if k in T.DEFAULTS}  # without the SFT data keys
 SMALL = dict(algo="grpo", prompts_per_iter=4, group_size=4, max_new_tokens=16, checkpoint=False)
 
 
@@ -279,7 +278,7 @@ def test_degenerate_groups_drop_or_zeros(run):
     for agg in grpo.CHOICES["loss_agg"]:
         cfg = dict(run.cfg, loss_agg=agg)
         (s_all, n_all, _), (s_kept, n_kept, _) = surrogate(batch, cfg), surrogate(kept, cfg)
-        assert int(n_all) == int(n_kept) and float(s_all) == pytest.approx(float(s_kept), rel=1e-5)
+        assert int(n_all) == int(n_kept) and float(s_all) == pytest.approx(float(s_kept), abs=1e-6)
     with patched(run, some_degenerate_reward, on_degenerate="zeros"):
         zeros, _ = grpo.rollout_shard(run, 7, 0)
     degenerate = grpo.degenerate_groups(zeros["reward"].view(-1, G)).repeat_interleave(G)
@@ -338,7 +337,7 @@ def test_config_errors(run):
 # DDP and the recipes end to end
 
 DDP_RUN = dict(TINY, **SMALL, rollout_prompts=2, inner_epochs=2, minibatches=2, batch_size=3, max_iters=2,
-               on_degenerate="drop", learning_rate=1e-2, warmup_iters=0)
+               on_degenerate="drop", learning_rate=1e-3, warmup_iters=0)
 
 
 def train_and_report(overrides):
@@ -368,12 +367,9 @@ def test_ddp_two_ranks_equal_one_process_on_the_same_global_batch(tmp_path):
     cfg = T.make_config(DDP_RUN)
     start = T.build_model(cfg, T.Tokenizer(cfg["tokenizer"])).state_dict()
     assert any(not torch.allclose(torch.from_numpy(single[k]), start[k]) for k in single)  # it did train
-    # except the attention key bias: softmax ignores a constant shift of the scores, so its true
-    # gradient is 0 and Adam turns the rounding noise of the two summation orders into small steps
-    n = cfg["n_embd"]
-    not_key_bias = lambda k, w: torch.from_numpy(w[k]) if not k.endswith("c_attn.bias") else \
-        torch.cat([torch.from_numpy(w[k][:n]), torch.from_numpy(w[k][2 * n:])])
-    assert all(torch.allclose(not_key_bias(k, w0), not_key_bias(k, single), atol=1e-5) for k in w0)
+    # equal up to rounding: the two summation orders differ in the last bits, and Adam's normalisation
+    # turns that into ~1e-6 steps at lr 1e-3 (most on the attention key bias, whose true gradient is 0)
+    assert all(torch.allclose(torch.from_numpy(w0[k]), torch.from_numpy(single[k]), atol=1e-5) for k in w0)
 
 
 @pytest.mark.parametrize("recipe", ["grpo", "dapo", "dr_grpo", "rloo"])

@@ -13,10 +13,7 @@ from envs import parse_answer
 
 
 def rm_config(tiny, **overrides):
-    """TINY restricted to the keys --algo rm knows (TINY also carries sft's own keys), with the
-    default block_size, which fits a padded (style) answer to a word problem."""
-    known = T.make_config({"algo": "rm"})
-    return dict({k: v for k, v in tiny.items() if k in known}, algo="rm", block_size=128, **overrides)
+    return dict(tiny, algo="rm", **overrides)
 
 
 def write_jsonl(path, rows):
@@ -165,3 +162,6 @@ def test_rm_refuses_single_examples(tiny, tmp_path):
     path = write_jsonl(tmp_path / "kto.jsonl", [{"prompt": "a", "completion": "b", "label": True}] * 3)
     with pytest.raises(ValueError, match="needs pairs"):
         T.train(rm_config(tiny, data=path, max_iters=1))
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", [GOOD] * 3 + [{"prompt": "a", "completion": "b", "label": False}])
+    with pytest.raises(ValueError, match="mixes pair rows"):
+        T.train(rm_config(tiny, data=mixed, max_iters=1))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import train as T
-from conftest import TINY, run_ddp
+from conftest import SFT_DATA, TINY, run_ddp
 from sft import masked_nll
 from tokenizer import Tokenizer
 
@@ -51,7 +51,7 @@ def _final_weights(overrides):
 def test_ddp_and_accumulation_equal_one_process(tmp_path):
     """1 process x 4 micro-batches, 2 processes x 2 and 1 x 1 (batch 4x) on the same global batch
     take the same optimizer steps; both DDP ranks end with identical weights."""
-    base = dict(TINY, algo="sft", max_iters=2, checkpoint=False, dropout=0.0)
+    base = dict(TINY, **SFT_DATA, algo="sft", max_iters=2, checkpoint=False, dropout=0.0)
     one_by_four = _final_weights(dict(base, out_dir=str(tmp_path / "a"), batch_size=2, gradient_accumulation_steps=4))
     one_by_one = _final_weights(dict(base, out_dir=str(tmp_path / "b"), batch_size=8, gradient_accumulation_steps=1))
     ranks = run_ddp(_final_weights, dict(base, out_dir=str(tmp_path / "c"), batch_size=2, gradient_accumulation_steps=2))
@@ -65,7 +65,7 @@ def test_ddp_and_accumulation_equal_one_process(tmp_path):
 
 def test_resume_equals_uninterrupted(tmp_path):
     """k steps, stop, resume to N == N steps straight (dropout on: RNG state is restored too)."""
-    base = dict(TINY, algo="sft", dropout=0.1, lr_decay_iters=6, eval_interval=3, eval_problems=4)
+    base = dict(TINY, **SFT_DATA, algo="sft", dropout=0.1, lr_decay_iters=6, eval_interval=3, eval_problems=4)
     straight = _final_weights(dict(base, out_dir=str(tmp_path / "a"), max_iters=6))
     T.train(dict(base, out_dir=str(tmp_path / "b"), max_iters=3))
     resumed = _final_weights(dict(init_from="resume", out_dir=str(tmp_path / "b"), max_iters=6, device="cpu"))
@@ -77,12 +77,12 @@ def test_resume_equals_uninterrupted(tmp_path):
 
 def test_checkpoint_is_atomic_and_loadable_with_lora(tmp_path):
     out = tmp_path / "lora"
-    T.train(dict(TINY, algo="sft", out_dir=str(out), lora_rank=2, max_iters=2, eval_interval=2, plot=True))
+    T.train(dict(TINY, **SFT_DATA, algo="sft", out_dir=str(out), lora_rank=2, max_iters=2, eval_interval=2, plot=True))
     # no .tmp left behind
     assert sorted(os.listdir(out)) == ["ckpt.pt", "config.json", "metrics.jsonl", "metrics.png", "samples.txt"]
     model = T.load_model(str(out))
     assert not any("lora" in k for k in model.state_dict())
-    run = T.train(dict(TINY, algo="sft", out_dir=str(tmp_path / "next"), init_from=str(out), max_iters=1))
+    run = T.train(dict(TINY, **SFT_DATA, algo="sft", out_dir=str(tmp_path / "next"), init_from=str(out), max_iters=1))
     assert run.raw_model.config.n_embd == TINY["n_embd"]
 
 
