@@ -13,7 +13,8 @@ An algorithm module supplies only what is particular to it:
     defaults                     dict of its own config keys (it may also change common defaults, e.g. the lr)
     setup(run)                   build data, reference models, ... (store on `run`)
     wrap_model(run, model)       optional: turn the loaded model into what it trains (e.g. a scalar head)
-    batches(run, it)             -> list of optimizer steps, each a list of micro-batches; may put
+    batches(run, it)             -> optimizer steps (a list, or a generator that decides lazily, e.g.
+                                    PPO's early stop), each a list of micro-batches; may put
                                     per-iteration figures (rewards, ...) into run.stats
     loss(run, model, batch)      -> (loss_sum, count, metrics): the loop divides the sum by the count
                                     summed over all micro-batches and ranks. Call `model` once per

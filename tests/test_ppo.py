@@ -1,5 +1,6 @@
-"""PPO (ppo.py): memory anatomy, GAE, KL shaping, the clipped losses, masking, end-to-end runs with
-the verifier and with a reward model, LoRA, resume of the adaptive β, and DDP lockstep."""
+"""PPO (ppo.py): memory anatomy, GAE, KL shaping, the clipped losses, masking, end-to-end runs (a toy
+reward through the verifier hook, and a reward-model checkpoint), LoRA, resume of the adaptive β, and
+DDP lockstep."""
 
 import json
 import math
@@ -18,14 +19,9 @@ from conftest import run_ddp
 from model import GPT, GPTConfig, ScalarHeadGPT
 
 
-def common(tiny):
-    """TINY's keys that every algorithm knows (it also carries SFT's own)."""
-    return {k: v for k, v in tiny.items() if k in T.DEFAULTS}
-
-
 def ppo_config(tiny, **overrides):
     """TINY plus small PPO settings: two minibatches × two epochs per rollout batch of 8."""
-    return {**common(tiny), **dict(algo="ppo", batch_size=4, minibatches=2, ppo_epochs=2, max_new_tokens=8,
+    return {**tiny, **dict(algo="ppo", batch_size=4, minibatches=2, ppo_epochs=2, max_new_tokens=8,
                            prompts_pool=64, learning_rate=1e-3, min_lr=1e-3, warmup_iters=0), **overrides}
 
 
@@ -214,10 +210,10 @@ def test_end_to_end_ppo_raises_a_toy_reward(tiny, monkeypatch):
     assert row["ppo_steps"] == 4
 
 
-def test_reward_model_path_scores_rollouts_with_rm_score(tiny, monkeypatch):
+def test_reward_model_path_scores_rollouts_with_rm_score(tiny, monkeypatch, capsys):
     # a tiny reward-model checkpoint from --algo rm (one step is enough: only the plumbing is tested)
     rm_dir = os.path.join(tiny["out_dir"], "rm")
-    T.train(dict(common(tiny), algo="rm", out_dir=rm_dir, max_iters=1, train_prompts=4, heldout_prompts=2,
+    T.train(dict(tiny, algo="rm", out_dir=rm_dir, max_iters=1, train_prompts=4, heldout_prompts=2,
                  samples_per_prompt=1, max_new_tokens=8))
     calls = []
     real_score = rm.score
@@ -241,6 +237,13 @@ def test_reward_model_path_scores_rollouts_with_rm_score(tiny, monkeypatch):
     for name, p in reward_model.state_dict().items():  # the frozen RM did not move; the critic (its copy) did
         assert torch.equal(p, run.reward_model.state_dict()[name])
     assert not torch.equal(run.raw_model.critic.head.weight, reward_model.head.weight)
+    # the memory anatomy printed at setup, for this run's four roles (two trained, two frozen)
+    sizes = [sum(p.numel() for p in m.state_dict().values()) - m.config.n_embd * m.config.vocab_size
+             for m in (run.raw_model.policy, run.raw_model.critic, run.reference, run.reward_model)]  # tied: once
+    expected = sum(ppo.stage_memory_gib(n, [kind]) for n, kind in zip(sizes, ["train", "train", "frozen_bf16",
+                                                                            "frozen_bf16"]))
+    printed = capsys.readouterr().out
+    assert f"= {expected:.4g} GiB; critic {ppo.stage_memory_gib(sizes[1], ['train']) / expected:.0%}" in printed
 
 
 def test_bad_reward_settings_are_clear_errors(tiny):
