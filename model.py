@@ -302,12 +302,14 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
     pos = (torch.arange(P, device=device).unsqueeze(0) - pad_len.unsqueeze(1)).clamp(min=0)
     logits = model(idx, pos=pos, attn_mask=mask.unsqueeze(1) if ragged else None, cache=cache)[:, -1]
 
-    out_tokens = [[] for _ in range(B)]
-    out_logprobs = [[] for _ in range(B)]
-    out_forced = [[] for _ in range(B)]
+    # what each row generated, kept on the device: no per-row Python work in the decode loop
+    out_tok = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    out_logp = torch.zeros(B, max_new_tokens, device=device)
+    out_forced = torch.zeros(B, max_new_tokens, dtype=torch.bool, device=device)
+    length = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
+    stop = torch.tensor(sorted(set(stop_tokens)) or [-1], dtype=torch.long, device=device)
     queued = [[] for _ in range(B)]        # tool output waiting to be fed, per row
     rows = torch.arange(B, device=device)  # original row index of each cache row still active
-    row_list = rows.tolist()
     next_pos = lens.clone()
     for step in range(max_new_tokens):
         if temperature == 0:
@@ -317,39 +319,42 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
             logp = F.log_softmax(logits.float() / temperature, dim=-1)
             tok = draw(_filter_logits(logp, top_k, top_p), gen)
         tok_logp = logp.gather(1, tok[:, None]).squeeze(1)
-        tok_list, lp_list = tok.tolist(), tok_logp.tolist()
-        done = []
-        for j, r in enumerate(row_list):
-            if queued[r]:  # a tool's output overrides what was sampled
-                tok_list[j] = queued[r].pop(0)
-                out_tokens[r].append(tok_list[j]); out_logprobs[r].append(0.0); out_forced[r].append(1)
-                continue
-            out_tokens[r].append(tok_list[j]); out_logprobs[r].append(lp_list[j]); out_forced[r].append(0)
-            if tok_list[j] in stop_tokens:
-                done.append(j)
-            elif tool_hook is not None:
-                injected = tool_hook(r, out_tokens[r])
-                if injected:
-                    queued[r].extend(injected)
+        forced = torch.zeros_like(tok, dtype=torch.bool)
         if tool_hook is not None:
-            tok = torch.tensor(tok_list, dtype=torch.long, device=device)
+            tok, tok_logp, forced = _tool_step(tool_hook, queued, rows, tok, tok_logp, out_tok[:, :step])
+        out_tok[rows, step], out_logp[rows, step], out_forced[rows, step] = tok, tok_logp, forced
         if step == max_new_tokens - 1:
             break
-        if done:
-            keep = torch.ones(len(row_list), dtype=torch.bool, device=device)
-            keep[done] = False
-            if not keep.any():
+        finished = torch.isin(tok, stop) & ~forced
+        if bool(finished.any()):  # (the one host sync per step)
+            length[rows[finished]] = step + 1
+            keep_idx = (~finished).nonzero().squeeze(1)
+            if len(keep_idx) == 0:
                 break
             # drop finished rows from the batch: later steps cost only what is still running
-            keep_idx = keep.nonzero().squeeze(1)
             cache.keep_rows(keep_idx)
             rows, tok, next_pos, key_valid = rows[keep_idx], tok[keep_idx], next_pos[keep_idx], key_valid[keep_idx]
-            row_list = rows.tolist()
         step_mask = key_valid[:, None, None, :cache.length + 1] if ragged else None
         logits = model(tok[:, None], pos=next_pos[:, None], attn_mask=step_mask, cache=cache)[:, -1]
         next_pos = next_pos + 1
     model.train(was_training)
-    return out_tokens, out_logprobs, out_forced
+    n = length.tolist()
+    return ([t[:k] for t, k in zip(out_tok.tolist(), n)], [lp[:k] for lp, k in zip(out_logp.tolist(), n)],
+            [[int(f) for f in fs[:k]] for fs, k in zip(out_forced.tolist(), n)])
+
+
+def _tool_step(tool_hook, queued, rows, tok, tok_logp, generated):
+    """The tool path of one decode step: a row with queued tool output is fed its next id (log-prob
+    0, forced); a row that just sampled is shown its tokens so far, and what the hook returns is queued."""
+    tok, tok_logp, forced = tok.clone(), tok_logp.clone(), torch.zeros_like(tok, dtype=torch.bool)
+    for j, r in enumerate(rows.tolist()):
+        if queued[r]:
+            tok[j], tok_logp[j], forced[j] = queued[r].pop(0), 0.0, True
+        else:
+            injected = tool_hook(r, generated[r].tolist() + [int(tok[j])])
+            if injected:
+                queued[r].extend(injected)
+    return tok, tok_logp, forced
 
 
 # ----------------------------------------------------------------------------------------------
