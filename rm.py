@@ -89,14 +89,7 @@ def score(reward_model, ids, mask):
 
 def _prompt_ids(run, row):
     if isinstance(row.get("prompt"), list):
-        messages = row["prompt"]
-        for j, msg in enumerate(messages):
-            if not isinstance(msg, dict) or not isinstance(msg.get("content"), str):
-                raise T.RowError(f"prompt[{j}].content", "missing or not a string")
-        try:
-            return run.tok.render_chat(messages, add_generation_prompt=True)[0]
-        except ValueError as e:
-            raise T.RowError("prompt", str(e)) from None
+        return T.render_messages(run, row["prompt"], "prompt", add_generation_prompt=True)[0]
     return run.tok.prompt_ids(T.require(row, "prompt", str))
 
 

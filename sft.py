@@ -39,15 +39,9 @@ def encode_row(run, row):
     row = {k: v for k, v in row.items() if v is not None}  # datasets fills absent columns with None
     if "messages" in row:
         messages = T.require(row, "messages", list)
-        for j, msg in enumerate(messages):
-            if not isinstance(msg, dict) or not isinstance(msg.get("content"), str):
-                raise T.RowError(f"messages[{j}].content", "missing or not a string")
+        ids, mask = T.render_messages(run, messages, "messages")
         if not any(m.get("role") == "assistant" and m["content"].strip() for m in messages):
             raise T.RowError("messages", "no non-empty assistant message")
-        try:
-            ids, mask = tok.render_chat(messages)
-        except ValueError as e:
-            raise T.RowError("messages", str(e)) from None
         field = "messages"
     elif "prompt" in row or "completion" in row:
         prompt, completion = T.require(row, "prompt", str), T.require(row, "completion", str)

@@ -252,6 +252,17 @@ def require(row, field, kind):
     return row[field]
 
 
+def render_messages(run, messages, field, add_generation_prompt=False):
+    """A row's message list through the chat template -> (ids, mask), or a RowError naming the field."""
+    for j, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("content"), str):
+            raise RowError(f"{field}[{j}].content", "missing or not a string")
+    try:
+        return run.tok.render_chat(messages, add_generation_prompt=add_generation_prompt)
+    except ValueError as e:
+        raise RowError(field, str(e)) from None
+
+
 # ----------------------------------------------------------------------------------------------
 # Models and checkpoints
 
