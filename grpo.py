@@ -92,7 +92,7 @@ import torch
 import torch.nn.functional as F
 
 import train as T
-from model import entropy_from_logits, sequence_logprobs, token_logprobs
+from model import entropy_from_logits, kl_estimate, sequence_logprobs, token_logprobs
 
 defaults = dict(
     prompts_per_iter=16,       # P: prompts per iteration, global over ranks
@@ -194,12 +194,6 @@ def aggregate(values, mask, loss_agg, max_len):
     raise ValueError(f"loss_agg must be one of {CHOICES['loss_agg']}, got {loss_agg!r}")
 
 
-def k3(logp, ref_logp):
-    """Per-token k3 estimate of KL(π‖π_ref): π_ref/π − log(π_ref/π) − 1 (≥ 0, 0 where π = π_ref)."""
-    d = ref_logp - logp
-    return torch.exp(d) - d - 1
-
-
 def policy_loss(logp, old_logp, advantages, mask, cfg, ref_logp=None):
     """The clipped surrogate (+ β·k3) aggregated per cfg. logp (B, T) with gradient, old_logp and
     ref_logp (B, T) constants, advantages (B,), mask (B, T) 0/1. Returns (loss_sum, count, metrics)."""
@@ -211,7 +205,7 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, ref_logp=None):
     per_token = -torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
     metrics = {}
     if cfg["kl"] == "k3_loss":
-        kl = k3(logp, torch.where(on, ref_logp, logp))
+        kl = kl_estimate(logp, torch.where(on, ref_logp, logp), "k3")
         per_token = per_token + cfg["kl_coef"] * kl
         metrics["kl_k3"] = float((kl.detach() * on).sum() / on.sum().clamp(min=1))
     loss_sum, count = aggregate(per_token, mask, cfg["loss_agg"], cfg["max_new_tokens"])
@@ -280,8 +274,7 @@ def sample_round(run, it, shard, round_):
         ro["old_logprobs"] = score(run, run.raw_model, ro["ids"]) * ro["mask"]
     ro["ref_logprobs"] = score(run, run.ref, ro["ids"]) * ro["mask"]
     ro["time_score"] = time.time() - t0
-    positions = torch.arange(ro["mask"].size(1), device=ro["mask"].device)
-    ro["seq_len"] = ((ro["mask"] > 0) * positions).max(1).values + 2  # last response token + 1
+    ro["seq_len"] = T.last_response_column(ro["mask"]) + 2  # index of the last response token + 1
     # the sampler stops earlier than max_new_tokens when the longest prompt leaves less room
     longest_prompt = max(len(run.tok.prompt_ids(p["prompt"])) for p in problems)
     limit = min(cfg["max_new_tokens"], run.raw_model.config.block_size - longest_prompt)

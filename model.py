@@ -224,6 +224,18 @@ def sequence_logprobs(model, ids, temperature=1.0):
     return token_logprobs(model(ids[:, :-1]), ids[:, 1:], temperature)
 
 
+def kl_estimate(logprobs, ref_logprobs, estimator="k1"):
+    """Per-token estimate of KL(π‖π_ref) from the log-probs of tokens sampled from π [M14 §9]:
+    k1 = log π − log π_ref (unbiased, can be negative); k3 = ρ − 1 − log ρ with ρ = π_ref/π
+    (unbiased, never negative, 0 where π = π_ref)."""
+    log_ratio = logprobs - ref_logprobs
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k3":
+        return torch.expm1(-log_ratio) + log_ratio
+    raise ValueError(f"kl estimator {estimator!r}: choose k1 or k3")
+
+
 def entropy_from_logits(logits, temperature=1.0):
     logp = F.log_softmax(logits.float() / temperature, dim=-1)
     return -(logp.exp() * logp).sum(-1)

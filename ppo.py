@@ -57,7 +57,8 @@ import torch.nn as nn
 
 import rm
 import train as T
-from model import GPT, ScalarHeadGPT, count_parameters, entropy_from_logits, sequence_logprobs, token_logprobs
+from model import (GPT, ScalarHeadGPT, count_parameters, entropy_from_logits, kl_estimate, sequence_logprobs,
+                   token_logprobs)
 
 defaults = dict(
     reward="verifier",          # verifier (RLVR) | rm (RLHF: needs reward_model)
@@ -114,23 +115,10 @@ def role_memory_gib(module, trained):
 # ----------------------------------------------------------------------------------------------
 # The pieces of the loss, each on (N, T-1) per-token tensors aligned with ids[:, 1:]
 
-def kl_per_token(logprobs, ref_logprobs, estimator):
-    """Per-token estimate of KL(π‖π_ref) on tokens sampled from π: k1 = log π − log π_ref (unbiased,
-    can be negative), k3 = (ρ − 1) − log ρ with ρ = π_ref/π (unbiased and never negative)."""
-    log_ratio = logprobs - ref_logprobs
-    if estimator == "k1":
-        return log_ratio
-    if estimator == "k3":
-        return torch.expm1(-log_ratio) + log_ratio
-    raise ValueError(f"kl_estimator={estimator!r}: choose k1 or k3")
-
-
 def shaped_rewards(score, kl, mask, kl_coef):
     """r_t = −β·k_t on every response token, plus the sequence reward at the last response token."""
     rewards = -kl_coef * kl * mask
-    positions = torch.arange(mask.size(1), device=mask.device)
-    last = torch.where(mask > 0, positions, -1).amax(1)
-    rewards[torch.arange(len(score), device=mask.device), last] += score
+    rewards[torch.arange(len(score), device=mask.device), T.last_response_column(mask)] += score
     return rewards
 
 
@@ -288,7 +276,7 @@ def batches(run, it):
     micro = [score_micro_batch(run, p, s) for p, s in zip(problems, seeds)]
 
     for mb in micro:
-        mb["kl"] = kl_per_token(mb["old_logprobs"], mb["ref_logprobs"], cfg["kl_estimator"]) * mb["mask"]
+        mb["kl"] = kl_estimate(mb["old_logprobs"], mb["ref_logprobs"], cfg["kl_estimator"]) * mb["mask"]
         rewards = shaped_rewards(mb["score"], mb["kl"], mb["mask"], run.kl_coef)
         mb["advantages"], mb["returns"] = gae(rewards, mb["old_values"], mb["mask"], cfg["gamma"], cfg["lam"])
 
@@ -336,8 +324,7 @@ def loss(run, model, batch):
     n = mask.sum()
     loss_sum = ((policy_loss + cfg["vf_coef"] * value_loss) * mask).sum()
     with torch.no_grad():
-        log_ratio = logprobs - batch["old_logprobs"]
-        approx_kl = ((torch.expm1(log_ratio) - log_ratio) * mask).sum()  # k3 estimate of KL(π_old‖π_θ)
+        approx_kl = (kl_estimate(batch["old_logprobs"], logprobs, "k3") * mask).sum()  # KL(π_old‖π_θ)
         run.step_kl[0] += float(approx_kl)
         run.step_kl[1] += float(n)
         # clip_frac: share of tokens where the clipped term is the active one (no gradient from them)

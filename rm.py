@@ -78,9 +78,8 @@ def score(reward_model, ids, mask):
     has_response = mask.sum(1) > 0
     if not bool(has_response.all()):
         raise ValueError(f"rows {has_response.logical_not().nonzero().flatten().tolist()} have no response token")
-    positions = torch.arange(1, ids.size(1), device=ids.device)            # token index of mask column t
-    last = torch.where(mask > 0, positions, torch.zeros_like(positions)).amax(1)
-    values = reward_model(ids)                                              # (N, T)
+    last = T.last_response_column(mask) + 1  # token index of the last response token
+    values = reward_model(ids)                # (N, T)
     return values.gather(1, last[:, None]).squeeze(1).float()
 
 

@@ -392,6 +392,13 @@ def env_accuracy(run, model, split, n, temperature=0.0, samples=1, seed=0):
     return metrics, transcripts
 
 
+def last_response_column(mask):
+    """(N,) column t of each row's last response token in a mask aligned with ids[:, 1:] (the
+    token is ids[:, t+1]); −1 for a row without one."""
+    positions = torch.arange(mask.size(1), device=mask.device)
+    return torch.where(mask > 0, positions, -1).amax(1)
+
+
 def rollouts(run, model, problems, samples_per_prompt, temperature=1.0, max_new_tokens=None, seed=None,
              top_k=None, top_p=None):
     """Sample `samples_per_prompt` responses per problem with the KV-cache sampler and score them

@@ -16,7 +16,7 @@ import ppo
 import rm
 import train as T
 from conftest import run_ddp
-from model import GPT, GPTConfig, ScalarHeadGPT
+from model import GPT, GPTConfig, ScalarHeadGPT, kl_estimate
 
 
 def ppo_config(tiny, **overrides):
@@ -99,7 +99,7 @@ def test_kl_penalty_sits_on_response_tokens_and_the_score_on_the_last():
     mask = torch.tensor([[0, 0, 1, 1, 1, 0], [0, 1, 1, 0, 0, 0]], dtype=torch.float32)
     logp = torch.tensor([[-9., -9., -1.0, -2.0, -0.5, -9.], [-9., -0.2, -3.0, -9., -9., -9.]])
     ref = torch.tensor([[-1., -1., -1.5, -1.0, -0.5, -1.], [-1., -0.7, -2.0, -1., -1., -1.]])
-    kl = ppo.kl_per_token(logp, ref, "k1") * mask
+    kl = kl_estimate(logp, ref, "k1") * mask
     rewards = ppo.shaped_rewards(torch.tensor([1.0, -2.0]), kl, mask, kl_coef=0.1)
     # row 0: −0.1·(0.5, −1, 0), score 1 at column 4; row 1: −0.1·(0.5, −1), score −2 at column 2
     expected = torch.tensor([[0, 0, -0.05, 0.1, 1.0, 0], [0, -0.05, 0.1 - 2.0, 0, 0, 0]])
@@ -107,16 +107,16 @@ def test_kl_penalty_sits_on_response_tokens_and_the_score_on_the_last():
 
 
 def test_kl_estimators_worked_value_and_exact_expectation():
-    assert float(ppo.kl_per_token(torch.tensor(-1.0), torch.tensor(-1.5), "k3")) == pytest.approx(0.106531, abs=1e-6)
+    assert float(kl_estimate(torch.tensor(-1.0), torch.tensor(-1.5), "k3")) == pytest.approx(0.106531, abs=1e-6)
     # on a categorical, E_π[k1] and E_π[k3] over tokens drawn from π both equal KL(π‖π_ref)
     torch.manual_seed(0)
     logp, ref = torch.randn(7).log_softmax(0), torch.randn(7).log_softmax(0)
     kl = float((logp.exp() * (logp - ref)).sum())
     for name in ("k1", "k3"):
-        assert float((logp.exp() * ppo.kl_per_token(logp, ref, name)).sum()) == pytest.approx(kl, rel=1e-5)
-    assert bool((ppo.kl_per_token(logp, ref, "k3") >= 0).all())
+        assert float((logp.exp() * kl_estimate(logp, ref, name)).sum()) == pytest.approx(kl, rel=1e-5)
+    assert bool((kl_estimate(logp, ref, "k3") >= 0).all())
     with pytest.raises(ValueError, match="k1 or k3"):
-        ppo.kl_per_token(logp, ref, "k2")
+        kl_estimate(logp, ref, "k2")
 
 
 # ----------------------------------------------------------------------------------------------
