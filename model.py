@@ -25,6 +25,11 @@ class GPTConfig:
     bias: bool = True
 
 
+def dropout(x, p, training):
+    """F.dropout, skipped outright when it would do nothing: while sampling, every call counts."""
+    return F.dropout(x, p) if training and p > 0 else x
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -32,34 +37,33 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.dropout = cfg.n_head, cfg.dropout
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.resid_dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x, attn_mask=None, cache=None, layer=0):
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        if cache is not None:
-            k, v = cache.update(layer, k, v)  # all past keys/values of this layer, new ones included
-        dropout = self.dropout if self.training else 0.0
-        if attn_mask is None:
-            # one query (a decode step) sees every cached key; several (training, prefill) are causal
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=T > 1)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        # (B, T, 3C) -> q, k, v, each (B, n_head, T, head_size)
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        if cache is not None and cache.length > 0:  # a decode step: one new token per row
+            y = cache.decode_attention(layer, q, k, v)
+        else:  # training, scoring, or a prompt's prefill (which fills the cache)
+            if cache is not None:
+                cache.write_prompt(layer, k, v)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                               dropout_p=self.dropout if self.training else 0.0,
+                                               is_causal=attn_mask is None and T > 1)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return dropout(self.c_proj(y), self.dropout, self.training)
 
 
 class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's "gelu_new"
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = cfg.dropout
 
     def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        x = F.gelu(self.c_fc(x), approximate="tanh")  # GPT-2's "gelu_new"
+        return dropout(self.c_proj(x), self.dropout, self.training)
 
 
 class Block(nn.Module):
@@ -75,32 +79,82 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class KVCache:
-    """Keys and values of every layer, preallocated for the whole batch and the longest sequence.
+def widen(t, dim, extra, fill):
+    """A copy of t with `extra` more entries along `dim`, set to `fill` (F.pad would fill all of it first)."""
+    shape = list(t.shape)
+    shape[dim] += extra
+    out = t.new_empty(shape)
+    out.narrow(dim, 0, t.size(dim)).copy_(t)
+    out.narrow(dim, t.size(dim), extra).fill_(fill)
+    return out
 
-    All rows write the same columns (prompts are left-padded), so an update is one slice copy.
-    Storage is allocated at the first update, in the dtype attention runs in (bf16 under autocast).
+
+class KVCache:
+    """Keys and values of every layer for a batch of left-padded rows: every row writes the same
+    column at every step.
+
+    A decode step attends over the whole buffer, with an additive bias of 0 on keys written so far
+    and −inf on left padding and on columns not written yet, rather than over a growing slice of
+    it: such a slice is a strided matrix, which CPU batched matmuls read several times slower than
+    a dense one once the cache outgrows the CPU's caches (`python bench.py attention`). So that the
+    whole buffer is not much more than what is written, it holds the prompt plus `chunk` columns and
+    grows by `chunk` columns when full (a copy every `chunk` steps, as nanochat's cache grows).
     """
 
-    def __init__(self, cfg, batch_size, max_len):
-        self.shape = (cfg.n_layer, batch_size, cfg.n_head, max_len, cfg.n_embd // cfg.n_head)
-        self.k = self.v = None
-        self.length = 0  # columns filled by every layer so far
-        self.n_layer = cfg.n_layer
+    def __init__(self, cfg, prompt_valid, max_len, chunk=32):
+        """prompt_valid: (B, P) bool, False on each row's left padding; max_len: P + new tokens."""
+        self.n_layer, self.prompt_valid, self.max_len, self.chunk = cfg.n_layer, prompt_valid, max_len, chunk
+        self.k = self.v = None  # (n_layer, B, n_head, capacity, head_size), in the attention dtype
+        self.bias = None        # (B, n_head, 1, capacity): one row per (row, head), as baddbmm wants
+        self.length = 0         # columns written by every layer so far
 
-    def update(self, layer, k, v):
-        if self.k is None:
-            self.k = torch.empty(self.shape, device=k.device, dtype=k.dtype)
-            self.v = torch.empty(self.shape, device=v.device, dtype=v.dtype)
-        end = self.length + k.size(2)
-        self.k[layer, :, :, self.length:end] = k
-        self.v[layer, :, :, self.length:end] = v
+    def write_prompt(self, layer, k, v):
+        B, H, P, D = k.shape
+        if layer == 0:  # zeros, not empty: masked columns get weight 0, and 0 × garbage can be NaN
+            capacity = min(P + self.chunk, self.max_len)
+            self.k = k.new_zeros(self.n_layer, B, H, capacity, D)
+            self.v = v.new_zeros(self.n_layer, B, H, capacity, D)
+            self.bias = torch.full((B, H, 1, capacity), float("-inf"), device=k.device)
+            self.bias[..., :P].masked_fill_(self.prompt_valid[:, None, None, :], 0.0)
+            self._make_views()
+        self.layer_k[layer][:, :, :P] = k
+        self.layer_v[layer][:, :, :P] = v
         if layer == self.n_layer - 1:
-            self.length = end
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+            self.length = P
+
+    def decode_attention(self, layer, q, k, v):
+        """Write this step's key and value (B, H, 1, D) at the next column, then attend:
+        softmax(q·Kᵀ/√D + bias)·V over the whole buffer. Returns (B, H, 1, D)."""
+        B, H, _, D = q.shape
+        col = self.length
+        if layer == 0:
+            if col == self.k.size(3):
+                self._grow()
+            self.bias[..., col] = 0.0  # the new column is visible from now on, to every layer
+        self.layer_k[layer].narrow(2, col, 1).copy_(k)
+        self.layer_v[layer].narrow(2, col, 1).copy_(v)
+        if layer == self.n_layer - 1:
+            self.length = col + 1
+        scores = torch.baddbmm(self.flat_bias, q.reshape(B * H, 1, D), self.keys_t[layer], alpha=D ** -0.5)
+        return torch.bmm(scores.softmax(-1), self.values[layer]).view(B, H, 1, D)
+
+    def _grow(self):
+        extra = min(self.chunk, self.max_len - self.k.size(3))
+        self.k, self.v = widen(self.k, 3, extra, 0.0), widen(self.v, 3, extra, 0.0)
+        self.bias = widen(self.bias, 3, extra, float("-inf"))
+        self._make_views()
 
     def keep_rows(self, rows):
-        self.k, self.v = self.k[:, rows], self.v[:, rows]
+        self.k, self.v, self.bias = self.k[:, rows], self.v[:, rows], self.bias[rows]
+        self._make_views()
+
+    def _make_views(self):
+        """Per-layer views, made once per buffer rather than at every step of every layer."""
+        B, H, L, D = self.k.shape[1:]
+        self.layer_k, self.layer_v = self.k.unbind(0), self.v.unbind(0)              # (B, H, L, D)
+        self.keys_t = [k.view(B * H, L, D).transpose(1, 2) for k in self.layer_k]  # (B·H, D, L)
+        self.values = [v.view(B * H, L, D) for v in self.layer_v]                 # (B·H, L, D)
+        self.flat_bias = self.bias.view(B * H, 1, L)
 
 
 class GPT(nn.Module):
@@ -110,7 +164,6 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
             wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
-            drop=nn.Dropout(cfg.dropout),
             h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
             ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
         ))
@@ -137,7 +190,7 @@ class GPT(nn.Module):
             if T > self.config.block_size:
                 raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
             pos = torch.arange(T, device=idx.device).unsqueeze(0)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x = dropout(self.transformer.wte(idx) + self.transformer.wpe(pos), self.config.dropout, self.training)
         for layer, block in enumerate(self.transformer.h):
             x = block(x, attn_mask, cache, layer)
         return self.transformer.ln_f(x)
@@ -301,16 +354,15 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
     for i, p in enumerate(prompts):
         idx[i, P - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
     pad_len = P - lens                                  # (B,)
-    cols = torch.arange(P + max_new_tokens, device=device)
-    key_valid = cols.unsqueeze(0) >= pad_len.unsqueeze(1)  # (B, P+N): False on left padding
+    prompt_valid = torch.arange(P, device=device).unsqueeze(0) >= pad_len.unsqueeze(1)  # False on left padding
     ragged = bool((pad_len > 0).any())  # no row padded: no mask at all, SDPA's cheaper unmasked path
     gen = torch.Generator(device=device)
     gen.manual_seed(seed) if seed is not None else gen.seed()
 
     # prefill: causal within the row, never attending to pads (a pad query sees itself: no NaN)
     causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
-    mask = (causal.unsqueeze(0) & key_valid[:, None, :P]) | torch.eye(P, dtype=torch.bool, device=device)
-    cache = KVCache(model.config, B, P + max_new_tokens)
+    mask = (causal.unsqueeze(0) & prompt_valid[:, None, :]) | torch.eye(P, dtype=torch.bool, device=device)
+    cache = KVCache(model.config, prompt_valid, P + max_new_tokens)
     pos = (torch.arange(P, device=device).unsqueeze(0) - pad_len.unsqueeze(1)).clamp(min=0)
     logits = model(idx, pos=pos, attn_mask=mask.unsqueeze(1) if ragged else None, cache=cache)[:, -1]
 
@@ -324,20 +376,16 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
     rows = torch.arange(B, device=device)  # original row index of each cache row still active
     next_pos = lens.clone()
     for step in range(max_new_tokens):
-        if temperature == 0:
-            logp = F.log_softmax(logits.float(), dim=-1)
-            tok = logits.argmax(-1)
-        else:
-            logp = F.log_softmax(logits.float() / temperature, dim=-1)
-            tok = draw(_filter_logits(logp, top_k, top_p), gen)
+        logp = F.log_softmax(logits.float() if temperature in (0, 1) else logits.float() / temperature, dim=-1)
+        tok = logits.argmax(-1) if temperature == 0 else draw(_filter_logits(logp, top_k, top_p), gen)
         tok_logp = logp.gather(1, tok[:, None]).squeeze(1)
-        forced = torch.zeros_like(tok, dtype=torch.bool)
         if tool_hook is not None:
             tok, tok_logp, forced = _tool_step(tool_hook, queued, rows, tok, tok_logp, out_tok[:, :step])
-        out_tok[rows, step], out_logp[rows, step], out_forced[rows, step] = tok, tok_logp, forced
+            out_forced[rows, step] = forced
+        out_tok[rows, step], out_logp[rows, step] = tok, tok_logp
         if step == max_new_tokens - 1:
             break
-        finished = torch.isin(tok, stop) & ~forced
+        finished = torch.isin(tok, stop) if tool_hook is None else torch.isin(tok, stop) & ~forced
         if bool(finished.any()):  # (the one host sync per step)
             length[rows[finished]] = step + 1
             keep_idx = (~finished).nonzero().squeeze(1)
@@ -345,9 +393,8 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
                 break
             # drop finished rows from the batch: later steps cost only what is still running
             cache.keep_rows(keep_idx)
-            rows, tok, next_pos, key_valid = rows[keep_idx], tok[keep_idx], next_pos[keep_idx], key_valid[keep_idx]
-        step_mask = key_valid[:, None, None, :cache.length + 1] if ragged else None
-        logits = model(tok[:, None], pos=next_pos[:, None], attn_mask=step_mask, cache=cache)[:, -1]
+            rows, tok, next_pos = rows[keep_idx], tok[keep_idx], next_pos[keep_idx]
+        logits = model(tok[:, None], pos=next_pos[:, None], cache=cache)[:, -1]
         next_pos = next_pos + 1
     model.train(was_training)
     n = length.tolist()

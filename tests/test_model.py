@@ -22,16 +22,31 @@ def test_cached_logits_equal_uncached_on_ragged_batch(model):
     """Every decode step's logits (captured at lm_head) equal a full forward of that row alone."""
     captured = []
     hook = model.lm_head.register_forward_hook(lambda m, i, out: captured.append(out[:, -1].clone()))
-    tokens, _ = model.generate(RAGGED, max_new_tokens=6, temperature=0)
+    tokens, _ = model.generate(RAGGED, max_new_tokens=40, temperature=0)  # the cache grows at step 32
     hook.remove()
-    assert len(captured) == 6  # one prefill + 5 decode steps (the 6th token needs no forward)
+    assert len(captured) == 40  # one prefill + 39 decode steps (the 40th token needs no forward)
     worst = 0.0
     for row, prompt in enumerate(RAGGED):
-        for step in range(6):
+        for step in range(40):
             seq = torch.tensor([prompt + tokens[row][:step]])
             full = model(seq)[0, -1]
             worst = max(worst, (full - captured[step][row]).abs().max().item())
     assert worst < 1e-5
+
+
+def test_rows_in_a_batch_equal_rows_alone_through_cache_growth_and_dropped_rows(model):
+    """45 new tokens outgrow the cache's first allocation (prompt + 32 columns) and a stop token ends
+    rows at different steps (they leave the batch): every row still gets exactly what it gets alone."""
+    free, _ = model.generate(RAGGED, 45, temperature=0)
+    stop = free[2][9]  # row 2 stops at step 9 at the latest; other rows when they first emit it
+    tokens, logprobs = model.generate(RAGGED, 45, temperature=0, stop_tokens=(stop,))
+    assert len({len(t) for t in tokens}) > 1  # rows ended at different steps
+    for prompt, toks, lps in zip(RAGGED, tokens, logprobs):
+        alone, alone_lps = model.generate([prompt], 45, temperature=0, stop_tokens=(stop,))
+        assert toks == alone[0]
+        torch.testing.assert_close(torch.tensor(lps), torch.tensor(alone_lps[0]), atol=1e-5, rtol=0)
+        full = sequence_logprobs(model, torch.tensor([prompt + toks]))[0, len(prompt) - 1:]
+        torch.testing.assert_close(torch.tensor(lps), full, atol=1e-5, rtol=0)
 
 
 def test_cached_greedy_equals_uncached_greedy(model):
