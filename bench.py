@@ -186,6 +186,49 @@ def sampler(args):
     return targets
 
 
+@benchmark
+def attention(args):
+    """Why the KV cache attends over its whole (dense) buffer: one decode step's attention per
+    layer at batch 64, over a cache of 4 layers visited in turn as in a real step (so each layer's
+    keys come from memory, not from the CPU's caches), three ways: SDPA over the growing slice of a
+    max_len buffer (strided), the same matmuls over that slice, and model.KVCache.decode_attention
+    (prompt + a 32-column chunk, dense, masked by the bias). No target: it backs a design choice."""
+    from model import GPTConfig, KVCache
+    device, B, max_len, repeats = args["device"], 64, PROMPT_LEN + NEW_TOKENS, 20
+    cfg = GPTConfig(**{k: T.DEFAULTS[k] for k in ("n_layer", "n_head", "n_embd")})
+    H, D = cfg.n_head, cfg.n_embd // cfg.n_head
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, 1, D, generator=gen).to(device) for _ in range(3))
+    for L in (48, 96, 144):
+        buf_k, buf_v = (torch.randn(cfg.n_layer, B, H, max_len, D, generator=gen).to(device) for _ in range(2))
+        cache = KVCache(cfg, torch.ones(B, L, dtype=torch.bool, device=device), max_len)
+        with torch.inference_mode():
+            for layer in range(cfg.n_layer):
+                cache.write_prompt(layer, buf_k[layer, :, :, :L], buf_v[layer, :, :, :L])
+
+            def sdpa_slice():
+                for layer in range(cfg.n_layer):
+                    F.scaled_dot_product_attention(q, buf_k[layer, :, :, :L], buf_v[layer, :, :, :L])
+
+            def matmul_slice():
+                for layer in range(cfg.n_layer):
+                    a = torch.matmul(q, buf_k[layer, :, :, :L].transpose(-1, -2)) * D ** -0.5
+                    torch.matmul(a.softmax(-1), buf_v[layer, :, :, :L])
+
+            def dense_buffer():
+                for layer in range(cfg.n_layer):
+                    cache.length = L  # the same column every time: the timing is of one step
+                    cache.decode_attention(layer, q, k, v)
+
+            t = alternating_medians(dict(sdpa_slice=sdpa_slice, matmul_slice=matmul_slice, dense_buffer=dense_buffer),
+                                    device, repeats=repeats, warmup=2)
+        us = {name: 1e6 * wall / cfg.n_layer for name, (wall, _) in t.items()}
+        report(bench="attention", batch=B, keys=L, buffer_columns=cache.k.size(3),
+               **{f"{name}_us_per_layer": round(x, 1) for name, x in us.items()},
+               dense_vs_sdpa_slice=round(us["sdpa_slice"] / us["dense_buffer"], 2))
+    return []
+
+
 # ----------------------------------------------------------------------------------------------
 # Training: the shared loop (train.train) vs a bare PyTorch loop on the same batches
 

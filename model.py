@@ -95,10 +95,11 @@ class KVCache:
 
     A decode step attends over the whole buffer, with an additive bias of 0 on keys written so far
     and −inf on left padding and on columns not written yet, rather than over a growing slice of
-    it: such a slice is a strided matrix, which CPU batched matmuls read several times slower than
-    a dense one once the cache outgrows the CPU's caches (`python bench.py attention`). So that the
-    whole buffer is not much more than what is written, it holds the prompt plus `chunk` columns and
-    grows by `chunk` columns when full (a copy every `chunk` steps, as nanochat's cache grows).
+    it: such a slice is a strided matrix, which CPU batched matmuls read more slowly than a dense
+    one once the cache outgrows the CPU's caches (1.6–2.1× at batch 64, `python bench.py attention`).
+    So that the whole buffer is not much more than what is written, it holds the prompt plus
+    `chunk` columns and grows by `chunk` columns when full (a copy every `chunk` steps, as
+    nanochat's cache grows).
     """
 
     def __init__(self, cfg, prompt_valid, max_len, chunk=32):

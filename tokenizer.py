@@ -4,8 +4,10 @@ Tokenizer and chat template, through tiktoken.
 Two encodings:
 - "byte" (the default, built in, no download): the 256 byte values as tokens plus the chat special
   tokens. Every string round-trips, and the vocabulary is tiny, which suits the tiny default model.
-- "gpt2": GPT-2's BPE (tiktoken fetches it once, then caches it) plus the same special tokens
-  appended after GPT-2's 50257 ids; use it with GPT-2 weights (init_from=gpt2*).
+- GPT-2's BPE plus the same special tokens appended after GPT-2's 50257 ids, for GPT-2 weights:
+  "gpt2" (tiktoken fetches it once, then caches it), or offline a directory holding the vocab.json
+  that transformers' save_pretrained writes for a GPT-2 tokenizer (the same table as GPT-2's
+  encoder.json).
 
 Chat template (one for every algorithm, so policy and reference always see the same ids):
 
@@ -16,7 +18,11 @@ sees its end token in the loss never learns to stop. <|pad|> only fills ragged b
 the end token.
 """
 
+import json
+import os
+
 import tiktoken
+from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenisation pattern
 
 SPECIAL_TOKENS = [
     "<|bos|>", "<|eos|>", "<|pad|>",
@@ -28,22 +34,45 @@ ROLES = ("system", "user", "assistant", "tool")
 _PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
+def gpt2_bpe(name):
+    """(mergeable ranks, pattern) of GPT-2's BPE, from tiktoken ("gpt2") or a local directory."""
+    if name == "gpt2":
+        base = tiktoken.get_encoding("gpt2")
+        return base._mergeable_ranks, base._pat_str
+    path = os.path.join(name, "vocab.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"unknown tokenizer {name!r}: expected 'byte', 'gpt2' or a directory with "
+                         f"GPT-2's vocab.json")
+    # GPT-2 spells each byte as a printable character (its bytes_to_unicode): the printable ones as
+    # themselves, the other 68 as chr(256), chr(257), ... in byte order
+    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
+    others = [b for b in range(256) if b not in printable]
+    char_to_byte = {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
+    with open(path, encoding="utf-8") as f:
+        vocab = json.load(f)
+    ranks = {}
+    for token, rank in vocab.items():  # a GPT-2 token's id is its merge rank
+        if token == "<|endoftext|>":
+            continue
+        if any(c not in char_to_byte for c in token):
+            raise ValueError(f"{path}: token {token!r} is not in GPT-2's byte alphabet")
+        ranks[bytes(char_to_byte[c] for c in token)] = rank
+    if sorted(ranks.values()) != list(range(len(ranks))) or any(bytes([b]) not in ranks for b in range(256)):
+        raise ValueError(f"{path}: not a byte-level BPE vocabulary (ids 0..n-1 with every single byte)")
+    return ranks, r50k_pat_str
+
+
 class Tokenizer:
     def __init__(self, name="byte"):
         if name == "byte":
-            ranks = {bytes([i]): i for i in range(256)}
-            pat = _PAT
-        elif name == "gpt2":
-            base = tiktoken.get_encoding("gpt2")
-            ranks, pat = base._mergeable_ranks, base._pat_str
-        else:
-            raise ValueError(f"unknown tokenizer {name!r}: expected 'byte' or 'gpt2'")
-        first = len(ranks) + (1 if name == "gpt2" else 0)  # keep GPT-2's <|endoftext|> = 50256
-        specials = {tok: first + i for i, tok in enumerate(SPECIAL_TOKENS)}
-        if name == "gpt2":
-            specials["<|endoftext|>"] = 50256
+            ranks, pat, specials = {bytes([i]): i for i in range(256)}, _PAT, {}
+        else:  # GPT-2's <|endoftext|> keeps its id (50256), right after the merges
+            ranks, pat = gpt2_bpe(name)
+            specials = {"<|endoftext|>": len(ranks)}
+        first = len(ranks) + len(specials)
+        specials.update({tok: first + i for i, tok in enumerate(SPECIAL_TOKENS)})
         self.name = name
-        self.enc = tiktoken.Encoding(name=f"nanopost-{name}", pat_str=pat,
+        self.enc = tiktoken.Encoding(name=f"nanopost-{os.path.basename(os.path.normpath(name))}", pat_str=pat,
                                      mergeable_ranks=ranks, special_tokens=specials)
         self.n_vocab = self.enc.n_vocab
         self.special = {tok[2:-2]: i for tok, i in specials.items()}  # "bos" -> id, "/tool_call" -> id

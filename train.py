@@ -55,7 +55,7 @@ DEFAULTS = dict(
     algo="sft",
     out_dir="out/{algo}",       # {algo} is filled in
     init_from="scratch",        # scratch | resume | a checkpoint dir | gpt2, gpt2-medium, ... | a HF GPT-2 dir
-    tokenizer="byte",           # byte (built in) | gpt2 (with GPT-2 weights)
+    tokenizer="byte",           # byte (built in) | gpt2 (with GPT-2 weights) | a dir with GPT-2's vocab.json
     data="",                    # a json/jsonl/parquet file or hub dataset; "" = the built-in environment
     skip_bad_rows=False,        # malformed data rows: False = error naming file/row/field, True = skip and count
     env="arithmetic", env_digits=1, env_ops=3,  # the default task: 3-step chains of 1-digit operands
@@ -602,9 +602,7 @@ def train(overrides):
             # DDP averaged the per-rank sums over ranks; turn that into the sum over the global count
             global_count = all_reduce_sum([step_count], run)[0]
             scale = run.world_size / max(global_count, 1e-8)
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(scale)
+            torch._foreach_mul_([p.grad for p in params if p.grad is not None], scale)  # one call, not one per tensor
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"]) if cfg["grad_clip"] > 0 else None
             optimizer.step()
             count += step_count

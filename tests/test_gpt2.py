@@ -108,3 +108,66 @@ def test_train_starts_from_hf_directory(hf_dir, tmp_path):
     moved = max((p.detach() - q).abs().max().item()
                 for p, q in zip(trained.parameters(), start.parameters()))
     assert moved > 1e-4  # two AdamW steps changed the GPT-2 weights
+
+
+def write_gpt2_vocab(path, merges):
+    """A small GPT-2-format tokenizer directory (vocab.json, merges.txt, as save_pretrained writes):
+    the 256 byte tokens in GPT-2's order and spelling, then one token per merge, then <|endoftext|>."""
+    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
+    spell = {b: chr(b) for b in printable}
+    spell.update({b: chr(256 + i) for i, b in enumerate(b for b in range(256) if b not in printable)})
+    vocab = {spell[b]: i for i, b in enumerate(printable + [b for b in range(256) if b not in printable])}
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    vocab["<|endoftext|>"] = len(vocab)
+    path.mkdir()
+    (path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (path / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
+    return vocab
+
+
+MERGES = [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("Ġ", "w"), ("o", "r"), ("Ġw", "or"),
+          ("Ġwor", "ld"), ("l", "d"), ("Ġ", "t"), ("Ġt", "he"), ("1", "2"), ("Ã", "©")]
+
+
+def test_local_gpt2_tokenizer_encodes_like_transformers(tmp_path):
+    """--tokenizer=DIR: GPT-2's BPE from a local vocab.json, offline. Same ids as transformers'
+    GPT2Tokenizer on the same files; <|endoftext|> keeps its place after the merges, the chat
+    specials come after it, and the chat template's mask works on it."""
+    vocab = write_gpt2_vocab(tmp_path / "gpt2-tok", MERGES)
+    tok = Tokenizer(str(tmp_path / "gpt2-tok"))
+    reference = transformers.GPT2Tokenizer(str(tmp_path / "gpt2-tok" / "vocab.json"), str(tmp_path / "gpt2-tok" / "merges.txt"))
+    for text in ["hello world", "the hello, world!  12 1212", "café naïve — ünïcödé ✓", "\n\n  tabs\tand spaces  "]:
+        ids = tok.encode(text)
+        assert ids == reference.encode(text)
+        assert tok.decode(ids) == text
+    assert tok.encode("hello world") == [vocab["hello"], vocab["Ġworld"]]
+    assert tok.special["endoftext"] == vocab["<|endoftext|>"] == 256 + len(MERGES)
+    assert tok.bos == vocab["<|endoftext|>"] + 1 and tok.n_vocab == vocab["<|endoftext|>"] + 11
+    ids, mask = tok.render_chat([{"role": "user", "content": "hello"}, {"role": "assistant", "content": "the world"}])
+    assert [i for i, m in zip(ids, mask) if m] == tok.response_ids("the world")
+
+
+def test_local_gpt2_tokenizer_errors_name_the_file(tmp_path):
+    with pytest.raises(ValueError, match="vocab.json"):
+        Tokenizer(str(tmp_path))  # no vocab.json there
+    path = tmp_path / "bad"
+    vocab = write_gpt2_vocab(path, MERGES)
+    vocab["a b"] = len(vocab)  # a space is not in GPT-2's byte alphabet
+    (path / "vocab.json").write_text(json.dumps(vocab))
+    with pytest.raises(ValueError, match=r"bad/vocab.json: token 'a b'"):
+        Tokenizer(str(path))
+
+
+def test_train_and_checkpoint_with_local_gpt2_tokenizer(hf_dir, tmp_path):
+    """GPT-2 weights and GPT-2's tokenizer, both from local directories: the run trains, and its
+    checkpoint names the tokenizer so that later scripts rebuild the same one."""
+    path, _ = hf_dir
+    write_gpt2_vocab(tmp_path / "tok", MERGES)
+    cfg = dict(TINY, algo="sft", init_from=path, tokenizer=str(tmp_path / "tok"), max_iters=1,
+               out_dir=str(tmp_path / "run"))
+    run = T.train(cfg)
+    assert run.raw_model.config.vocab_size == run.tok.n_vocab == 256 + len(MERGES) + 11
+    ckpt = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=False)
+    again = Tokenizer(ckpt["tokenizer"])
+    assert again.encode("hello world") == run.tok.encode("hello world") and again.eos == run.tok.eos
