@@ -115,7 +115,7 @@ class KVCache:
             capacity = min(P + self.chunk, self.max_len)
             self.k = k.new_zeros(self.n_layer, B, H, capacity, D)
             self.v = v.new_zeros(self.n_layer, B, H, capacity, D)
-            self.bias = torch.full((B, H, 1, capacity), float("-inf"), device=k.device)
+            self.bias = torch.full((B, H, 1, capacity), float("-inf"), device=k.device, dtype=k.dtype)
             self.bias[..., :P].masked_fill_(self.prompt_valid[:, None, None, :], 0.0)
             self._make_views()
         self.layer_k[layer][:, :, :P] = k
