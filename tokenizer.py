@@ -34,6 +34,14 @@ ROLES = ("system", "user", "assistant", "tool")
 _PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
+def gpt2_byte_chars():
+    """GPT-2's spelling of bytes in its vocab.json (bytes_to_unicode): the printable ones as
+    themselves, the other 68 as chr(256), chr(257), ... in byte order. byte -> character."""
+    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
+    others = [b for b in range(256) if b not in printable]
+    return {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
+
+
 def gpt2_bpe(name):
     """(mergeable ranks, pattern) of GPT-2's BPE, from tiktoken ("gpt2") or a local directory."""
     if name == "gpt2":
@@ -43,11 +51,7 @@ def gpt2_bpe(name):
     if not os.path.isfile(path):
         raise ValueError(f"unknown tokenizer {name!r}: expected 'byte', 'gpt2' or a directory with "
                          f"GPT-2's vocab.json")
-    # GPT-2 spells each byte as a printable character (its bytes_to_unicode): the printable ones as
-    # themselves, the other 68 as chr(256), chr(257), ... in byte order
-    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
-    others = [b for b in range(256) if b not in printable]
-    char_to_byte = {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
+    char_to_byte = {c: b for b, c in gpt2_byte_chars().items()}
     with open(path, encoding="utf-8") as f:
         vocab = json.load(f)
     ranks = {}

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 import sft
 import train as T
 from model import GPT
-from tokenizer import Tokenizer
+from tokenizer import Tokenizer, gpt2_byte_chars
 from conftest import TINY
 
 VOCAB = 100  # smaller than the byte tokenizer's 266 ids: init_from must grow the embedding
@@ -112,11 +112,11 @@ def test_train_starts_from_hf_directory(hf_dir, tmp_path):
 
 def write_gpt2_vocab(path, merges):
     """A small GPT-2-format tokenizer directory (vocab.json, merges.txt, as save_pretrained writes):
-    the 256 byte tokens in GPT-2's order and spelling, then one token per merge, then <|endoftext|>."""
-    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
-    spell = {b: chr(b) for b in printable}
-    spell.update({b: chr(256 + i) for i, b in enumerate(b for b in range(256) if b not in printable)})
-    vocab = {spell[b]: i for i, b in enumerate(printable + [b for b in range(256) if b not in printable])}
+    the 256 byte tokens in GPT-2's order and spelling, then one token per merge, then <|endoftext|>.
+    (transformers' GPT2Tokenizer reads these files with its own byte alphabet: the test below
+    would catch a wrong gpt2_byte_chars.)"""
+    chars = gpt2_byte_chars()  # GPT-2 numbers its byte tokens in this order
+    vocab = {c: i for i, c in enumerate(sorted(chars.values()))}
     for a, b in merges:
         vocab[a + b] = len(vocab)
     vocab["<|endoftext|>"] = len(vocab)
