@@ -24,6 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+import common as C
 import sft
 import train as T
 from model import draw
@@ -99,7 +100,7 @@ PROMPT_LEN, NEW_TOKENS = 32, 128
 def default_model(device, block_size):
     """train.py's default (from-scratch) model, with block_size raised to at least `block_size`."""
     cfg = T.make_config(dict(block_size=max(T.DEFAULTS["block_size"], block_size)))
-    return T.build_model(cfg, Tokenizer(cfg["tokenizer"])).to(device).eval()
+    return C.build_model(cfg, Tokenizer(cfg["tokenizer"])).to(device).eval()
 
 
 @torch.no_grad()
@@ -258,7 +259,7 @@ def shared_loop_iteration_times(overrides):
 def bare_loop_iteration_times(run, batches):
     """The same model, optimizer settings and masked loss, written as the shortest loop possible."""
     cfg = run.cfg
-    model = T.build_model(cfg, run.tok).to(run.device)
+    model = C.build_model(cfg, run.tok).to(run.device)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg["weight_decay"]},
@@ -318,14 +319,14 @@ def dpo_step(args):
     """A DPO optimizer step never runs π_ref (its log-probs are cached at setup), so it should cost
     what an SFT step on the same chosen + rejected rows costs: same forward, same backward."""
     import dpo
-    import rm
+    import pairs
     out_dir = tempfile.mkdtemp(prefix="bench_dpo_")
     # style pairs need no sampling: setup is just the pairs and their cached reference log-probs
     run = T.train(dict(algo="dpo", loss="dpo", pairs="style", train_prompts=DPO_PAIRS, heldout_prompts=2,
                        max_iters=0, eval_interval=0, checkpoint=False, device=args["device"], out_dir=out_dir))
-    batch = rm.collate(run, run.train_examples[:DPO_PAIRS])
+    batch = pairs.collate(run, run.train_examples[:DPO_PAIRS])
     sft_mask = F.pad(batch["mask"], (1, 0))  # masked_nll wants the mask aligned with ids, not ids[:, 1:]
-    model = T.build_model(run.cfg, run.tok).to(run.device).train()
+    model = C.build_model(run.cfg, run.tok).to(run.device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=run.device.startswith("cuda"))
 
     def step(loss_fn):
@@ -366,13 +367,13 @@ def rl_rollout(args):
     out_dir = tempfile.mkdtemp(prefix="bench_rl_")
     run = T.train(dict(algo="grpo", max_iters=0, eval_interval=0, checkpoint=False, device=args["device"],
                        prompts_per_iter=16, group_size=8, max_new_tokens=64, out_dir=out_dir))
-    calls, original = [], T.rollouts
+    calls, original = [], C.rollouts
 
     def recorded(run, model, problems, samples_per_prompt, **kw):
         calls.append((problems, samples_per_prompt, kw))
         return original(run, model, problems, samples_per_prompt, **kw)
 
-    T.rollouts = recorded
+    C.rollouts = recorded
     in_step, phase, bare, tokens, split = [], [], [], [], []
     try:
         for it in range(RL_ITERS):
@@ -396,7 +397,7 @@ def rl_rollout(args):
                 tokens.append(n)
                 split.append({k: run.stats[f"time_{k}"] / t_step for k in ("decode", "verify", "score")})
     finally:
-        T.rollouts = original
+        C.rollouts = original
     step_tok_s, phase_tok_s, bare_tok_s = (statistics.median(x) for x in (in_step, phase, bare))
     report(bench="rl_rollout", batch=len(prompts), max_new_tokens=kw["max_new_tokens"],
            tokens_per_step=round(statistics.mean(tokens)), iterations_timed=len(in_step),

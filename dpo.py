@@ -4,7 +4,7 @@ Direct preference methods: DPO and its family (IPO, KTO, SimPO, ORPO). SPEC §3 
 
     python train.py --algo dpo config/dpo.py --init_from=out/sft --loss=dpo   # or ipo | kto | simpo | orpo
 
-Offline: the pairs are fixed (rm.py builds them: verifier- or style-labelled answers of the SFT
+Offline: the pairs are fixed (pairs.py builds them: verifier- or style-labelled answers of the SFT
 model, or a file), nothing is sampled during training. Log-probs of a response are sums over its
 tokens only: logits shifted by one, prompt and padding excluded, the same chat template for policy
 and reference (model.sequence_logprobs and the 0/1 response mask):
@@ -28,8 +28,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-import rm
-import train as T
+import common as C
+import pairs
 from model import sequence_logprobs
 
 LOSSES = ("dpo", "ipo", "kto", "simpo", "orpo")
@@ -43,7 +43,7 @@ defaults = dict(
     orpo_lambda=0.1,             # ORPO: weight λ of the odds-ratio term next to the NLL
     kto_desirable_weight=1.0,    # KTO λ_D
     kto_undesirable_weight=1.0,  # KTO λ_U
-    **rm.PAIR_DEFAULTS,
+    **pairs.PAIR_DEFAULTS,
     # common keys: one pass over a small fixed pair set at a gentle lr, far below SFT's (at 1e-4
     # DPO's KL to the reference grew to ~5 nats and held-out accuracy fell further)
     learning_rate=3e-5, min_lr=3e-6, warmup_iters=10, max_iters=60, batch_size=16, eval_interval=60,
@@ -131,8 +131,8 @@ def reference_logprobs(run, reference, examples):
     """(N, 2) log π_ref sums of every example's two responses."""
     out = []
     with run.autocast:
-        for start in range(0, len(examples), run.cfg["eval_batch_size"]):
-            (a, b), _ = sequence_sums(reference, rm.collate(run, examples[start:start + run.cfg["eval_batch_size"]]))
+        for chunk in C.chunks(examples, run.cfg["eval_batch_size"]):
+            (a, b), _ = sequence_sums(reference, pairs.collate(run, chunk))
             out.append(torch.stack([a, b], 1).float().cpu())
     return torch.cat(out)
 
@@ -140,7 +140,7 @@ def reference_logprobs(run, reference, examples):
 def attach_reference(run, example_sets):
     """Put ex["ref"] = (log π_ref(resp 0), log π_ref(resp 1)) on every example, from the cache file
     when its key matches, else computed once (every rank computes; rank 0 writes)."""
-    reference = T.load_reference(run)
+    reference = C.load_reference(run)
     key = cache_key(run, reference, example_sets)
     path = os.path.join(run.cfg["out_dir"], f"ref_logprobs_{key[:16]}.pt")
     cached = torch.load(path, weights_only=True) if os.path.isfile(path) else None
@@ -224,21 +224,22 @@ def as_means(sums):
 def setup(run):
     if run.cfg["loss"] not in LOSSES:
         raise ValueError(f"loss={run.cfg['loss']!r}: choose from {LOSSES}")
-    run.train_examples, run.heldout_examples = rm.load_preferences(run, singles=run.cfg["loss"] == "kto")
+    kto = run.cfg["loss"] == "kto"  # KTO learns from single labelled examples, the others from pairs
+    run.train_examples, run.heldout_examples, transcripts = pairs.load_preferences(run, singles=kto)
     if run.cfg["loss"] in USES_REFERENCE:
         attach_reference(run, [run.train_examples, run.heldout_examples])
-    T.write_samples(run, 0, run.pair_transcripts)
+    C.write_samples(run, 0, transcripts)
 
 
 def batches(run, it):
-    return rm.step_batches(run, it, run.train_examples)
+    return pairs.step_batches(run, it, run.train_examples)
 
 
 def loss(run, model, batch):
     sums, lengths = sequence_sums(model, batch)
     z_ref = None
     if run.cfg["loss"] == "kto":  # the KL estimate of the whole step batch, over all ranks
-        kl_sum, kl_count = T.all_reduce_sum(mismatched_kl(batch, sums), run)
+        kl_sum, kl_count = C.all_reduce_sum(mismatched_kl(batch, sums), run)
         z_ref = max(kl_sum / kl_count, 0.0)
     losses, reward_a, reward_b = preference_terms(run, batch, sums, lengths, z_ref)
     with torch.no_grad():
@@ -253,32 +254,30 @@ def loss(run, model, batch):
 def kl_to_reference(run, model):
     """KL(π_θ‖π_ref) per response, estimated on the policy's own samples (temperature 1) of held-out
     prompts: mean over samples of Σ_t (log π_θ − log π_ref). Also their accuracy and length."""
-    reference = T.load_reference(run)
+    reference = C.load_reference(run)
     problems = run.env.problems("heldout", run.cfg["eval_problems"], seed=1)[run.rank::run.world_size]
-    kl, reward, length = 0.0, 0.0, 0.0
-    for start in range(0, len(problems), run.cfg["eval_batch_size"]):
-        roll = T.rollouts(run, model, problems[start:start + run.cfg["eval_batch_size"]], 1, temperature=1.0,
-                          seed=start)
-        with run.autocast:
-            ref_lp = sequence_logprobs(reference, roll["ids"])
-        kl += float(((roll["old_logprobs"] - ref_lp) * roll["mask"]).sum())
-        reward += float(roll["rewards"].sum())
-        length += float(roll["lengths"].sum())
-    kl, reward, length, n = T.all_reduce_sum([kl, reward, length, len(problems)], run)
-    return dict(kl_ref=kl / n, sampled_acc=reward / n, sampled_len=length / n)
+    size = run.cfg["eval_batch_size"]
+    roll = C.rollouts(run, model, problems, 1, temperature=1.0, seed=0, batch_size=size)
+    kl = 0.0
+    with run.autocast:
+        for ids, old, mask in zip(*(C.chunks(roll[k], size) for k in ("ids", "old_logprobs", "mask"))):
+            kl += float(((old - sequence_logprobs(reference, ids)) * mask).sum())
+    sums = C.all_reduce_sum(dict(kl=kl, reward=float(roll["rewards"].sum()), length=float(roll["lengths"].sum()),
+                                 n=len(problems)), run)
+    return dict(kl_ref=sums["kl"] / sums["n"], sampled_acc=sums["reward"] / sums["n"],
+                sampled_len=sums["length"] / sums["n"])
 
 
 @torch.no_grad()
-def evaluate(run):
+def evaluate(run, it):
     """Held-out preference figures (val_*), and on the environment: greedy held-out accuracy and
     response length, and the KL drift to π_ref on sampled answers."""
     model = run.raw_model
     model.eval()
-    examples = run.heldout_examples[run.rank::run.world_size]
     totals = {}
     with run.autocast:
-        for start in range(0, len(examples), run.cfg["eval_batch_size"]):
-            batch = rm.collate(run, examples[start:start + run.cfg["eval_batch_size"]])
+        for chunk in C.chunks(run.heldout_examples[run.rank::run.world_size], run.cfg["eval_batch_size"]):
+            batch = pairs.collate(run, chunk)
             sums, lengths = sequence_sums(model, batch)
             z_ref = None
             if run.cfg["loss"] == "kto":  # this chunk's own estimate: ranks may hold different chunk counts
@@ -290,12 +289,12 @@ def evaluate(run):
     keys = ["n", "loss", "pref_acc", "margin", "reward_chosen", "reward_rejected", "len_chosen", "len_rejected",
             "logp_chosen", "logp_rejected"] if run.cfg["loss"] != "kto" else \
         ["n", "n_desirable", "loss", "reward_desirable", "reward_undesirable", "logp", "length"]
-    reduced = dict(zip(keys, T.all_reduce_sum([totals.get(k, 0.0) for k in keys], run)))
+    reduced = C.all_reduce_sum({k: totals.get(k, 0.0) for k in keys}, run)  # every key, on ranks without examples too
     metrics = {f"val_{k}": v for k, v in as_means(reduced).items()}
     if not run.cfg["data"]:
-        env_metrics, transcripts = T.env_accuracy(run, model, "heldout", run.cfg["eval_problems"])
+        env_metrics, transcripts = C.env_accuracy(run, model, "heldout", run.cfg["eval_problems"])
         metrics.update(env_metrics)
         metrics.update(kl_to_reference(run, model))
-        T.write_samples(run, run.iter, transcripts)
+        C.write_samples(run, it, transcripts)
     model.train()
     return metrics

@@ -91,7 +91,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import train as T
+import common as C
 from model import entropy_from_logits, kl_estimate, sequence_logprobs, token_logprobs
 
 defaults = dict(
@@ -231,10 +231,9 @@ def shard_size(run):
 @torch.no_grad()
 def score(run, model, ids):
     """Per-token log-probs of ids[:, 1:] at the sampling temperature, no gradient, in chunks."""
-    bs = run.cfg["batch_size"]
     with run.autocast:
-        return torch.cat([sequence_logprobs(model, ids[i:i + bs], run.cfg["temperature"]).float()
-                          for i in range(0, len(ids), bs)])
+        return torch.cat([sequence_logprobs(model, chunk, run.cfg["temperature"]).float()
+                          for chunk in C.chunks(ids, run.cfg["batch_size"])])
 
 
 def select_rows(batch, rows):
@@ -264,17 +263,17 @@ def concat_rows(parts, pad_id):
 def sample_round(run, it, shard, round_):
     """One rollout of a shard: fresh train problems, G responses each, scored and rewarded."""
     cfg, G = run.cfg, run.cfg["group_size"]
-    rng = T.seeded_rng(run, it, shard, round_)
+    rng = C.seeded_rng(run, it, shard, round_)
     problems = run.env.problems("train", shard_size(run), seed=int(rng.integers(2 ** 31)))
-    ro = T.rollouts(run, run.raw_model, problems, G, temperature=cfg["temperature"],
+    ro = C.rollouts(run, run.raw_model, problems, G, temperature=cfg["temperature"],
                     max_new_tokens=cfg["max_new_tokens"], seed=int(rng.integers(2 ** 31)))
     t0 = time.time()
     run.raw_model.eval()  # the sampler restored train mode; score (and later train) with dropout off
     if run.old_logprobs_mode == "recompute":
         ro["old_logprobs"] = score(run, run.raw_model, ro["ids"]) * ro["mask"]
-    ro["ref_logprobs"] = score(run, run.ref, ro["ids"]) * ro["mask"]
+    ro["ref_logprobs"] = score(run, run.ref_model, ro["ids"]) * ro["mask"]
     ro["time_score"] = time.time() - t0
-    ro["seq_len"] = T.last_response_column(ro["mask"]) + 2  # index of the last response token + 1
+    ro["seq_len"] = C.last_response_column(ro["mask"]) + 2  # index of the last response token + 1
     # the sampler stops earlier than max_new_tokens when the longest prompt leaves less room
     longest_prompt = max(len(run.tok.prompt_ids(p["prompt"])) for p in problems)
     limit = min(cfg["max_new_tokens"], run.raw_model.config.block_size - longest_prompt)
@@ -403,7 +402,7 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
 
 def setup(run):
     check_config(run.cfg, run.world_size)
-    run.ref = T.load_reference(run)
+    run.ref_model = C.load_reference(run)
     mode = run.cfg["old_logprobs"]
     run.old_logprobs_mode = mode if mode != "auto" else ("recompute" if run.device.startswith("cuda") else "sampler")
     if run.master:
@@ -426,18 +425,20 @@ def batches(run, it):
     rewards = torch.cat([b["reward"] for b in shards])
     kept = torch.cat([b["mask"].sum(1) > 0 for b in shards])
     if cfg["estimator"] == "reinforce":  # A = r − mean of the whole global batch
-        total, n = T.all_reduce_sum([float(rewards.sum()), len(rewards)], run)
+        total, n = C.all_reduce_sum([float(rewards.sum()), len(rewards)], run)
         for b in shards:
             b["advantages"] = b["reward"] - total / n
 
     # figures for the log, summed over ranks (round-0 figures: an unbiased sample of the policy)
     lengths = torch.cat([b["lengths"].float() for b in shards])
-    kl_tokens = sum(float(((b["old_logprobs"] - b["ref_logprobs"]) * b["mask"]).sum()) for b in shards)
-    keys = ["reward_sum", "reward_n", "degenerate", "groups", "extra_rollouts", "kept_groups"]
-    sums = dict(zip(keys + ["len_sum", "len_sq", "len_n", "truncated", "kl", "tokens", "shaped"], T.all_reduce_sum(
-        [sum(c[k] for c in counts) for k in keys] + [float(lengths.sum()), float((lengths ** 2).sum()), len(lengths),
-         sum(float(b["truncated"].sum()) for b in shards), kl_tokens,
-         sum(float(b["mask"].sum()) for b in shards), float((rewards * kept).sum())], run)))
+    sums = {k: sum(c[k] for c in counts)
+            for k in ("reward_sum", "reward_n", "degenerate", "groups", "extra_rollouts", "kept_groups")}
+    sums.update(
+        len_sum=float(lengths.sum()), len_sq=float((lengths ** 2).sum()), len_n=len(lengths),
+        truncated=sum(float(b["truncated"].sum()) for b in shards),
+        kl=sum(float(((b["old_logprobs"] - b["ref_logprobs"]) * b["mask"]).sum()) for b in shards),
+        tokens=sum(float(b["mask"].sum()) for b in shards), shaped=float((rewards * kept).sum()))
+    sums = C.all_reduce_sum(sums, run)
     len_mean = sums["len_sum"] / sums["len_n"]
     local_time = {k: sum(c[k] for c in counts) for k in ("time_decode", "time_verify", "time_score")}
     run.stats.update(
@@ -457,9 +458,7 @@ def batches(run, it):
     for m in range(cfg["minibatches"]):
         rows = concat_rows([select_rows(b, np.array_split(np.arange(len(b["ids"])), cfg["minibatches"])[m])
                             for b in shards], run.tok.pad)
-        micro = [select_rows(rows, range(i, min(i + cfg["batch_size"], len(rows["ids"]))))
-                 for i in range(0, len(rows["ids"]), cfg["batch_size"])]
-        minibatches.append(micro)
+        minibatches.append([select_rows(rows, r) for r in C.chunks(range(len(rows["ids"])), cfg["batch_size"])])
     return [mb for _ in range(cfg["inner_epochs"]) for mb in minibatches]
 
 
@@ -478,22 +477,22 @@ def loss(run, model, batch):
 
 
 @torch.no_grad()
-def evaluate(run):
+def evaluate(run, it):
     """Held-out accuracy (greedy) and pass@k (k samples at the training temperature), OOD accuracy,
     and a few trajectories to read in samples.txt."""
     model, cfg = run.raw_model, run.cfg
     was_training = model.training
     model.eval()
     n, k = cfg["eval_problems"], cfg["eval_pass_k"]
-    metrics, transcripts = T.env_accuracy(run, model, "heldout", n)
-    ood, _ = T.env_accuracy(run, model, "ood", n)
+    metrics, transcripts = C.env_accuracy(run, model, "heldout", n)
+    ood, _ = C.env_accuracy(run, model, "ood", n)
     metrics.update(ood)
     if k >= 2:
-        sampled, sampled_transcripts = T.env_accuracy(run, model, "heldout", n, temperature=cfg["temperature"],
+        sampled, sampled_transcripts = C.env_accuracy(run, model, "heldout", n, temperature=cfg["temperature"],
                                                       samples=k, seed=1)
         metrics[f"heldout_pass@{k}"] = sampled[f"heldout_pass@{k}"]
         metrics["heldout_sampled_acc"] = sampled["heldout_acc"]
         transcripts += [t.replace("[heldout]", f"[heldout, T={cfg['temperature']}]") for t in sampled_transcripts[:2]]
-    T.write_samples(run, run.iter, transcripts)
+    C.write_samples(run, it, transcripts)
     model.train(was_training)
     return metrics

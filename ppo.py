@@ -9,9 +9,10 @@ Objective: max_θ E_{x, y~π_θ}[ r(x, y) ] − β·KL(π_θ(·|x) ‖ π_ref(·
 
 Four logical roles, four separate copies here (the textbook configuration of M14 §10):
   policy    π_θ  trained; starts as init_from (the SFT model)
-  reference π_ref frozen copy of init_from (T.load_reference); its log-probs are taken once per rollout batch
+  reference π_ref frozen copy of init_from (run.ref_model); its log-probs are taken once per rollout batch
   reward    r    the environment's verifier (--reward=verifier, RLVR) or a frozen Bradley–Terry reward
-                 model from --algo rm (--reward=rm, RLHF), read at the last response token (rm.score)
+                 model from --algo rm (--reward=rm, RLHF), read at the last response token
+                 (common.score_responses)
   critic    V_ψ  trained ScalarHeadGPT, one value per prefix. critic_init="policy" (default): a copy of
                  the SFT backbone with a zero head, because it exists for every reward source (the
                  verifier has no network to copy) and sees text the way the policy does;
@@ -33,8 +34,9 @@ One iteration (batches() does steps 1-3, loss() step 4):
         L_t = −min(ρ_t·Â_t, clip(ρ_t, 1−ε, 1+ε)·Â_t)                     ρ_t = π_θ(y_t)/π_old(y_t)
               + c_v·½·max((V_t − R_t)², (V_old,t + clip(V_t − V_old,t, −ε_v, ε_v) − R_t)²)
     averaged over the response tokens of the global minibatch (token-level aggregation).
-    Optional early stop: when the globally reduced KL(π_old‖π_θ) of a step exceeds early_stop_kl, the
-    rest of the iteration's steps are skipped on every rank alike.
+    Optional early stop: when a step's KL(π_old‖π_θ) per token (approx_kl, which the loop averages over
+    the step's micro-batches on all ranks and sends back into the `batches` generator) exceeds
+    early_stop_kl, the rest of the iteration's steps are skipped on every rank alike.
 Every log-prob (policy, π_old, reference) and the entropy are taken at the sampler's temperature,
 with dropout off, so that ρ = 1 exactly before the first update.
 
@@ -55,8 +57,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-import rm
-import train as T
+import common as C
 from model import (GPT, ScalarHeadGPT, count_parameters, entropy_from_logits, kl_estimate, sequence_logprobs,
                    token_logprobs)
 
@@ -118,7 +119,7 @@ def role_memory_gib(module, trained):
 def shaped_rewards(score, kl, mask, kl_coef):
     """r_t = −β·k_t on every response token, plus the sequence reward at the last response token."""
     rewards = -kl_coef * kl * mask
-    rewards[torch.arange(len(score), device=mask.device), T.last_response_column(mask)] += score
+    rewards[torch.arange(len(score), device=mask.device), C.last_response_column(mask)] += score
     return rewards
 
 
@@ -173,7 +174,7 @@ def load_reward_model(run):
     cfg = run.cfg
     if not cfg["reward_model"]:
         raise ValueError("reward=rm and critic_init=reward_model need --reward_model=<checkpoint dir of --algo rm>")
-    model = T.load_model(cfg["reward_model"])
+    model = C.load_model(cfg["reward_model"])
     if not isinstance(model, ScalarHeadGPT):
         raise ValueError(f"reward_model={cfg['reward_model']!r} is a language-model checkpoint, not a reward "
                          f"model (train one with --algo rm)")
@@ -206,14 +207,13 @@ def setup(run):
         raise ValueError(f"batch_size={cfg['batch_size']} must be a multiple of "
                          f"samples_per_prompt={cfg['samples_per_prompt']}")
     run.policy = run.raw_model.policy
-    run.reference = T.load_reference(run)
-    run.reward_model = T.frozen(load_reward_model(run)).to(run.device) if cfg["reward"] == "rm" else None
+    run.ref_model = C.load_reference(run)
+    run.reward_model = C.frozen(load_reward_model(run)).to(run.device) if cfg["reward"] == "rm" else None
     run.kl_coef = cfg["kl_coef"]
     run.train_problems = run.env.problems("train", cfg["prompts_pool"], seed=0)
-    run.step_kl = [0.0, 0.0]
     if run.master:
         roles = [("policy", role_memory_gib(run.policy, True)), ("critic", role_memory_gib(run.raw_model.critic, True)),
-                 ("reference", role_memory_gib(run.reference, False))]
+                 ("reference", role_memory_gib(run.ref_model, False))]
         if run.reward_model is not None:
             roles.append(("reward model", role_memory_gib(run.reward_model, False)))
         total = sum(g for _, g in roles)
@@ -230,15 +230,15 @@ def score_micro_batch(run, problems, seed):
     """Roll out one micro-batch and take everything PPO needs from frozen or current networks:
     π_old log-probs and V_old (one forward of policy + critic), π_ref log-probs, sequence rewards."""
     cfg = run.cfg
-    roll = T.rollouts(run, run.policy, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"], seed=seed)
+    roll = C.rollouts(run, run.policy, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"], seed=seed)
     ids, mask = roll["ids"], roll["mask"]
     with run.autocast:
         # π_old from the same forward the loss makes (not the KV-cache sampler's numbers, whose
         # difference is logged as sampler_logprob_gap), so that ρ = 1 before the first update
         logits, values = run.raw_model(ids[:, :-1])
         old_logprobs = token_logprobs(logits, ids[:, 1:], cfg["temperature"]) * mask
-        ref_logprobs = sequence_logprobs(run.reference, ids, cfg["temperature"]) * mask
-        rm_score = rm.score(run.reward_model, ids, mask) if run.reward_model is not None else None
+        ref_logprobs = sequence_logprobs(run.ref_model, ids, cfg["temperature"]) * mask
+        rm_score = C.score_responses(run.reward_model, ids, mask) if run.reward_model is not None else None
     return dict(ids=ids, mask=mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
                 old_values=values.float() * mask, verifier=roll["rewards"],
                 score=rm_score if rm_score is not None else roll["rewards"],
@@ -256,23 +256,24 @@ def global_sums(run, micro):
         length=lambda mb: mb["lengths"], truncated=lambda mb: mb["truncated"],
         sampler_gap=lambda mb: (mb["sampler_logprobs"] - mb["old_logprobs"]).abs() * mb["mask"],
         decode_time=lambda mb: torch.tensor(mb["decode_time"]))
-    local = [sum(float(f(mb).double().sum()) for mb in micro) for f in figures.values()]
-    return dict(zip(figures, T.all_reduce_sum(local, run)))
+    local = {name: sum(float(f(mb).double().sum()) for mb in micro) for name, f in figures.items()}
+    return C.all_reduce_sum(local, run)
 
 
 def batches(run, it):
     """Roll out this rank's share of the rollout batch, compute advantages, then yield
     ppo_epochs × minibatches optimizer steps (fewer on every rank alike after an early stop). A
-    generator: the loop takes one step at a time, so the early-stop test sees each step's KL."""
+    generator: the loop takes one step at a time and sends back the step's figures, reduced over
+    ranks, so the early-stop test sees each step's KL."""
     cfg = run.cfg
     accum, bs = cfg["gradient_accumulation_steps"], cfg["batch_size"]
     G, K = cfg["samples_per_prompt"], cfg["minibatches"]
     n_micro = K * accum  # this rank's micro-batches; step k uses micro-batches k·accum ... (k+1)·accum − 1
-    rng = T.seeded_rng(run, it)
+    rng = C.seeded_rng(run, it)
     picks = rng.integers(0, len(run.train_problems), run.world_size * n_micro * bs // G)
     seeds = rng.integers(0, 2**31, run.world_size * n_micro).tolist()
-    problems = T.shard([run.train_problems[i] for i in picks], run, n_micro, bs // G)
-    seeds = [s for [s] in T.shard(seeds, run, n_micro, 1)]
+    problems = C.shard([run.train_problems[i] for i in picks], run, n_micro, bs // G)
+    seeds = [s for [s] in C.shard(seeds, run, n_micro, 1)]
     micro = [score_micro_batch(run, p, s) for p, s in zip(problems, seeds)]
 
     for mb in micro:
@@ -302,14 +303,12 @@ def batches(run, it):
     fields = ("ids", "mask", "old_logprobs", "old_values", "advantages", "returns")
     micro = [{f: mb[f] for f in fields} for mb in micro]
     steps = [micro[k * accum:(k + 1) * accum] for k in range(K)]
-    order = [k for epoch in range(cfg["ppo_epochs"]) for k in T.seeded_rng(run, it, epoch + 1).permutation(K)]
+    order = [k for epoch in range(cfg["ppo_epochs"]) for k in C.seeded_rng(run, it, epoch + 1).permutation(K)]
     taken = 0
     for k in order:
-        run.step_kl = [0.0, 0.0]
-        yield steps[k]
+        step = yield steps[k]  # the loop trains on it, then sends its figures (None when iterated plainly)
         taken += 1
-        kl_sum, n_tokens = T.all_reduce_sum(run.step_kl, run)
-        if cfg["early_stop_kl"] > 0 and kl_sum / n_tokens > cfg["early_stop_kl"]:
+        if cfg["early_stop_kl"] > 0 and step is not None and step["approx_kl"] > cfg["early_stop_kl"]:
             break
     run.stats["ppo_steps"] = taken
 
@@ -325,8 +324,6 @@ def loss(run, model, batch):
     loss_sum = ((policy_loss + cfg["vf_coef"] * value_loss) * mask).sum()
     with torch.no_grad():
         approx_kl = (kl_estimate(batch["old_logprobs"], logprobs, "k3") * mask).sum()  # KL(π_old‖π_θ)
-        run.step_kl[0] += float(approx_kl)
-        run.step_kl[1] += float(n)
         # clip_frac: share of tokens where the clipped term is the active one (no gradient from them)
         metrics = dict(policy_loss=(policy_loss * mask).sum(), value_loss=(value_loss * mask).sum(),
                        clip_frac=(clipped * mask).sum(), approx_kl=approx_kl,
@@ -334,14 +331,14 @@ def loss(run, model, batch):
     return loss_sum, n, {k: float(v / n) for k, v in metrics.items()}
 
 
-def evaluate(run):
+def evaluate(run, it):
     """Greedy exact-match accuracy of the policy on held-out and OOD problems (the true task metric,
     whatever the training reward)."""
     metrics = {}
     for split in ("heldout", "ood"):
-        m, transcripts = T.env_accuracy(run, run.raw_model.policy, split, run.cfg["eval_problems"])
+        m, transcripts = C.env_accuracy(run, run.raw_model.policy, split, run.cfg["eval_problems"])
         metrics.update(m)
-        T.write_samples(run, run.iter, transcripts)
+        C.write_samples(run, it, transcripts)
     return metrics
 
 

@@ -11,11 +11,8 @@ the question is one of the built-in task's (its answer can be computed).
 import argparse
 import re
 
-import torch
-
-import train as T
+import common as C
 from envs import parse_answer
-from tokenizer import Tokenizer
 
 
 def expected_answer(question):
@@ -39,8 +36,7 @@ def main():
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    model = T.load_model(args.checkpoint)
-    tok = Tokenizer(torch.load(f"{args.checkpoint}/ckpt.pt", map_location="cpu", weights_only=False)["tokenizer"])
+    model, tok = C.load_model(args.checkpoint), C.load_tokenizer(args.checkpoint)
     prompt = tok.prompt_ids(args.question)
     tokens, logprobs = model.generate([prompt] * args.n, args.max_new_tokens, temperature=args.temperature,
                                       stop_tokens=(tok.eos,), seed=args.seed, pad_id=tok.pad)

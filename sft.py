@@ -8,13 +8,13 @@ Pre-training and SFT: one masked next-token loss. SPEC §3 "Pre-training / SFT".
                  environment output and padding have m_t = 0 and get no gradient.
 
 Data: the built-in environment (solver demonstrations; a corpus of worked equations for
-pre-training) or --data=FILE through `datasets`, rows as {"text"}, {"prompt", "completion"} or
+pre-training) or --data=FILE (common.load_rows), rows as {"text"}, {"prompt", "completion"} or
 {"messages": [{"role", "content"}, ...]}.
 """
 
 import torch
 
-import train as T
+import common as C
 from model import token_logprobs
 
 defaults = dict(
@@ -38,30 +38,30 @@ def encode_row(run, row):
     tok, limit = run.tok, run.cfg["block_size"] + 1  # inputs are ids[:-1]: block_size tokens
     row = {k: v for k, v in row.items() if v is not None}  # datasets fills absent columns with None
     if "messages" in row:
-        messages = T.require(row, "messages", list)
-        ids, mask = T.render_messages(run, messages, "messages")
+        messages = C.require(row, "messages", list)
+        ids, mask = C.render_messages(run, messages, "messages")
         if not any(m.get("role") == "assistant" and m["content"].strip() for m in messages):
-            raise T.RowError("messages", "no non-empty assistant message")
+            raise C.RowError("messages", "no non-empty assistant message")
         field = "messages"
     elif "prompt" in row or "completion" in row:
-        prompt, completion = T.require(row, "prompt", str), T.require(row, "completion", str)
+        prompt, completion = C.require(row, "prompt", str), C.require(row, "completion", str)
         if not completion.strip():
-            raise T.RowError("completion", "empty answer")
+            raise C.RowError("completion", "empty answer")
         ids = tok.prompt_ids(prompt)
         answer = tok.response_ids(completion)
         ids, mask = ids + answer, [0] * len(ids) + [1] * len(answer)
         field = "completion"
     elif "text" in row:
-        text = T.require(row, "text", str)
+        text = C.require(row, "text", str)
         if not text.strip():
-            raise T.RowError("text", "empty text")
+            raise C.RowError("text", "empty text")
         ids = [tok.bos] + tok.encode(text) + [tok.eos]
         mask, field = [1] * len(ids), "text"
     else:
-        raise T.RowError("text", f"no known layout: expected 'text', 'prompt'+'completion' or "
+        raise C.RowError("text", f"no known layout: expected 'text', 'prompt'+'completion' or "
                                  f"'messages', got fields {sorted(row)}")
     if len(ids) > limit and run.cfg["algo"] == "sft":
-        raise T.RowError(field, f"{len(ids)} tokens, longer than block_size+1={limit}")
+        raise C.RowError(field, f"{len(ids)} tokens, longer than block_size+1={limit}")
     return ids, mask
 
 
@@ -81,7 +81,7 @@ def builtin_examples(run, split, n):
 def setup(run):
     cfg = run.cfg
     if cfg["data"]:
-        examples = T.encode_rows(run, cfg["data"], T.load_rows(cfg["data"]), lambda row: encode_row(run, row))
+        examples = C.encode_rows(run, cfg["data"], C.load_rows(cfg["data"]), lambda row: encode_row(run, row))
         n_val = max(1, min(cfg["val_examples"], len(examples) // 20))
         run.train_examples, run.val_examples = examples[:-n_val] or examples, examples[-n_val:]
     elif cfg["algo"] == "pretrain":
@@ -104,14 +104,14 @@ def batches(run, it):
     cfg = run.cfg
     accum, bs = cfg["gradient_accumulation_steps"], cfg["batch_size"]
     n = run.world_size * accum * bs
-    rng = T.seeded_rng(run, it)
+    rng = C.seeded_rng(run, it)
     if cfg["algo"] == "pretrain":
         L = cfg["block_size"] + 1
         starts = rng.integers(0, len(run.stream) - L, n)
         windows = [(run.stream[s:s + L].tolist(), [1] * L) for s in starts]
-        return [[T.collate(mb, run.tok.pad, run.device) for mb in T.shard(windows, run, accum, bs)]]
+        return [[C.collate(mb, run.tok.pad, run.device) for mb in C.shard(windows, run, accum, bs)]]
     picks = [run.train_examples[i] for i in rng.integers(0, len(run.train_examples), n)]
-    return [[T.collate(mb, run.tok.pad, run.device) for mb in T.shard(picks, run, accum, bs)]]
+    return [[C.collate(mb, run.tok.pad, run.device) for mb in C.shard(picks, run, accum, bs)]]
 
 
 def loss(run, model, batch):
@@ -121,23 +121,22 @@ def loss(run, model, batch):
 
 
 @torch.no_grad()
-def evaluate(run):
+def evaluate(run, it):
     model = run.raw_model
     model.eval()
-    examples = run.val_examples[run.rank::run.world_size]
+    L = run.cfg["block_size"] + 1
+    examples = [(ids[:L], m[:L]) for ids, m in run.val_examples[run.rank::run.world_size]]
     total, count = 0.0, 0.0
     with run.autocast:
-        for start in range(0, len(examples), run.cfg["eval_batch_size"]):
-            chunk = [(ids[:run.cfg["block_size"] + 1], m[:run.cfg["block_size"] + 1])
-                     for ids, m in examples[start:start + run.cfg["eval_batch_size"]]]
-            s, c = masked_nll(model, *T.collate(chunk, run.tok.pad, run.device))
+        for chunk in C.chunks(examples, run.cfg["eval_batch_size"]):
+            s, c = masked_nll(model, *C.collate(chunk, run.tok.pad, run.device))
             total, count = total + float(s), count + float(c)
-    total, count = T.all_reduce_sum([total, count], run)
+    total, count = C.all_reduce_sum([total, count], run)
     metrics = {"val_loss": total / max(count, 1.0)}
     if run.cfg["algo"] == "sft" and not run.cfg["data"]:
         for split in ("heldout", "ood"):
-            m, transcripts = T.env_accuracy(run, model, split, run.cfg["eval_problems"])
+            m, transcripts = C.env_accuracy(run, model, split, run.cfg["eval_problems"])
             metrics.update(m)
-            T.write_samples(run, run.iter, transcripts)
+            C.write_samples(run, it, transcripts)
     model.train()
     return metrics

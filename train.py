@@ -1,5 +1,5 @@
 """
-The one entry point and the shared training loop.
+The one entry point: configuration and the shared training loop.
 
     python train.py --algo sft                          # laptop CPU, built-in task, no downloads
     python train.py --algo dpo config/dpo.py --beta=0.2 # a config file, then overrides
@@ -9,17 +9,23 @@ Configuration is plain Python values: DEFAULTS below plus the chosen algorithm m
 `defaults`. `--key=value` overrides (parsed as a Python literal), a `config/x.py` file is executed
 and its top-level names become overrides. An unknown key or a value of the wrong type is an error.
 
-An algorithm module supplies only what is particular to it:
+The helpers every script shares (devices and DDP, data files, models and checkpoints, sampling,
+rollouts, evaluation, plots) live in common.py, which never imports this file or an algorithm.
+
+An algorithm module (ALGOS below) supplies only what is particular to it:
     defaults                     dict of its own config keys (it may also change common defaults, e.g. the lr)
-    setup(run)                   build data, reference models, ... (store on `run`)
+    setup(run)                   build data, reference models, ... (store on `run`; the frozen
+                                    reference policy is run.ref_model)
     wrap_model(run, model)       optional: turn the loaded model into what it trains (e.g. a scalar head)
-    batches(run, it)             -> optimizer steps (a list, or a generator that decides lazily, e.g.
-                                    PPO's early stop), each a list of micro-batches; may put
-                                    per-iteration figures (rewards, ...) into run.stats
+    batches(run, it)             -> optimizer steps, each a list of micro-batches: a list, or a
+                                    generator that decides lazily; a generator is sent, after each
+                                    step, that step's figures ({"loss", and every metric of `loss`},
+                                    means over its micro-batches on all ranks), e.g. PPO's early stop
+                                    on its KL. May put per-iteration figures (rewards, ...) into run.stats
     loss(run, model, batch)      -> (loss_sum, count, metrics): the loop divides the sum by the count
                                     summed over all micro-batches and ranks. Call `model` once per
                                     micro-batch: it is the DDP-wrapped module.
-    evaluate(run)                -> dict of held-out figures (all ranks call it)
+    evaluate(run, it)            -> dict of held-out figures at iteration `it` (all ranks call it)
     state_dict(run) / load_state_dict(run, state)   optional: extra state to checkpoint
 
 The loop owns devices, DDP, gradient accumulation, loss normalisation, AdamW with warmup + cosine,
@@ -28,25 +34,25 @@ clipping, evaluation, metrics.jsonl, plots and atomic checkpoints that resume ex
 
 import ast
 import contextlib
-import copy
-import dataclasses
 import difflib
 import importlib
+import importlib.util
+import inspect
 import json
 import math
 import os
 import random
 import sys
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import common as C
 from envs import make_env
-from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, count_parameters, merge_lora
+from model import GPT, apply_lora, count_parameters
 from tokenizer import Tokenizer
 
 ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo", "grpo": "grpo", "opd": "opd"}
@@ -95,10 +101,31 @@ def _coerce(key, value, default):
     return value
 
 
+# Names people often type for a key, from other trainers (HF, nanoGPT, ...): suggested first.
+ALIASES = dict(lr="learning_rate", bs="batch_size", batch="batch_size", micro_batch_size="batch_size",
+               iters="max_iters", steps="max_iters", max_steps="max_iters", num_iters="max_iters",
+               epochs="max_iters", num_train_epochs="max_iters", warmup="warmup_iters",
+               warmup_steps="warmup_iters", wd="weight_decay", clip="grad_clip", max_grad_norm="grad_clip",
+               grad_accum="gradient_accumulation_steps", gradient_accumulation="gradient_accumulation_steps",
+               seq_len="block_size", context_length="block_size", max_seq_len="block_size",
+               max_length="block_size", temp="temperature", output_dir="out_dir", dataset="data",
+               model="init_from", lora_r="lora_rank", n_layers="n_layer", n_heads="n_head")
+
+
+def available_algos():
+    """The --algo names whose module exists (ALGOS may name one that is still to be written)."""
+    return sorted(name for name, module in ALGOS.items() if importlib.util.find_spec(module) is not None)
+
+
 def algo_module(name):
+    choices = available_algos()
     if name not in ALGOS:
-        close = difflib.get_close_matches(name, ALGOS, n=3)
-        raise ValueError(f"unknown algo {name!r}" + (f"; did you mean {close}?" if close else f"; choose from {sorted(ALGOS)}"))
+        close = difflib.get_close_matches(name, choices, n=3)
+        raise ValueError(f"unknown algo {name!r}; " + (f"did you mean {', '.join(close)}? " if close else "")
+                         + f"choose from {', '.join(choices)}")
+    if name not in choices:
+        raise ValueError(f"--algo {name}: its module {ALGOS[name]}.py does not exist yet; "
+                         f"choose from {', '.join(choices)}")
     return importlib.import_module(ALGOS[name])
 
 
@@ -114,7 +141,8 @@ def make_config(overrides):
     cfg = dict(defaults)
     for key, value in overrides.items():
         if key not in defaults:
-            close = difflib.get_close_matches(key, defaults, n=3)
+            close = [ALIASES[key]] if ALIASES.get(key) in defaults else []
+            close += [k for k in difflib.get_close_matches(key, defaults, n=3) if k not in close]
             raise ValueError(f"unknown config key {key!r} for --algo {algo}"
                              + (f"; did you mean {', '.join(close)}?" if close else ""))
         cfg[key] = _coerce(key, value, defaults[key])
@@ -153,327 +181,6 @@ def parse_args(argv):
 
 
 # ----------------------------------------------------------------------------------------------
-# Devices and DDP
-
-def setup_device(cfg):
-    ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if cfg["device"] == "auto":
-        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    else:
-        device = cfg["device"]
-    rank, world_size, local_rank = 0, 1, 0
-    if ddp:
-        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
-        if device.startswith("cuda"):
-            device = f"cuda:{local_rank}"
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda")
-                else contextlib.nullcontext())
-    return SimpleNamespace(device=device, ddp=ddp, rank=rank, world_size=world_size,
-                           master=rank == 0, autocast=autocast)
-
-
-def all_reduce_sum(values, run):
-    """Sum a list of floats over ranks (identity in one process)."""
-    if not run.ddp:
-        return list(values)
-    t = torch.tensor(values, dtype=torch.float64, device=run.device)
-    dist.all_reduce(t)
-    return t.tolist()
-
-
-def seeded_rng(run, *keys):
-    """A numpy RNG that depends only on the seed and `keys` (e.g. the iteration): batches are a pure
-    function of the step, so a resumed run draws exactly what the uninterrupted one would."""
-    return np.random.default_rng([run.cfg["seed"], *keys])
-
-
-def shard(items, run, micro_steps, batch_size):
-    """Split one global batch (a list) into this rank's micro-batches. The same global batch gives
-    the same gradient for any (processes × micro-batches) split, since the loop divides by the
-    global count."""
-    assert len(items) == run.world_size * micro_steps * batch_size
-    return [items[(m * run.world_size + run.rank) * batch_size:][:batch_size] for m in range(micro_steps)]
-
-
-# ----------------------------------------------------------------------------------------------
-# Data files
-
-class RowError(ValueError):
-    """A malformed data row: which field, and what is wrong with it."""
-
-    def __init__(self, field, problem):
-        super().__init__(f"field {field!r}: {problem}")
-        self.field = field
-
-
-def load_rows(path):
-    """The rows (dicts) of a json / jsonl / parquet file, or of a hub dataset when online, via `datasets`."""
-    from datasets import load_dataset
-    if os.path.isfile(path):
-        builder = "parquet" if path.endswith(".parquet") else "json"
-        try:
-            return list(load_dataset(builder, data_files=path, split="train"))
-        except Exception as e:  # datasets wraps parse errors in several types
-            raise ValueError(f"{path}: cannot be read as {builder}: {e}") from None
-    if os.path.splitext(path)[1] in (".json", ".jsonl", ".parquet"):
-        raise FileNotFoundError(f"data file {path} does not exist")
-    return list(load_dataset(path, split="train"))
-
-
-def encode_rows(run, path, rows, encode):
-    """encode(row) -> example, raising RowError for a bad row. A bad row is an error naming the
-    file, row (1-based, the line of a jsonl file) and field, or, with skip_bad_rows, skipped and
-    counted (run.stats["skipped_rows"])."""
-    examples, skipped = [], 0
-    for i, row in enumerate(rows, start=1):
-        try:
-            examples.append(encode(row))
-        except RowError as e:
-            if not run.cfg["skip_bad_rows"]:
-                raise ValueError(f"{path}: row {i}: {e} (pass --skip_bad_rows=True to skip such rows)") from None
-            skipped += 1
-    if not examples:
-        raise ValueError(f"{path}: no usable rows ({skipped} skipped)")
-    if skipped and run.master:
-        print(f"{path}: skipped {skipped} malformed rows of {len(rows)}")
-    run.skipped_rows = skipped
-    return examples
-
-
-def require(row, field, kind):
-    """row[field], checked to exist and to be a `kind` (str, list, ...), else a RowError."""
-    if field not in row or row[field] is None:
-        raise RowError(field, "missing")
-    if not isinstance(row[field], kind):
-        raise RowError(field, f"expected {kind.__name__}, got {type(row[field]).__name__}")
-    return row[field]
-
-
-def render_messages(run, messages, field, add_generation_prompt=False):
-    """A row's message list through the chat template -> (ids, mask), or a RowError naming the field."""
-    for j, msg in enumerate(messages):
-        if not isinstance(msg, dict) or not isinstance(msg.get("content"), str):
-            raise RowError(f"{field}[{j}].content", "missing or not a string")
-    try:
-        return run.tok.render_chat(messages, add_generation_prompt=add_generation_prompt)
-    except ValueError as e:
-        raise RowError(field, str(e)) from None
-
-
-# ----------------------------------------------------------------------------------------------
-# Models and checkpoints
-
-def build_model(cfg, tok):
-    """The model a run starts from (before the algorithm wraps it and before LoRA)."""
-    init = cfg["init_from"]
-    if init == "scratch":
-        vocab = -(-tok.n_vocab // 64) * 64
-        with torch.random.fork_rng():  # the same init every time it is built (π_ref == π_0), RNG untouched
-            torch.manual_seed(cfg["seed"])
-            return GPT(GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, n_layer=cfg["n_layer"],
-                                 n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"],
-                                 bias=cfg["bias"]))
-    if os.path.isfile(os.path.join(init, "ckpt.pt")):
-        return load_model(init)
-    if init.startswith("gpt2") or os.path.isfile(os.path.join(init, "config.json")):
-        model = GPT.from_pretrained(init, dropout=cfg["dropout"])
-        if cfg["block_size"] > model.config.block_size:
-            raise ValueError(f"block_size={cfg['block_size']} is longer than {init}'s "
-                             f"{model.config.block_size} positions")
-        model.resize_vocab(tok.n_vocab)
-        return model
-    raise ValueError(f"init_from={init!r}: not 'scratch', 'resume', a checkpoint directory "
-                     f"(with ckpt.pt), a GPT-2 name or a transformers GPT-2 directory")
-
-
-def load_model(ckpt_dir, device="cpu"):
-    """A trained model from a checkpoint directory, LoRA merged, in eval mode; a GPT or a ScalarHeadGPT."""
-    path = os.path.join(ckpt_dir, "ckpt.pt")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    ckpt = torch.load(path, map_location=device, weights_only=False)
-    model = GPT(GPTConfig(**ckpt["model_args"]))
-    model = ScalarHeadGPT(model) if ckpt["kind"] == "scalar" else model
-    if ckpt["lora_rank"]:
-        apply_lora(model, ckpt["lora_rank"], ckpt["lora_alpha"])
-    model.load_state_dict(ckpt["model"])
-    return merge_lora(model).to(device).eval()
-
-
-def frozen(model):
-    """A frozen copy (reference policy, teacher, reward model): eval mode, no gradients."""
-    model = copy.deepcopy(model).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
-
-
-def load_reference(run):
-    """The frozen starting point of this run (π_ref): what init_from named, before any training."""
-    return frozen(build_model(run.cfg, run.tok)).to(run.device)
-
-
-def save_checkpoint(run, optimizer, it):
-    """Atomic: write a temporary file, then rename, so a crash never leaves a half-written ckpt.pt.
-
-    "model" is what load_model() gives later scripts: the trained module itself, or its `policy` when
-    the algorithm trains several (PPO's policy + critic); "train_model" then holds all of them."""
-    raw = run.raw_model
-    export = raw.policy if hasattr(raw, "policy") else raw
-    gpt = export.gpt if isinstance(export, ScalarHeadGPT) else export
-    ckpt = dict(
-        model=export.state_dict(), train_model=raw.state_dict() if export is not raw else None,
-        optimizer=optimizer.state_dict(), iter=it, config=run.cfg,
-        model_args=dataclasses.asdict(gpt.config), kind="scalar" if isinstance(export, ScalarHeadGPT) else "lm",
-        lora_rank=run.cfg["lora_rank"], lora_alpha=run.cfg["lora_alpha"], tokenizer=run.tok.name,
-        rng=dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
-                 cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None),
-        algo_state=run.algo.state_dict(run) if hasattr(run.algo, "state_dict") else None,
-    )
-    path = os.path.join(run.cfg["out_dir"], "ckpt.pt")
-    torch.save(ckpt, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-# ----------------------------------------------------------------------------------------------
-# Evaluation helpers shared by every algorithm
-
-def generate(run, model, prompts, max_new_tokens=None, temperature=0.0, seed=None, batch_size=None, **kw):
-    """Sample responses for a list of prompt-id lists in chunks; returns (tokens, logprobs)."""
-    max_new_tokens = max_new_tokens or run.cfg["max_new_tokens"]
-    batch_size = batch_size or run.cfg["eval_batch_size"]
-    tokens, logprobs = [], []
-    with run.autocast:
-        for start in range(0, len(prompts), batch_size):
-            t, lp = model.generate(prompts[start:start + batch_size], max_new_tokens, temperature=temperature,
-                                   stop_tokens=(run.tok.eos,), pad_id=run.tok.pad,
-                                   seed=None if seed is None else seed + start, **kw)
-            tokens += t
-            logprobs += lp
-    return tokens, logprobs
-
-
-def collate(examples, pad_id, device):
-    """[(ids, mask)] -> right-padded (B, T) id and 0/1 mask tensors (padding has mask 0)."""
-    T = max(len(ids) for ids, _ in examples)
-    ids = torch.full((len(examples), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(examples), T), dtype=torch.float32)
-    for i, (seq, m) in enumerate(examples):
-        ids[i, :len(seq)] = torch.tensor(seq)
-        mask[i, :len(m)] = torch.tensor(m, dtype=torch.float32)
-    return ids.to(device), mask.to(device)
-
-
-def response_text(run, tokens):
-    return run.tok.decode([t for t in tokens if t != run.tok.eos])
-
-
-def env_accuracy(run, model, split, n, temperature=0.0, samples=1, seed=0):
-    """Exact-match accuracy on `n` problems of `split`, sampled with the KV-cache sampler; with
-    samples > 1 also pass@samples. Problems are spread over ranks and the counts summed.
-    Returns (metrics, transcripts of the first few problems)."""
-    problems = run.env.problems(split, n, seed=seed)[run.rank::run.world_size]
-    prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(samples)]
-    tokens, _ = generate(run, model, prompts, temperature=temperature, seed=seed)
-    texts = [response_text(run, t) for t in tokens]
-    correct = np.array([run.env.verify(p, texts[i * samples + j]) for i, p in enumerate(problems)
-                        for j in range(samples)]).reshape(len(problems), samples)
-    lengths = [len(t) for t in tokens]
-    sums = all_reduce_sum([correct[:, 0].sum(), correct.max(1).sum(), len(problems),
-                           sum(lengths), len(lengths)], run)
-    metrics = {f"{split}_acc": sums[0] / sums[2], f"{split}_len": sums[3] / sums[4]}
-    if samples > 1:
-        metrics[f"{split}_pass@{samples}"] = sums[1] / sums[2]
-    transcripts = [f"[{split}] {p['prompt']}\n  -> {texts[i * samples]!r}  (answer {p['answer']}, "
-                   f"reward {correct[i, 0]:.0f})" for i, p in enumerate(problems[:4])]
-    return metrics, transcripts
-
-
-def last_response_column(mask):
-    """(N,) column t of each row's last response token in a mask aligned with ids[:, 1:] (the
-    token is ids[:, t+1]); −1 for a row without one."""
-    positions = torch.arange(mask.size(1), device=mask.device)
-    return torch.where(mask > 0, positions, -1).amax(1)
-
-
-def rollouts(run, model, problems, samples_per_prompt, temperature=1.0, max_new_tokens=None, seed=None,
-             top_k=None, top_p=None):
-    """Sample `samples_per_prompt` responses per problem with the KV-cache sampler and score them
-    with the environment's verifier. Tokens in, tokens out: response ids are never decoded and
-    re-encoded for training (text is decoded only for the verifier).
-
-    Returns a dict; per-token tensors are aligned with the shifted targets ids[:, 1:], exactly like
-    sequence_logprobs(model, ids), so position t scores token ids[:, t+1]:
-        ids          (N, T) long   prompt + response, right-padded with <|pad|>; N = P·G, grouped by prompt
-        mask         (N, T-1) float 1 on response tokens (stop token included), 0 on prompt and padding
-        old_logprobs (N, T-1) float the sampler's log-probs (π_old), 0 where mask is 0
-        rewards      (N,) float    verifier reward
-        lengths      (N,) long     response lengths in tokens
-        truncated    (N,) bool     response hit max_new_tokens without the end token
-        group        (N,) long     index of the problem each row answers
-        texts, problems            decoded responses (for logs) and the problem of each row
-        decode_time, verify_time   seconds
-    """
-    prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(samples_per_prompt)]
-    rows = [p for p in problems for _ in range(samples_per_prompt)]
-    t0 = time.time()
-    tokens, logprobs = generate(run, model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                seed=seed, batch_size=len(prompts), top_k=top_k, top_p=top_p)
-    t1 = time.time()
-    texts = [response_text(run, t) for t in tokens]
-    rewards = torch.tensor([run.env.verify(p, text) for p, text in zip(rows, texts)], dtype=torch.float32)
-    t2 = time.time()
-    N, T = len(prompts), max(len(p) + len(t) for p, t in zip(prompts, tokens))
-    ids = torch.full((N, T), run.tok.pad, dtype=torch.long)
-    mask = torch.zeros(N, T - 1)
-    old = torch.zeros(N, T - 1)
-    for i, (p, t, lp) in enumerate(zip(prompts, tokens, logprobs)):
-        ids[i, :len(p) + len(t)] = torch.tensor(p + t)
-        mask[i, len(p) - 1:len(p) - 1 + len(t)] = 1.0
-        old[i, len(p) - 1:len(p) - 1 + len(t)] = torch.tensor(lp)
-    device = run.device
-    return dict(ids=ids.to(device), mask=mask.to(device), old_logprobs=old.to(device), rewards=rewards.to(device),
-                lengths=torch.tensor([len(t) for t in tokens], device=device),
-                truncated=torch.tensor([run.tok.eos not in t for t in tokens], device=device),
-                group=torch.arange(len(problems), device=device).repeat_interleave(samples_per_prompt),
-                texts=texts, problems=rows, decode_time=t1 - t0, verify_time=t2 - t1)
-
-
-def write_samples(run, it, transcripts):
-    """Append a few sampled trajectories per eval to samples.txt, for a person to read."""
-    if run.master and transcripts:
-        with open(os.path.join(run.cfg["out_dir"], "samples.txt"), "a") as f:
-            f.write(f"=== iter {it} ===\n" + "\n".join(transcripts) + "\n")
-
-
-def plot_metrics(out_dir):
-    """One small panel per logged figure, against the iteration, in out_dir/metrics.png."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
-    keys = sorted({k for r in rows for k, v in r.items() if k != "iter" and isinstance(v, (int, float))})
-    if not keys:
-        return
-    ncol = min(4, len(keys))
-    nrow = -(-len(keys) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4 * ncol, 2.6 * nrow), squeeze=False)
-    for ax, key in zip(axes.flat, keys):
-        pts = [(r["iter"], r[key]) for r in rows if key in r]
-        ax.plot(*zip(*pts), marker="." if len(pts) < 30 else None)
-        ax.set_title(key, fontsize=9)
-        ax.tick_params(labelsize=7)
-    for ax in list(axes.flat)[len(keys):]:
-        ax.axis("off")
-    fig.subplots_adjust(hspace=0.6, wspace=0.3, left=0.05, right=0.98, top=0.95, bottom=0.05)
-    fig.savefig(os.path.join(out_dir, "metrics.png"), dpi=80)
-    plt.close(fig)
-
-
-# ----------------------------------------------------------------------------------------------
 # The loop
 
 def lr_at(cfg, it):
@@ -485,6 +192,13 @@ def lr_at(cfg, it):
         return cfg["min_lr"]
     ratio = (it - cfg["warmup_iters"]) / max(1, decay_iters - cfg["warmup_iters"])
     return cfg["min_lr"] + 0.5 * (1 + math.cos(math.pi * ratio)) * (cfg["learning_rate"] - cfg["min_lr"])
+
+
+def as_means(sums):
+    """Figures summed over micro-batches and ranks -> the loss per counted unit (the loop's
+    normalisation), every other figure as a mean over micro-batches."""
+    return {k: v / (sums["count"] if k == "loss" else sums["micro_batches"])
+            for k, v in sums.items() if k not in ("count", "micro_batches")}
 
 
 def train(overrides):
@@ -500,7 +214,7 @@ def train(overrides):
         resume_ckpt = torch.load(path, map_location="cpu", weights_only=False)
         overrides = {**resume_ckpt["config"], **{k: v for k, v in overrides.items() if k != "init_from"}}
     cfg = make_config(overrides)
-    run = setup_device(cfg)
+    run = C.setup_device(cfg)
     run.cfg, run.algo, run.stats = cfg, algo_module(cfg["algo"]), {}
     run.tok = Tokenizer(cfg["tokenizer"])
     run.env = make_env(cfg["env"], digits=cfg["env_digits"], n_ops=cfg["env_ops"])
@@ -510,7 +224,7 @@ def train(overrides):
     random.seed(cfg["seed"])
     np.random.seed(cfg["seed"])
 
-    model = build_model(cfg, run.tok)  # on resume too: the same construction, then the saved weights
+    model = C.build_model(cfg, run.tok)  # on resume too: the same construction, then the saved weights
     if hasattr(run.algo, "wrap_model"):
         model = run.algo.wrap_model(run, model)
     elif not isinstance(model, GPT):
@@ -560,13 +274,12 @@ def train(overrides):
                 f.write(json.dumps(row) + "\n")
 
     def evaluate(it):
-        run.iter = it
         t0 = time.time()
-        metrics = run.algo.evaluate(run)
+        metrics = run.algo.evaluate(run, it)
         metrics["eval_time"] = time.time() - t0
         log({"iter": it, **metrics})
         if run.master and cfg["plot"]:
-            plot_metrics(cfg["out_dir"])
+            C.plot_metrics(cfg["out_dir"])
         return metrics
 
     from tqdm import tqdm
@@ -582,12 +295,18 @@ def train(overrides):
             group["lr"] = lr
         run.stats = {}
         model.train()
-        sums, count, n_micro, grad_norm = {}, 0.0, 0, None
+        sums, grad_norm = {}, None  # the iteration's figures, summed over its steps, micro-batches and ranks
         steps = run.algo.batches(run, it)  # RL: the rollouts happen here
+        listens = inspect.isgenerator(steps)  # a generator is sent each step's figures (PPO's early stop)
+        steps, figures = iter(steps), None
         t_update = time.time()
-        for micro_batches in steps:  # one entry per optimizer step
+        while True:  # one pass per optimizer step
+            try:
+                micro_batches = steps.send(figures) if listens else next(steps)
+            except StopIteration:
+                break
             optimizer.zero_grad(set_to_none=True)
-            step_count = 0.0
+            local = {"count": 0.0, "micro_batches": 0.0}
             for m, batch in enumerate(micro_batches):
                 last = m == len(micro_batches) - 1
                 sync = contextlib.nullcontext() if (last or not run.ddp) else run.model.no_sync()
@@ -595,24 +314,22 @@ def train(overrides):
                     with run.autocast:
                         loss_sum, n, extra = run.algo.loss(run, run.model, batch)
                     loss_sum.backward()
-                step_count += float(n)
+                local["count"] += float(n)
+                local["micro_batches"] += 1
                 for k, v in {"loss": float(loss_sum.detach()), **extra}.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-                n_micro += 1
+                    local[k] = local.get(k, 0.0) + float(v)
+            step = C.all_reduce_sum(local, run)  # one all-reduce per step: the global count and figures
             # DDP averaged the per-rank sums over ranks; turn that into the sum over the global count
-            global_count = all_reduce_sum([step_count], run)[0]
-            scale = run.world_size / max(global_count, 1e-8)
+            scale = run.world_size / max(step["count"], 1e-8)
             torch._foreach_mul_([p.grad for p in params if p.grad is not None], scale)  # one call, not one per tensor
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"]) if cfg["grad_clip"] > 0 else None
             optimizer.step()
-            count += step_count
+            for k, v in step.items():
+                sums[k] = sums.get(k, 0.0) + v
+            figures = as_means(step)
         run.stats["time_update"] = time.time() - t_update  # forward, backward and optimizer of the iteration
         if (it + 1) % cfg["log_interval"] == 0 or it + 1 == cfg["max_iters"]:
-            # loss: sum over micro-batches / their count, summed over ranks; other figures: means
-            keys = sorted(sums)
-            reduced = all_reduce_sum([sums[k] for k in keys] + [count, n_micro], run)
-            row = {k: v / (reduced[-2] if k == "loss" else reduced[-1]) for k, v in zip(keys, reduced)}
-            row.update({"iter": it + 1, "lr": lr, "iter_time": time.time() - t0, **run.stats})
+            row = {**as_means(sums), "iter": it + 1, "lr": lr, "iter_time": time.time() - t0, **run.stats}
             if grad_norm is not None:
                 row["grad_norm"] = float(grad_norm)
             log(row)
@@ -623,7 +340,7 @@ def train(overrides):
                 bar.write(f"iter {it + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
         if cfg["checkpoint"] and run.master and (
                 (cfg["eval_interval"] > 0 and (it + 1) % cfg["eval_interval"] == 0) or it + 1 == cfg["max_iters"]):
-            save_checkpoint(run, optimizer, it + 1)
+            C.save_checkpoint(run, optimizer, it + 1)
     bar.close()
     if run.ddp:
         dist.barrier()

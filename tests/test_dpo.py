@@ -8,11 +8,13 @@ import os
 import pytest
 import torch
 
+import common as C
 import dpo
-import rm
+import pairs
 import train as T
 from conftest import run_ddp
 from model import token_logprobs
+from tokenizer import Tokenizer
 
 
 def dpo_config(tiny, **overrides):
@@ -73,7 +75,7 @@ def test_sequence_logprob_counts_response_tokens_only(tiny):
                              block_size=128))
     model = run.raw_model
     examples = run.train_examples[:3]
-    batch = rm.collate(run, examples)
+    batch = pairs.collate(run, examples)
     (lp_w, lp_l), (len_w, len_l) = dpo.sequence_sums(model, batch)
     for i, ex in enumerate(examples):  # each row alone, no padding: sum log π(response token | prefix)
         for j, total in ((0, lp_w), (1, lp_l)):
@@ -97,7 +99,7 @@ def test_sequence_logprob_counts_response_tokens_only(tiny):
 def test_reference_cache_equals_recomputed_and_key_tracks_the_reference(tiny):
     overrides = dpo_config(tiny, max_iters=0, loss="dpo", train_prompts=6, heldout_prompts=3)
     run = T.train(overrides)
-    reference = T.load_reference(run)
+    reference = C.load_reference(run)
     recomputed = dpo.reference_logprobs(run, reference, run.train_examples)
     cached = torch.tensor([ex["ref"] for ex in run.train_examples])
     assert torch.allclose(cached, recomputed, atol=1e-6) and cached.shape == (len(run.train_examples), 2)
@@ -111,7 +113,7 @@ def test_reference_cache_equals_recomputed_and_key_tracks_the_reference(tiny):
     # the key changes with the reference weights, the token ids (template) and the tokenizer
     sets = [run.train_examples, run.heldout_examples]
     key = dpo.cache_key(run, reference, sets)
-    assert dpo.cache_key(run, T.load_reference(run), sets) == key
+    assert dpo.cache_key(run, C.load_reference(run), sets) == key
     with torch.no_grad():
         reference.transformer.h[0].mlp.c_fc.weight[0, 0] += 1e-3
     assert dpo.cache_key(run, reference, sets) != key
@@ -136,7 +138,7 @@ def toy_rows():
 def test_each_loss_orders_a_toy_pair(tiny, tmp_path, loss):
     path = write_jsonl(tmp_path / "toy.jsonl", toy_rows())
     run = T.train(dpo_config(tiny, data=path, loss=loss, max_iters=12, batch_size=2, learning_rate=3e-3))
-    batch = rm.collate(run, run.train_examples[:4])  # (both toy pairs, or KTO: their four answers)
+    batch = pairs.collate(run, run.train_examples[:4])  # (both toy pairs, or KTO: their four answers)
     with torch.no_grad():
         sums, lengths = dpo.sequence_sums(run.raw_model, batch)
         z_ref = max(dpo.mismatched_kl(batch, sums)[0] / len(sums[0]), 0.0) if loss == "kto" else None
@@ -169,13 +171,13 @@ def test_kto_rows_and_their_errors(tiny, tmp_path):
 
 def test_dpo_with_lora(tiny, tmp_path):
     path = write_jsonl(tmp_path / "toy.jsonl", toy_rows())
-    before = T.build_model(T.make_config(dpo_config(tiny)), T.Tokenizer("byte"))
+    before = C.build_model(T.make_config(dpo_config(tiny)), Tokenizer("byte"))
     run = T.train(dpo_config(tiny, data=path, max_iters=4, batch_size=2, lora_rank=2))
     layer = run.raw_model.transformer.h[1].mlp.c_fc
     assert torch.equal(layer.base.weight, before.transformer.h[1].mlp.c_fc.weight)  # W frozen
     assert layer.lora_B.abs().sum() > 0                                              # B·A trained
-    loaded = T.load_model(run.cfg["out_dir"])  # merged: the same log-probs as the LoRA model
-    batch = rm.collate(run, run.train_examples)
+    loaded = C.load_model(run.cfg["out_dir"])  # merged: the same log-probs as the LoRA model
+    batch = pairs.collate(run, run.train_examples)
     with torch.no_grad():
         assert torch.allclose(torch.cat(dpo.sequence_sums(loaded, batch)[0]),
                               torch.cat(dpo.sequence_sums(run.raw_model, batch)[0]), atol=1e-4)

@@ -10,6 +10,7 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"  # a local save_pretrained directory must never touch the network
 transformers = pytest.importorskip("transformers")
 
+import common as C
 import sft
 import train as T
 from model import GPT
@@ -88,7 +89,7 @@ def test_train_starts_from_hf_directory(hf_dir, tmp_path):
     cfg = T.make_config(dict(TINY, algo="sft", init_from=path, max_iters=2, checkpoint=False,
                              out_dir=str(tmp_path / "run")))
     tok = Tokenizer(cfg["tokenizer"])
-    start = T.build_model(cfg, tok).eval()
+    start = C.build_model(cfg, tok).eval()
     # the byte tokenizer's ids run past GPT-2's vocabulary: the embedding grew, the old logits stayed
     assert start.config.vocab_size == tok.n_vocab and start.config.block_size == 128
     ids = random_ids(2, 40, seed=5)

@@ -11,11 +11,13 @@ import zlib
 import pytest
 import torch
 
+import common as C
 import envs
 import grpo
 import train as T
 from conftest import TINY, run_ddp
 from model import kl_estimate, sequence_logprobs
+from tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(algo="grpo", prompts_per_iter=4, group_size=4, max_new_tokens=16, checkpoint=False)
@@ -365,7 +367,7 @@ def test_ddp_two_ranks_equal_one_process_on_the_same_global_batch(tmp_path):
     assert shapes0 == shapes1 == [[2, 2, 2, 2]] * 2 and single_shapes == [[3, 3, 3, 3]] * 2
     assert all((w0[k] == w1[k]).all() for k in w0)
     cfg = T.make_config(DDP_RUN)
-    start = T.build_model(cfg, T.Tokenizer(cfg["tokenizer"])).state_dict()
+    start = C.build_model(cfg, Tokenizer(cfg["tokenizer"])).state_dict()
     assert any(not torch.allclose(torch.from_numpy(single[k]), start[k]) for k in single)  # it did train
     # equal up to rounding: the two summation orders differ in the last bits, and Adam's normalisation
     # turns that into ~1e-6 steps at lr 1e-3 (most on the attention key bias, whose true gradient is 0)

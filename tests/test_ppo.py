@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+import common as C
 import envs
 import ppo
-import rm
 import train as T
 from conftest import run_ddp
 from model import GPT, GPTConfig, ScalarHeadGPT, kl_estimate
@@ -51,7 +51,7 @@ def test_stage_memory_gib_reproduces_the_worked_example():
 # GAE and the reward shaping
 
 def random_rollout_layout(rng, n_rows=5, width=12):
-    """A (rows, width) mask like T.rollouts': prompt zeros, a contiguous response, padding zeros."""
+    """A (rows, width) mask like C.rollouts': prompt zeros, a contiguous response, padding zeros."""
     mask = torch.zeros(n_rows, width)
     for i in range(n_rows):
         start = int(rng.integers(1, 5))
@@ -158,7 +158,7 @@ def tiny_policy_and_critic():
 
 def test_masked_tokens_contribute_nothing():
     model = tiny_policy_and_critic()
-    run = SimpleNamespace(cfg=dict(temperature=0.7, clip_eps=0.2, value_clip=0.2, vf_coef=0.5), step_kl=[0.0, 0.0])
+    run = SimpleNamespace(cfg=dict(temperature=0.7, clip_eps=0.2, value_clip=0.2, vf_coef=0.5))
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 64, (3, 10), generator=g)
     mask = random_rollout_layout(np.random.default_rng(2), n_rows=3, width=9)
@@ -216,16 +216,16 @@ def test_reward_model_path_scores_rollouts_with_rm_score(tiny, monkeypatch, caps
     T.train(dict(tiny, algo="rm", out_dir=rm_dir, max_iters=1, train_prompts=4, heldout_prompts=2,
                  samples_per_prompt=1, max_new_tokens=8))
     calls = []
-    real_score = rm.score
+    real_score = C.score_responses
 
     def recording_score(reward_model, ids, mask):
         out = real_score(reward_model, ids, mask)
         calls.append((reward_model, ids.clone(), mask.clone(), out.clone()))
         return out
 
-    monkeypatch.setattr(rm, "score", recording_score)
+    monkeypatch.setattr(C, "score_responses", recording_score)
     run = T.train(ppo_config(tiny, max_iters=1, reward="rm", reward_model=rm_dir, critic_init="reward_model"))
-    reward_model = T.load_model(rm_dir)
+    reward_model = C.load_model(rm_dir)
     assert len(calls) == 2  # one per micro-batch of the rollout batch
     for model, ids, mask, out in calls:
         assert model is run.reward_model
@@ -239,7 +239,7 @@ def test_reward_model_path_scores_rollouts_with_rm_score(tiny, monkeypatch, caps
     assert not torch.equal(run.raw_model.critic.head.weight, reward_model.head.weight)
     # the memory anatomy printed at setup, for this run's four roles (two trained, two frozen)
     sizes = [sum(p.numel() for p in m.state_dict().values()) - m.config.n_embd * m.config.vocab_size
-             for m in (run.raw_model.policy, run.raw_model.critic, run.reference, run.reward_model)]  # tied: once
+             for m in (run.raw_model.policy, run.raw_model.critic, run.ref_model, run.reward_model)]  # tied: once
     expected = sum(ppo.stage_memory_gib(n, [kind]) for n, kind in zip(sizes, ["train", "train", "frozen_bf16",
                                                                             "frozen_bf16"]))
     printed = capsys.readouterr().out
@@ -264,7 +264,7 @@ def test_lora_trains_policy_and_critic_adapters_and_the_critic_head(tiny):
     assert any(n.startswith("critic.") and "lora_B" in n for n in trainable)
     assert {"critic.head.weight", "critic.head.bias"} <= trainable
     assert all("lora_" in n or n.startswith("critic.head") for n in trainable)
-    exported = T.load_model(run.cfg["out_dir"])  # the policy alone, LoRA merged
+    exported = C.load_model(run.cfg["out_dir"])  # the policy alone, LoRA merged
     assert isinstance(exported, GPT)
     ids = torch.randint(0, 256, (2, 12))
     assert torch.allclose(exported(ids), run.raw_model.policy(ids), atol=1e-5)

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+import common as C
 import train as T
 from conftest import SFT_DATA, TINY, run_ddp
 from sft import masked_nll
@@ -59,7 +60,7 @@ def test_ddp_and_accumulation_equal_one_process(tmp_path):
         torch.testing.assert_close(one_by_one[k], one_by_four[k], atol=2e-5, rtol=0)
         torch.testing.assert_close(ranks[0][k], one_by_four[k], atol=2e-5, rtol=0)
         assert torch.equal(ranks[0][k], ranks[1][k]), f"ranks disagree on {k}"
-    assert any(not torch.equal(v, T.build_model(T.make_config(base), Tokenizer()).state_dict()[k])
+    assert any(not torch.equal(v, C.build_model(T.make_config(base), Tokenizer()).state_dict()[k])
                for k, v in one_by_four.items())  # training moved the weights
 
 
@@ -80,7 +81,7 @@ def test_checkpoint_is_atomic_and_loadable_with_lora(tmp_path):
     T.train(dict(TINY, **SFT_DATA, algo="sft", out_dir=str(out), lora_rank=2, max_iters=2, eval_interval=2, plot=True))
     # no .tmp left behind
     assert sorted(os.listdir(out)) == ["ckpt.pt", "config.json", "metrics.jsonl", "metrics.png", "samples.txt"]
-    model = T.load_model(str(out))
+    model = C.load_model(str(out))
     assert not any("lora" in k for k in model.state_dict())
     run = T.train(dict(TINY, **SFT_DATA, algo="sft", out_dir=str(tmp_path / "next"), init_from=str(out), max_iters=1))
     assert run.raw_model.config.n_embd == TINY["n_embd"]
@@ -182,3 +183,57 @@ def test_malformed_rows_name_file_row_and_field(tmp_path, tiny, bad, field, why)
 def test_missing_data_file_is_a_clear_error(tiny):
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         T.train(dict(tiny, algo="sft", data="nope.jsonl"))
+
+
+def test_broken_json_line_names_its_line(tmp_path, tiny):
+    good = json.dumps({"prompt": "What is 1 + 2?", "completion": "Answer: 3"})
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join([good, good, '{"prompt": "q", "completion": ', good]) + "\n")
+    with pytest.raises(ValueError, match=r"d\.jsonl: line 3: invalid JSON"):
+        T.train(dict(tiny, algo="sft", data=str(path)))
+    path.write_text("\n".join([good, "[1, 2]"]))
+    with pytest.raises(ValueError, match=r"d\.jsonl: line 2: expected a JSON object, got list"):
+        C.load_rows(str(path))
+    array = tmp_path / "a.json"  # a .json file may also hold one array of rows
+    array.write_text("[\n" + ",\n".join([good] * 3) + "\n]")
+    assert C.load_rows(str(array)) == [json.loads(good)] * 3
+    array.write_text("[\n" + good + ",\n" + '{"prompt": q},' + "\n" + good + "\n]")
+    with pytest.raises(ValueError, match=r"a\.json: line 3: invalid JSON"):
+        C.load_rows(str(array))
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n"])
+def test_empty_data_file_says_it_is_empty(tmp_path, tiny, text):
+    path = tmp_path / "empty.jsonl"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=r"empty\.jsonl: the file is empty"):
+        T.train(dict(tiny, algo="sft", data=str(path)))
+
+
+@pytest.mark.parametrize("algo,arg,suggestion", [
+    ("sft", "--lr=3e-4", "learning_rate"), ("sft", "--bs=8", "batch_size"), ("sft", "--steps=10", "max_iters"),
+    ("sft", "--wd=0.1", "weight_decay"), ("sft", "--clip=1.0", "grad_clip"), ("sft", "--seq_len=64", "block_size"),
+    ("grpo", "--temp=0.7", "temperature"), ("ppo", "--epochs=2", "max_iters, ppo_epochs"),
+])
+def test_unknown_keys_suggest_common_aliases(algo, arg, suggestion):
+    key = arg[2:].split("=")[0]
+    with pytest.raises(ValueError, match=rf"unknown config key '{key}' for --algo {algo}; did you mean {suggestion}"):
+        T.make_config(T.parse_args([f"--algo={algo}", arg]))
+
+
+def test_unknown_algo_or_missing_module_lists_the_choices(monkeypatch):
+    monkeypatch.setitem(T.ALGOS, "ghost", "no_such_module")  # named in ALGOS, its file not written yet
+    with pytest.raises(ValueError, match=r"^--algo ghost: its module no_such_module\.py does not exist yet; "
+                                         r"choose from .*dpo, grpo, .*sft$"):
+        T.make_config({"algo": "ghost"})
+    choices = T.available_algos()
+    assert "ghost" not in choices and {"sft", "pretrain", "rm", "dpo", "grpo", "ppo"} <= set(choices)
+
+
+def test_command_line_errors_are_one_line():
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "train.py", "--algo", "nope"], cwd=root, capture_output=True, text=True)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.startswith("error: unknown algo 'nope'; choose from dpo, grpo, ") and out.stderr.count("\n") == 1

@@ -1,0 +1,417 @@
+"""
+The library every script imports (`import common as C`): devices and DDP, data files, models and
+checkpoints, sampling, rollouts and evaluation helpers, metrics plots.
+
+train.py is the entry point and owns the configuration and the loop; the algorithm files
+(sft.py, rm.py, dpo.py, grpo.py, ppo.py) and pairs.py build on this module. The rule that keeps
+the layout one-way: this module imports no script and no algorithm file, only model.py,
+tokenizer.py and envs.py.
+
+A `run` (types.SimpleNamespace, made by setup_device and filled by train.train) is what the
+helpers take: run.cfg (the configuration dict), run.tok, run.env, run.device, run.rank,
+run.world_size, run.master, run.ddp, run.autocast, and the models.
+"""
+
+import contextlib
+import copy
+import dataclasses
+import json
+import os
+import random
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora
+from tokenizer import Tokenizer
+
+
+# ----------------------------------------------------------------------------------------------
+# Devices and DDP
+
+def setup_device(cfg):
+    ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if cfg["device"] == "auto":
+        device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    else:
+        device = cfg["device"]
+    rank, world_size, local_rank = 0, 1, 0
+    if ddp:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        if device.startswith("cuda"):
+            device = f"cuda:{local_rank}"
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda")
+                else contextlib.nullcontext())
+    return SimpleNamespace(device=device, ddp=ddp, rank=rank, world_size=world_size,
+                           master=rank == 0, autocast=autocast)
+
+
+def all_reduce_sum(values, run):
+    """Sum floats over ranks (identity in one process): a list, or a dict of named values, reduced
+    in sorted key order (every rank sends the same layout) and returned as a dict."""
+    if isinstance(values, dict):
+        keys = sorted(values)
+        return dict(zip(keys, all_reduce_sum([values[k] for k in keys], run)))
+    if not run.ddp:
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64, device=run.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def seeded_rng(run, *keys):
+    """A numpy RNG that depends only on the seed and `keys` (e.g. the iteration): batches are a pure
+    function of the step, so a resumed run draws exactly what the uninterrupted one would."""
+    return np.random.default_rng([run.cfg["seed"], *keys])
+
+
+def shard(items, run, micro_steps, batch_size):
+    """Split one global batch (a list) into this rank's micro-batches. The same global batch gives
+    the same gradient for any (processes × micro-batches) split, since the loop divides by the
+    global count."""
+    assert len(items) == run.world_size * micro_steps * batch_size
+    return [items[(m * run.world_size + run.rank) * batch_size:][:batch_size] for m in range(micro_steps)]
+
+
+def chunks(items, size):
+    """Consecutive slices of at most `size` items (a list or a tensor): evaluation, scoring and
+    sampling run one chunk at a time, so memory does not grow with the number of examples."""
+    return [items[start:start + size] for start in range(0, len(items), size)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Data files
+
+class RowError(ValueError):
+    """A malformed data row: which field, and what is wrong with it."""
+
+    def __init__(self, field, problem):
+        super().__init__(f"field {field!r}: {problem}")
+        self.field = field
+
+
+def read_json_rows(path):
+    """The rows of a JSON-lines file (or of a .json file holding one array), parsed here rather than
+    by `datasets`, so that a broken line is an error naming its line."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if not text.strip():
+        raise ValueError(f"{path}: the file is empty (no rows)")
+    if path.endswith(".json") and text.lstrip().startswith("["):
+        try:
+            rows, lines = json.loads(text), None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: line {e.lineno}: invalid JSON: {e.msg}") from None
+    else:
+        rows, lines = [], []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue  # blank lines (a trailing one, most often) hold no row
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {number}: invalid JSON: {e.msg} (column {e.colno})") from None
+            lines.append(number)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            where = f"line {lines[i]}" if lines else f"row {i + 1}"
+            raise ValueError(f"{path}: {where}: expected a JSON object, got {type(row).__name__}")
+    return rows
+
+
+def load_rows(path):
+    """The rows (dicts) of a jsonl / json / parquet file, or of a hub dataset when online (`datasets`)."""
+    if os.path.isfile(path):
+        if not path.endswith(".parquet"):
+            return read_json_rows(path)
+        from datasets import load_dataset
+        try:
+            rows = list(load_dataset("parquet", data_files=path, split="train"))
+        except Exception as e:  # datasets wraps parse errors in several types
+            raise ValueError(f"{path}: cannot be read as parquet: {e}") from None
+        if not rows:
+            raise ValueError(f"{path}: the file is empty (no rows)")
+        return rows
+    if os.path.splitext(path)[1] in (".json", ".jsonl", ".parquet"):
+        raise FileNotFoundError(f"data file {path} does not exist")
+    from datasets import load_dataset
+    return list(load_dataset(path, split="train"))
+
+
+def encode_rows(run, path, rows, encode):
+    """encode(row) -> example, raising RowError for a bad row. A bad row is an error naming the
+    file, row (1-based: the line of a jsonl file without blank lines) and field, or, with
+    skip_bad_rows, skipped and counted (run.skipped_rows)."""
+    examples, skipped = [], 0
+    for i, row in enumerate(rows, start=1):
+        try:
+            examples.append(encode(row))
+        except RowError as e:
+            if not run.cfg["skip_bad_rows"]:
+                raise ValueError(f"{path}: row {i}: {e} (pass --skip_bad_rows=True to skip such rows)") from None
+            skipped += 1
+    if not examples:
+        raise ValueError(f"{path}: no usable rows ({skipped} skipped)")
+    if skipped and run.master:
+        print(f"{path}: skipped {skipped} malformed rows of {len(rows)}")
+    run.skipped_rows = skipped
+    return examples
+
+
+def require(row, field, kind):
+    """row[field], checked to exist and to be a `kind` (str, list, ...), else a RowError."""
+    if field not in row or row[field] is None:
+        raise RowError(field, "missing")
+    if not isinstance(row[field], kind):
+        raise RowError(field, f"expected {kind.__name__}, got {type(row[field]).__name__}")
+    return row[field]
+
+
+def render_messages(run, messages, field, add_generation_prompt=False):
+    """A row's message list through the chat template -> (ids, mask), or a RowError naming the field."""
+    for j, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("content"), str):
+            raise RowError(f"{field}[{j}].content", "missing or not a string")
+    try:
+        return run.tok.render_chat(messages, add_generation_prompt=add_generation_prompt)
+    except ValueError as e:
+        raise RowError(field, str(e)) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Models and checkpoints
+
+def build_model(cfg, tok):
+    """The model a run starts from (before the algorithm wraps it and before LoRA)."""
+    init = cfg["init_from"]
+    if init == "scratch":
+        vocab = -(-tok.n_vocab // 64) * 64
+        with torch.random.fork_rng():  # the same init every time it is built (π_ref == π_0), RNG untouched
+            torch.manual_seed(cfg["seed"])
+            return GPT(GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, n_layer=cfg["n_layer"],
+                                 n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"],
+                                 bias=cfg["bias"]))
+    if os.path.isfile(os.path.join(init, "ckpt.pt")):
+        return load_model(init)
+    if init.startswith("gpt2") or os.path.isfile(os.path.join(init, "config.json")):
+        model = GPT.from_pretrained(init, dropout=cfg["dropout"])
+        if cfg["block_size"] > model.config.block_size:
+            raise ValueError(f"block_size={cfg['block_size']} is longer than {init}'s "
+                             f"{model.config.block_size} positions")
+        model.resize_vocab(tok.n_vocab)
+        return model
+    raise ValueError(f"init_from={init!r}: not 'scratch', 'resume', a checkpoint directory "
+                     f"(with ckpt.pt), a GPT-2 name or a transformers GPT-2 directory")
+
+
+def read_checkpoint(ckpt_dir, device="cpu"):
+    path = os.path.join(ckpt_dir, "ckpt.pt")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    return torch.load(path, map_location=device, weights_only=False)
+
+
+def load_model(ckpt_dir, device="cpu"):
+    """A trained model from a checkpoint directory, LoRA merged, in eval mode; a GPT or a ScalarHeadGPT."""
+    ckpt = read_checkpoint(ckpt_dir, device)
+    model = GPT(GPTConfig(**ckpt["model_args"]))
+    model = ScalarHeadGPT(model) if ckpt["kind"] == "scalar" else model
+    if ckpt["lora_rank"]:
+        apply_lora(model, ckpt["lora_rank"], ckpt["lora_alpha"])
+    model.load_state_dict(ckpt["model"])
+    return merge_lora(model).to(device).eval()
+
+
+def load_tokenizer(ckpt_dir):
+    """The tokenizer a checkpoint was trained with."""
+    return Tokenizer(read_checkpoint(ckpt_dir)["tokenizer"])
+
+
+def frozen(model):
+    """A frozen copy (reference policy, teacher, reward model): eval mode, no gradients."""
+    model = copy.deepcopy(model).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def load_reference(run):
+    """The frozen starting point of this run (π_ref): what init_from named, before any training."""
+    return frozen(build_model(run.cfg, run.tok)).to(run.device)
+
+
+def save_checkpoint(run, optimizer, it):
+    """Atomic: write a temporary file, then rename, so a crash never leaves a half-written ckpt.pt.
+
+    "model" is what load_model() gives later scripts: the trained module itself, or its `policy` when
+    the algorithm trains several (PPO's policy + critic); "train_model" then holds all of them."""
+    raw = run.raw_model
+    export = raw.policy if hasattr(raw, "policy") else raw
+    gpt = export.gpt if isinstance(export, ScalarHeadGPT) else export
+    ckpt = dict(
+        model=export.state_dict(), train_model=raw.state_dict() if export is not raw else None,
+        optimizer=optimizer.state_dict(), iter=it, config=run.cfg,
+        model_args=dataclasses.asdict(gpt.config), kind="scalar" if isinstance(export, ScalarHeadGPT) else "lm",
+        lora_rank=run.cfg["lora_rank"], lora_alpha=run.cfg["lora_alpha"], tokenizer=run.tok.name,
+        rng=dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
+                 cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None),
+        algo_state=run.algo.state_dict(run) if hasattr(run.algo, "state_dict") else None,
+    )
+    path = os.path.join(run.cfg["out_dir"], "ckpt.pt")
+    torch.save(ckpt, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sampling, rollouts and evaluation
+
+def generate(run, model, prompts, max_new_tokens=None, temperature=0.0, seed=None, batch_size=None, **kw):
+    """Sample responses for a list of prompt-id lists in chunks; returns (tokens, logprobs)."""
+    max_new_tokens = max_new_tokens or run.cfg["max_new_tokens"]
+    batch_size = batch_size or run.cfg["eval_batch_size"]
+    tokens, logprobs = [], []
+    with run.autocast:
+        for i, chunk in enumerate(chunks(prompts, batch_size)):
+            t, lp = model.generate(chunk, max_new_tokens, temperature=temperature, stop_tokens=(run.tok.eos,),
+                                   pad_id=run.tok.pad, seed=None if seed is None else seed + i * batch_size, **kw)
+            tokens += t
+            logprobs += lp
+    return tokens, logprobs
+
+
+def collate(examples, pad_id, device):
+    """[(ids, mask)] -> right-padded (B, T) id and 0/1 mask tensors (padding has mask 0)."""
+    T = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), T), dtype=torch.float32)
+    for i, (seq, m) in enumerate(examples):
+        ids[i, :len(seq)] = torch.tensor(seq)
+        mask[i, :len(m)] = torch.tensor(m, dtype=torch.float32)
+    return ids.to(device), mask.to(device)
+
+
+def response_text(run, tokens):
+    return run.tok.decode([t for t in tokens if t != run.tok.eos])
+
+
+def env_accuracy(run, model, split, n, temperature=0.0, samples=1, seed=0):
+    """Exact-match accuracy on `n` problems of `split`, sampled with the KV-cache sampler; with
+    samples > 1 also pass@samples. Problems are spread over ranks and the counts summed.
+    Returns (metrics, transcripts of the first few problems)."""
+    problems = run.env.problems(split, n, seed=seed)[run.rank::run.world_size]
+    prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(samples)]
+    tokens, _ = generate(run, model, prompts, temperature=temperature, seed=seed)
+    texts = [response_text(run, t) for t in tokens]
+    correct = np.array([run.env.verify(p, texts[i * samples + j]) for i, p in enumerate(problems)
+                        for j in range(samples)]).reshape(len(problems), samples)
+    lengths = [len(t) for t in tokens]
+    sums = all_reduce_sum(dict(correct=correct[:, 0].sum(), passed=correct.max(1).sum(), problems=len(problems),
+                               tokens=sum(lengths), responses=len(lengths)), run)
+    metrics = {f"{split}_acc": sums["correct"] / sums["problems"], f"{split}_len": sums["tokens"] / sums["responses"]}
+    if samples > 1:
+        metrics[f"{split}_pass@{samples}"] = sums["passed"] / sums["problems"]
+    transcripts = [f"[{split}] {p['prompt']}\n  -> {texts[i * samples]!r}  (answer {p['answer']}, "
+                   f"reward {correct[i, 0]:.0f})" for i, p in enumerate(problems[:4])]
+    return metrics, transcripts
+
+
+def last_response_column(mask):
+    """(N,) column t of each row's last response token in a mask aligned with ids[:, 1:] (the
+    token is ids[:, t+1]); −1 for a row without one."""
+    positions = torch.arange(mask.size(1), device=mask.device)
+    return torch.where(mask > 0, positions, -1).amax(1)
+
+
+def score_responses(scalar_model, ids, mask):
+    """r_φ of each row: a ScalarHeadGPT's value at its last response token, where causal attention
+    has seen the whole prompt and answer (the reward model's read-out; ppo.py scores rollouts with
+    it). ids (N, T) right-padded prompt + response; mask (N, T-1) aligned with ids[:, 1:] (1 on
+    response tokens, as from rollouts), so the last t with mask[i, t] = 1 points at token
+    ids[i, t+1]. Returns (N,)."""
+    has_response = mask.sum(1) > 0
+    if not bool(has_response.all()):
+        raise ValueError(f"rows {has_response.logical_not().nonzero().flatten().tolist()} have no response token")
+    last = last_response_column(mask) + 1  # token index of the last response token
+    values = scalar_model(ids)              # (N, T)
+    return values.gather(1, last[:, None]).squeeze(1).float()
+
+
+def rollouts(run, model, problems, samples_per_prompt, temperature=1.0, max_new_tokens=None, seed=None,
+             top_k=None, top_p=None, batch_size=None):
+    """Sample `samples_per_prompt` responses per problem with the KV-cache sampler and score them
+    with the environment's verifier. Tokens in, tokens out: response ids are never decoded and
+    re-encoded for training (text is decoded only for the verifier). The sampler runs on all
+    prompts at once, or in chunks of `batch_size`.
+
+    Returns a dict; per-token tensors are aligned with the shifted targets ids[:, 1:], exactly like
+    sequence_logprobs(model, ids), so position t scores token ids[:, t+1]:
+        ids          (N, T) long   prompt + response, right-padded with <|pad|>; N = P·G, grouped by prompt
+        mask         (N, T-1) float 1 on response tokens (stop token included), 0 on prompt and padding
+        old_logprobs (N, T-1) float the sampler's log-probs (π_old), 0 where mask is 0
+        rewards      (N,) float    verifier reward
+        lengths      (N,) long     response lengths in tokens
+        truncated    (N,) bool     response hit max_new_tokens without the end token
+        group        (N,) long     index of the problem each row answers
+        texts, problems            decoded responses (for logs) and the problem of each row
+        decode_time, verify_time   seconds
+    """
+    prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(samples_per_prompt)]
+    rows = [p for p in problems for _ in range(samples_per_prompt)]
+    t0 = time.time()
+    tokens, logprobs = generate(run, model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                seed=seed, batch_size=batch_size or len(prompts), top_k=top_k, top_p=top_p)
+    t1 = time.time()
+    texts = [response_text(run, t) for t in tokens]
+    rewards = torch.tensor([run.env.verify(p, text) for p, text in zip(rows, texts)], dtype=torch.float32)
+    t2 = time.time()
+    N, T = len(prompts), max(len(p) + len(t) for p, t in zip(prompts, tokens))
+    ids = torch.full((N, T), run.tok.pad, dtype=torch.long)
+    mask = torch.zeros(N, T - 1)
+    old = torch.zeros(N, T - 1)
+    for i, (p, t, lp) in enumerate(zip(prompts, tokens, logprobs)):
+        ids[i, :len(p) + len(t)] = torch.tensor(p + t)
+        mask[i, len(p) - 1:len(p) - 1 + len(t)] = 1.0
+        old[i, len(p) - 1:len(p) - 1 + len(t)] = torch.tensor(lp)
+    device = run.device
+    return dict(ids=ids.to(device), mask=mask.to(device), old_logprobs=old.to(device), rewards=rewards.to(device),
+                lengths=torch.tensor([len(t) for t in tokens], device=device),
+                truncated=torch.tensor([run.tok.eos not in t for t in tokens], device=device),
+                group=torch.arange(len(problems), device=device).repeat_interleave(samples_per_prompt),
+                texts=texts, problems=rows, decode_time=t1 - t0, verify_time=t2 - t1)
+
+
+def write_samples(run, it, transcripts):
+    """Append a few sampled trajectories per eval to samples.txt, for a person to read."""
+    if run.master and transcripts:
+        with open(os.path.join(run.cfg["out_dir"], "samples.txt"), "a") as f:
+            f.write(f"=== iter {it} ===\n" + "\n".join(transcripts) + "\n")
+
+
+def plot_metrics(out_dir):
+    """One small panel per logged figure, against the iteration, in out_dir/metrics.png."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
+    keys = sorted({k for r in rows for k, v in r.items() if k != "iter" and isinstance(v, (int, float))})
+    if not keys:
+        return
+    ncol = min(4, len(keys))
+    nrow = -(-len(keys) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4 * ncol, 2.6 * nrow), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        pts = [(r["iter"], r[key]) for r in rows if key in r]
+        ax.plot(*zip(*pts), marker="." if len(pts) < 30 else None)
+        ax.set_title(key, fontsize=9)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    fig.subplots_adjust(hspace=0.6, wspace=0.3, left=0.05, right=0.98, top=0.95, bottom=0.05)
+    fig.savefig(os.path.join(out_dir, "metrics.png"), dpi=80)
+    plt.close(fig)

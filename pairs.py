@@ -1,0 +1,246 @@
+"""
+Preference data shared by the reward model (rm.py) and the direct methods (dpo.py): pairs and
+KTO's single labelled examples, from a file or built from the environment, and their batches.
+SPEC §3 "Reward model", "DPO"; M14 §3–5.
+
+- built in (--data=""): prompts of the environment's train split (held-out pairs: heldout split,
+  so the two never share an equation). The model named by init_from samples `samples_per_prompt`
+  answers per prompt at `pair_temperature`, and --pairs picks the kind of preference:
+    verifier  chosen = an answer the verifier accepts, rejected = one it refuses (when no sample is
+              correct, the solver's demonstration, also verified, stands in as chosen);
+    style     both correct: chosen = the concise demonstration, rejected = the same answer padded
+              with filler sentences, so that length effects can be seen;
+    both      one pair of each kind per prompt.
+  Sampled answers stay token ids (they are never decoded and re-encoded for training).
+- --data=FILE (json / jsonl / parquet, through common.load_rows): rows {"prompt", "chosen",
+  "rejected"} for pairs, or {"prompt", "completion", "label": bool} for KTO's single labelled
+  examples. A prompt is a string or a list of {"role", "content"} messages; a response is a string
+  or a one-message list [{"role": "assistant", "content": ...}]. The last rows (a tenth of the
+  file, at least 2, at most heldout_prompts) are held out.
+
+An example is a dict: prompt ids, two responses and a label. Pairs: responses (chosen, rejected),
+label 1. Single examples (KTO): responses (its own completion, a mismatched completion of another
+prompt, for KTO's KL reference point), label 1 = desirable, 0 = undesirable.
+"""
+
+import random
+
+import torch
+
+import common as C
+from model import GPT
+
+PAIR_DEFAULTS = dict(
+    pairs="verifier",       # built-in preference kind: verifier | style | both
+    train_prompts=512,      # built-in training prompts (env train split)
+    heldout_prompts=128,    # built-in held-out prompts (env heldout split); caps the file's held-out rows
+    samples_per_prompt=4,   # answers sampled per prompt to find a correct and a wrong one
+    pair_temperature=1.0,   # sampling temperature of those answers
+)
+
+PAIR_KINDS = ("verifier", "style", "both")
+# Padding for the style preference: true, content-free, and free of "Answer:" so the padded
+# answer still verifies as correct.
+# Short, so that a padded answer to a word problem still fits the default block_size.
+FILLER = ["Let me see.", "Step by step.", "Simple sums.", "Let me check.", "Looks right.", "All done."]
+
+
+# ----------------------------------------------------------------------------------------------
+# File rows
+
+def _prompt_ids(run, row):
+    if isinstance(row.get("prompt"), list):
+        return C.render_messages(run, row["prompt"], "prompt", add_generation_prompt=True)[0]
+    return run.tok.prompt_ids(C.require(row, "prompt", str))
+
+
+def _response_text(row, field):
+    value = row.get(field)
+    if isinstance(value, list):  # the conversational layout: one assistant message
+        if len(value) != 1 or not isinstance(value[0], dict) or value[0].get("role") != "assistant" \
+                or not isinstance(value[0].get("content"), str):
+            raise C.RowError(field, "a message list must be exactly [{'role': 'assistant', 'content': str}]")
+        value = value[0]["content"]
+    else:
+        value = C.require(row, field, str)
+    if not value.strip():
+        raise C.RowError(field, "empty response")
+    return value
+
+
+def _check_length(run, prompt, response, field):
+    # the reward model reads the scalar at the last token, so the whole sequence must be an input
+    if len(prompt) + len(response) > run.cfg["block_size"]:
+        raise C.RowError(field, f"prompt + response is {len(prompt) + len(response)} tokens, longer than "
+                                f"block_size={run.cfg['block_size']}")
+
+
+def encode_row(run, row):
+    """One file row -> ("pair" | "single", example), or RowError naming the bad field."""
+    row = {k: v for k, v in row.items() if v is not None}  # datasets fills absent columns with None
+    prompt = _prompt_ids(run, row)
+    if "completion" in row or "label" in row:  # KTO's single labelled example
+        completion = run.tok.response_ids(_response_text(row, "completion"))
+        label = C.require(row, "label", bool)
+        _check_length(run, prompt, completion, "completion")
+        return "single", dict(prompt=prompt, responses=(completion, None), label=float(label))
+    chosen_text, rejected_text = _response_text(row, "chosen"), _response_text(row, "rejected")
+    if chosen_text == rejected_text:
+        raise C.RowError("rejected", "identical to chosen")
+    chosen, rejected = run.tok.response_ids(chosen_text), run.tok.response_ids(rejected_text)
+    _check_length(run, prompt, chosen, "chosen")
+    _check_length(run, prompt, rejected, "rejected")
+    return "pair", dict(prompt=prompt, responses=(chosen, rejected), label=1.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Built from the environment
+
+def padded_answer(demonstration, rng, n_fillers=2):
+    """The same worked answer with filler sentences around the steps: longer, equally correct."""
+    body, answer = demonstration.rsplit(" Answer:", 1)
+    fillers = rng.sample(FILLER, n_fillers)
+    return " ".join(fillers[:1] + [body] + fillers[1:]) + " Answer:" + answer
+
+
+def builtin_pairs(run, sampler, split, n_prompts, seed):
+    """Pairs on `n_prompts` problems of `split`, of the kind cfg["pairs"]; returns (pairs, counts)."""
+    cfg, tok, env = run.cfg, run.tok, run.env
+    if cfg["pairs"] not in PAIR_KINDS:
+        raise ValueError(f"pairs={cfg['pairs']!r}: choose from {PAIR_KINDS}")
+    problems = env.problems(split, n_prompts, seed=seed)
+    prompts = [tok.prompt_ids(p["prompt"]) for p in problems]
+    k = cfg["samples_per_prompt"]
+    samples = [[]] * len(problems)
+    if cfg["pairs"] in ("verifier", "both"):
+        tokens, _ = C.generate(run, sampler, [p for p in prompts for _ in range(k)],
+                               temperature=cfg["pair_temperature"], seed=seed)
+        samples = [tokens[i * k:(i + 1) * k] for i in range(len(problems))]
+    rng = random.Random(seed)
+    pairs, counts = [], dict(verifier=0, demo_chosen=0, all_correct=0, style=0, too_long=0)
+    for problem, prompt, answers in zip(problems, prompts, samples):
+        demo = env.solve(problem)
+        if cfg["pairs"] in ("verifier", "both"):
+            verdicts = [env.verify(problem, C.response_text(run, a)) for a in answers]
+            correct = [a for a, v in zip(answers, verdicts) if v == 1.0]
+            wrong = [a for a, v in zip(answers, verdicts) if v == 0.0]
+            chosen = correct[0] if correct else tok.response_ids(demo)
+            if wrong and len(prompt) + len(chosen) > cfg["block_size"]:
+                counts["too_long"] += 1  # (sampled answers always fit; a demonstration may not)
+            elif wrong:
+                pairs.append(dict(prompt=prompt, responses=(chosen, wrong[0]), label=1.0))
+                counts["verifier"] += 1
+                counts["demo_chosen"] += not correct
+            else:
+                counts["all_correct"] += 1  # every sample correct: no wrong answer to prefer against
+        if cfg["pairs"] in ("style", "both"):
+            for n_fillers in (2, 1):  # the longest padding that still fits block_size
+                padded = padded_answer(demo, rng, n_fillers)
+                rejected = tok.response_ids(padded)
+                if len(prompt) + len(rejected) <= cfg["block_size"]:
+                    assert env.verify(problem, padded) == 1.0, padded
+                    pairs.append(dict(prompt=prompt, responses=(tok.response_ids(demo), rejected), label=1.0))
+                    counts["style"] += 1
+                    break
+            else:
+                counts["too_long"] += 1
+    if not pairs:
+        raise ValueError(f"no {cfg['pairs']} pairs from {n_prompts} {split} prompts ({counts}): raise "
+                         f"samples_per_prompt or pair_temperature (all correct), or block_size (too long)")
+    return pairs, counts
+
+
+def to_singles(pairs):
+    """KTO from pairs: the chosen answer is a desirable example, the rejected one undesirable."""
+    return [dict(prompt=p["prompt"], responses=(p["responses"][j], None), label=1.0 - j)
+            for p in pairs for j in (0, 1)]
+
+
+def add_mismatched(run, singles):
+    """Give each single example the completion of the next example with another prompt: the pair
+    (x_i, y_j) on which KTO estimates its KL reference point. Deterministic, so cacheable."""
+    n = len(singles)
+    for i, ex in enumerate(singles):
+        for shift in range(1, n):
+            other = singles[(i + shift) % n]["responses"][0]
+            if singles[(i + shift) % n]["prompt"] != ex["prompt"] and \
+                    len(ex["prompt"]) + len(other) <= run.cfg["block_size"]:
+                ex["responses"] = (ex["responses"][0], other)
+                break
+        else:
+            raise ValueError("KTO needs examples of at least two different prompts (for its mismatched-pair KL)")
+    return singles
+
+
+def load_preferences(run, singles=False):
+    """(train, heldout, transcripts): pairs, or with singles=True KTO's single labelled examples (a
+    pair file is split into singles; a singles file is only usable with singles=True), and a few
+    training examples as text for samples.txt."""
+    cfg = run.cfg
+    if cfg["data"]:
+        encoded = C.encode_rows(run, cfg["data"], C.load_rows(cfg["data"]), lambda row: encode_row(run, row))
+        kinds = {kind for kind, _ in encoded}
+        if len(kinds) > 1:
+            raise ValueError(f"{cfg['data']}: mixes pair rows (prompt, chosen, rejected) and single rows "
+                             f"(prompt, completion, label)")
+        if kinds == {"single"} and not singles:
+            raise ValueError(f"{cfg['data']}: rows are single labelled examples (prompt, completion, label), "
+                             f"usable only with --loss=kto; --algo {cfg['algo']} needs pairs (prompt, chosen, rejected)")
+        examples = [ex for _, ex in encoded]
+        n_heldout = max(2, min(cfg["heldout_prompts"], len(examples) // 10))  # 2: KTO's mismatched pairs
+        train, heldout = examples[:-n_heldout] or examples, examples[-n_heldout:]
+        if kinds == {"pair"} and singles:
+            train, heldout = to_singles(train), to_singles(heldout)
+    else:
+        sampler = C.load_reference(run)  # the model init_from names, before any training
+        if not isinstance(sampler, GPT):
+            raise ValueError(f"built-in pairs are sampled from init_from's language model, but "
+                             f"init_from={cfg['init_from']!r} is a scalar model: pass --data=FILE")
+        train, counts = builtin_pairs(run, sampler, "train", cfg["train_prompts"], seed=1)
+        heldout, heldout_counts = builtin_pairs(run, sampler, "heldout", cfg["heldout_prompts"], seed=1)
+        del sampler
+        if run.master:
+            print(f"built-in {cfg['pairs']} pairs: train {counts}, heldout {heldout_counts}")
+        if singles:
+            train, heldout = to_singles(train), to_singles(heldout)
+    if singles:
+        train, heldout = add_mismatched(run, train), add_mismatched(run, heldout)
+    return train, heldout, [describe(run, ex, singles) for ex in train[:4]]
+
+
+def describe(run, ex, single):
+    """An example as text, for samples.txt."""
+    first, second = (C.response_text(run, r) for r in ex["responses"])
+    if single:
+        return f"[single] {run.tok.decode(ex['prompt'])}\n  {'desirable' if ex['label'] else 'undesirable'}: {first!r}"
+    return f"[pair] {run.tok.decode(ex['prompt'])}\n  chosen: {first!r}\n  rejected: {second!r}"
+
+
+def collate(run, examples):
+    """Both responses of every example in one batch, so one forward scores them: rows
+    [prompt + responses[0] for each example] + [prompt + responses[1] for each example].
+    Returns ids (2B, T), mask (2B, T-1) aligned with ids[:, 1:] (1 on response tokens), label (B,)
+    and, when the examples carry cached reference log-probs, ref (B, 2)."""
+    rows = [(ex["prompt"] + ex["responses"][j], [0] * len(ex["prompt"]) + [1] * len(ex["responses"][j]))
+            for j in (0, 1) for ex in examples]
+    ids, mask = C.collate(rows, run.tok.pad, run.device)
+    batch = dict(ids=ids, mask=mask[:, 1:], label=torch.tensor([ex["label"] for ex in examples], device=run.device))
+    if "ref" in examples[0]:
+        batch["ref"] = torch.tensor([ex["ref"] for ex in examples], dtype=torch.float32, device=run.device)
+    return batch
+
+
+def step_batches(run, it, examples):
+    """One optimizer step: gradient_accumulation_steps micro-batches of this rank, cut from a global
+    batch of consecutive examples of a per-epoch shuffle. Every example is seen once per epoch and
+    the batch depends only on (seed, it), so a resumed run draws what the uninterrupted one would."""
+    accum, bs = run.cfg["gradient_accumulation_steps"], run.cfg["batch_size"]
+    n = run.world_size * accum * bs
+    orders = {}
+    picks = []
+    for k in range(it * n, (it + 1) * n):
+        epoch, position = divmod(k, len(examples))
+        if epoch not in orders:
+            orders[epoch] = C.seeded_rng(run, epoch).permutation(len(examples))
+        picks.append(examples[orders[epoch][position]])
+    return [[collate(run, mb) for mb in C.shard(picks, run, accum, bs)]]
