@@ -23,7 +23,7 @@ HELDOUT_PERCENT = 10  # share of the problem space reserved for held-out evaluat
 
 # Exactly one "Answer: <integer>" and nothing after it. Listing several candidate answers,
 # repeating the marker or appending junk all score 0: the format cannot be gamed.
-_ANSWER = re.compile(r"Answer: (-?\d+)\s*$")
+_ANSWER = re.compile(r"Answer: (-?[0-9]+)\s*$")  # [0-9], not \d: \d and int() accept "１７" too
 
 
 def parse_answer(response):

@@ -56,3 +56,11 @@ def test_parse_answer_and_corpus():
         make_env("chess")
     with pytest.raises(ValueError, match="split"):
         Arithmetic().problems("test", 1)
+
+
+def test_verifier_accepts_only_ascii_digits():
+    assert parse_answer("Answer: 17") == 17 and parse_answer("Answer: -3") == -3
+    # full-width, Arabic-Indic, mixed, extended Arabic-Indic: \d and int() read them all as 17
+    for lookalike in ["Answer: １７", "Answer: ١٧", "Answer: 1７", "Answer: ۱۷"]:
+        assert parse_answer(lookalike) is None, lookalike
+    assert Arithmetic.verify({"answer": 17}, "Answer: １７") == 0.0
