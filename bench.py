@@ -115,26 +115,6 @@ def sample_recompute(model, prompts, new_tokens, seed):
     return idx[:, len(prompts[0]):]
 
 
-TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-
-
-def to_transformers(model):
-    """The inverse of GPT.from_pretrained: a GPT2LMHeadModel holding the same weights."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-    c = model.config
-    if not c.bias:
-        raise ValueError("GPT-2 has biases: only a bias=True model converts")
-    hf = GPT2LMHeadModel(GPT2Config(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd,
-                                    n_layer=c.n_layer, n_head=c.n_head, resid_pdrop=0.0, embd_pdrop=0.0,
-                                    attn_pdrop=0.0, bos_token_id=None, eos_token_id=None))
-    # GPT-2's Conv1D layers store the transpose of an nn.Linear weight; lm_head is tied to wte
-    state = {name: (p.t() if name.endswith(TRANSPOSED) else p) for name, p in model.state_dict().items()}
-    missing, unexpected = hf.load_state_dict(state, strict=False)
-    if unexpected or any(not k.endswith((".attn.bias", ".attn.masked_bias")) for k in missing):
-        raise RuntimeError(f"weight names do not line up: missing {missing}, unexpected {unexpected}")
-    return hf.to(next(model.parameters()).device).eval()
-
-
 @benchmark
 def sampler(args):
     device = args["device"]
@@ -143,7 +123,7 @@ def sampler(args):
     targets = []
     hf = None
     try:
-        hf = to_transformers(model)
+        hf = model.to_transformers()
     except ImportError:
         report(bench="sampler", note="transformers is not installed: no comparison with its generate")
     if hf is not None:  # identical weights: the same logits, else the comparison means nothing

@@ -158,6 +158,10 @@ class KVCache:
         self.flat_bias = self.bias.view(B * H, 1, L)
 
 
+# GPT-2 stores these linear layers as Conv1D, whose weight is the transpose of nn.Linear's
+CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
 class GPT(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -218,15 +222,30 @@ class GPT(nn.Module):
                         n_head=c.n_head, n_embd=c.n_embd, dropout=dropout, bias=True)
         model = cls(cfg)
         sd_hf = hf.state_dict()
-        transposed = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
         with torch.no_grad():
             for name, p in model.state_dict().items():
                 if name == "lm_head.weight":
                     continue  # tied to wte
                 src = sd_hf[name]
-                # GPT-2 stores its linear layers as Conv1D, i.e. transposed
-                p.copy_(src.t() if name.endswith(transposed) else src)
+                p.copy_(src.t() if name.endswith(CONV1D_WEIGHTS) else src)
         return model
+
+    def to_transformers(self):
+        """The inverse of from_pretrained: a transformers GPT2LMHeadModel holding the same weights
+        (same logits), in eval mode, on this model's device. Needs the optional transformers package."""
+        from transformers import GPT2Config, GPT2LMHeadModel
+        c = self.config
+        if not c.bias:
+            raise ValueError("GPT-2 has biases: only a bias=True model converts")
+        hf = GPT2LMHeadModel(GPT2Config(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd,
+                                        n_layer=c.n_layer, n_head=c.n_head, resid_pdrop=c.dropout,
+                                        embd_pdrop=c.dropout, attn_pdrop=c.dropout, bos_token_id=None,
+                                        eos_token_id=None))
+        state = {name: (p.t() if name.endswith(CONV1D_WEIGHTS) else p) for name, p in self.state_dict().items()}
+        missing, unexpected = hf.load_state_dict(state, strict=False)
+        if unexpected or any(not k.endswith((".attn.bias", ".attn.masked_bias")) for k in missing):
+            raise RuntimeError(f"weight names do not line up: missing {missing}, unexpected {unexpected}")
+        return hf.to(next(self.parameters()).device).eval()
 
     def resize_vocab(self, vocab_size):
         """Grow the (tied) embedding, e.g. for chat special tokens appended to GPT-2's vocabulary."""

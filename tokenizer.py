@@ -9,6 +9,9 @@ Two encodings:
   that transformers' save_pretrained writes for a GPT-2 tokenizer (the same table as GPT-2's
   encoder.json).
 
+save_pretrained writes either one as a transformers GPT2Tokenizer directory with the same ids
+(export.py): the byte encoding is a byte-level BPE without merges, the 256 bytes as ids 0-255.
+
 Chat template (one for every algorithm, so policy and reference always see the same ids):
 
     <|bos|> <|user|> question <|eos|> <|assistant|> answer <|eos|>
@@ -43,10 +46,11 @@ def gpt2_byte_chars():
 
 
 def gpt2_bpe(name):
-    """(mergeable ranks, pattern) of GPT-2's BPE, from tiktoken ("gpt2") or a local directory."""
+    """(mergeable ranks, pattern, id of <|endoftext|> or None) of GPT-2's BPE, from tiktoken ("gpt2")
+    or a local directory."""
     if name == "gpt2":
         base = tiktoken.get_encoding("gpt2")
-        return base._mergeable_ranks, base._pat_str
+        return base._mergeable_ranks, base._pat_str, base.eot_token
     path = os.path.join(name, "vocab.json")
     if not os.path.isfile(path):
         raise ValueError(f"unknown tokenizer {name!r}: expected 'byte', 'gpt2' or a directory with "
@@ -56,14 +60,28 @@ def gpt2_bpe(name):
         vocab = json.load(f)
     ranks = {}
     for token, rank in vocab.items():  # a GPT-2 token's id is its merge rank
-        if token == "<|endoftext|>":
+        if token == "<|endoftext|>" or token in SPECIAL_TOKENS:  # (ours: a directory save_pretrained wrote)
             continue
         if any(c not in char_to_byte for c in token):
             raise ValueError(f"{path}: token {token!r} is not in GPT-2's byte alphabet")
         ranks[bytes(char_to_byte[c] for c in token)] = rank
     if sorted(ranks.values()) != list(range(len(ranks))) or any(bytes([b]) not in ranks for b in range(256)):
         raise ValueError(f"{path}: not a byte-level BPE vocabulary (ids 0..n-1 with every single byte)")
-    return ranks, r50k_pat_str
+    return ranks, r50k_pat_str, vocab.get("<|endoftext|>")
+
+
+def bpe_merges(ranks):
+    """The merge list (merges.txt) that rebuilds tiktoken's `ranks`: each token of two or more bytes
+    is the merge of the two parts that byte-pair encoding reaches with the lower-ranked tokens."""
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        parts = [bytes([b]) for b in token]
+        while len(parts) > 2:  # apply the lowest-ranked merge, as BPE does, until two parts are left
+            best = min(range(len(parts) - 1), key=lambda i: ranks.get(parts[i] + parts[i + 1], len(ranks)))
+            parts[best:best + 2] = [parts[best] + parts[best + 1]]
+        if len(parts) == 2:
+            merges.append(tuple(parts))
+    return merges
 
 
 class Tokenizer:
@@ -71,11 +89,11 @@ class Tokenizer:
         if name == "byte":
             ranks, pat, specials = {bytes([i]): i for i in range(256)}, _PAT, {}
         else:  # GPT-2's <|endoftext|> keeps its id (50256), right after the merges
-            ranks, pat = gpt2_bpe(name)
-            specials = {"<|endoftext|>": len(ranks)}
+            ranks, pat, endoftext = gpt2_bpe(name)
+            specials = {} if endoftext is None else {"<|endoftext|>": endoftext}
         first = len(ranks) + len(specials)
         specials.update({tok: first + i for i, tok in enumerate(SPECIAL_TOKENS)})
-        self.name = name
+        self.name, self.ranks = name, ranks
         self.enc = tiktoken.Encoding(name=f"nanopost-{os.path.basename(os.path.normpath(name))}", pat_str=pat,
                                      mergeable_ranks=ranks, special_tokens=specials)
         self.n_vocab = self.enc.n_vocab
@@ -120,3 +138,24 @@ class Tokenizer:
     def response_ids(self, response):
         """The assistant's answer as the model must produce it (end token included)."""
         return self.encode(response) + [self.eos]
+
+    def save_pretrained(self, directory):
+        """Write this tokenizer as a transformers GPT2Tokenizer directory (vocab.json, merges.txt, the
+        special tokens) that gives every text the same ids, and that Tokenizer(directory) reads back.
+        Needs the optional transformers package."""
+        from transformers import GPT2Tokenizer
+        chars = gpt2_byte_chars()
+        spell = lambda token: "".join(chars[b] for b in token)  # GPT-2's spelling of a byte string
+        vocab = {spell(token): rank for token, rank in self.ranks.items()}
+        vocab.update({f"<|{name}|>": i for name, i in self.special.items()})
+        os.makedirs(directory, exist_ok=True)
+        vocab_file, merges_file = os.path.join(directory, "vocab.json"), os.path.join(directory, "merges.txt")
+        with open(vocab_file, "w", encoding="utf-8") as f:
+            json.dump(vocab, f, ensure_ascii=False)
+        with open(merges_file, "w", encoding="utf-8") as f:
+            f.write("#version: 0.2\n" + "".join(f"{spell(a)} {spell(b)}\n" for a, b in bpe_merges(self.ranks)))
+        named = {"<|bos|>", "<|eos|>", "<|pad|>"}
+        hf = GPT2Tokenizer(vocab_file, merges_file, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>",
+                           unk_token="<|endoftext|>" if "endoftext" in self.special else "<|pad|>",
+                           additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in named])
+        hf.save_pretrained(directory)

@@ -1,5 +1,6 @@
 """GPT-2 compatibility: a random transformers GPT2LMHeadModel, saved to disk, must load into our GPT
-with the same logits and the same greedy continuations, and train.py must start from it offline."""
+with the same logits and the same greedy continuations, and train.py must start from it offline;
+a trained checkpoint must go back out (export.py) with the same logits and token ids."""
 
 import json
 import os
@@ -11,11 +12,12 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # a local save_pretrained directory must nev
 transformers = pytest.importorskip("transformers")
 
 import common as C
+import export
 import sft
 import train as T
 from model import GPT
 from tokenizer import Tokenizer, gpt2_byte_chars
-from conftest import TINY
+from conftest import SFT_DATA, TINY
 
 VOCAB = 100  # smaller than the byte tokenizer's 266 ids: init_from must grow the embedding
 
@@ -172,3 +174,55 @@ def test_train_and_checkpoint_with_local_gpt2_tokenizer(hf_dir, tmp_path):
     ckpt = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=False)
     again = Tokenizer(ckpt["tokenizer"])
     assert again.encode("hello world") == run.tok.encode("hello world") and again.eos == run.tok.eos
+
+
+# -- export: our checkpoints as transformers GPT-2 directories ---------------------------------------
+
+def test_import_export_import_is_identity(hf_dir, tmp_path):
+    path, hf = hf_dir
+    ours = GPT.from_pretrained(path)
+    ours.to_transformers().save_pretrained(tmp_path / "again")
+    again = GPT.from_pretrained(str(tmp_path / "again"))
+    assert again.config == ours.config
+    for (name, a), b in zip(ours.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), name
+    exported = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "again").state_dict()
+    for name, value in hf.state_dict().items():  # and transformers' own weights come back unchanged
+        assert torch.equal(exported[name], value), name
+
+
+def test_exported_checkpoints_give_transformers_the_same_logits_and_ids(tmp_path):
+    """An SFT run with LoRA (merged at export) and a PPO run (its policy, not the critic), each
+    exported with export.py: GPT2LMHeadModel gives the trained model's logits, transformers'
+    tokenizer the byte tokenizer's ids, and Tokenizer(dir) reads the files back."""
+    sft_run = T.train(dict(TINY, **SFT_DATA, algo="sft", lora_rank=2, learning_rate=1e-2, max_iters=2,
+                           out_dir=str(tmp_path / "sft")))
+    ppo_run = T.train(dict(TINY, algo="ppo", init_from=str(tmp_path / "sft"), max_iters=1,
+                           out_dir=str(tmp_path / "ppo")))
+    ids = torch.randint(0, sft_run.tok.n_vocab, (2, 40), generator=torch.Generator().manual_seed(0))
+    text = "Ann had 7 apples, got 8. How many now? café ✓"
+    for name, trained in (("sft", sft_run.raw_model), ("ppo", ppo_run.raw_model.policy)):
+        out = str(tmp_path / f"{name}-hf")
+        export.export(str(tmp_path / name), out)
+        hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+        with torch.no_grad():
+            torch.testing.assert_close(hf(ids).logits, trained.eval()(ids), atol=1e-4, rtol=0)
+        tok, hf_tok = C.load_tokenizer(str(tmp_path / name)), transformers.AutoTokenizer.from_pretrained(out)
+        assert hf_tok.encode(text, add_special_tokens=False) == tok.encode(text)
+        assert [hf_tok.convert_tokens_to_ids(f"<|{s}|>") for s in tok.special] == list(tok.special.values())
+        assert (hf_tok.eos_token_id, hf_tok.pad_token_id, hf.config.eos_token_id) == (tok.eos, tok.pad, tok.eos)
+        again = Tokenizer(out)
+        assert again.encode(text) == tok.encode(text) and again.special == tok.special
+
+
+def test_exported_gpt2_tokenizer_keeps_its_merges(tmp_path):
+    """A BPE tokenizer with merges (a local GPT-2 vocab.json) written back out: transformers and
+    Tokenizer(dir) encode like the original (merges.txt rebuilt from the merge ranks)."""
+    write_gpt2_vocab(tmp_path / "tok", MERGES)
+    tok = Tokenizer(str(tmp_path / "tok"))
+    tok.save_pretrained(str(tmp_path / "out"))
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    again = Tokenizer(str(tmp_path / "out"))
+    for text in ["hello world", "the hello, world!  12 1212", "café naïve — ünïcödé ✓"]:
+        assert hf_tok.encode(text, add_special_tokens=False) == tok.encode(text) == again.encode(text)
+    assert again.special == tok.special

@@ -1,0 +1,45 @@
+"""
+Write a trained checkpoint as a transformers GPT-2 directory.
+
+    python export.py out/sft out/sft-hf        # any algorithm that trains a language model
+    python export.py out/ppo out/ppo-hf        # PPO: the policy (the critic stays behind)
+
+The directory holds config.json and model.safetensors (LoRA merged: the checkpoint's model as
+common.load_model gives it) and the tokenizer's files, so that
+
+    GPT2LMHeadModel.from_pretrained(OUT_DIR)   gives the checkpoint's logits, and
+    AutoTokenizer.from_pretrained(OUT_DIR)     gives the same token ids (chat specials included)
+
+The byte tokenizer becomes a byte-level BPE without merges (ids 0-255 are the bytes, then
+<|bos|>, <|eos|>, <|pad|>, ...). The vocabulary stays padded to a multiple of 64: ids past the
+tokenizer's are never produced by it. To train on from the export: --init_from=OUT_DIR
+--tokenizer=OUT_DIR (or --tokenizer=byte, the same ids). Needs the optional transformers package.
+"""
+
+import sys
+
+import common as C
+from model import GPT
+
+
+def export(ckpt_dir, out_dir):
+    model, tok = C.load_model(ckpt_dir), C.load_tokenizer(ckpt_dir)
+    if not isinstance(model, GPT):
+        raise ValueError(f"{ckpt_dir} holds a scalar model (a reward model): only a language model exports to GPT-2")
+    hf = model.to_transformers()
+    # transformers' generate stops at <|eos|> and pads with <|pad|>
+    hf.config.bos_token_id, hf.config.eos_token_id, hf.config.pad_token_id = tok.bos, tok.eos, tok.pad
+    hf.generation_config.bos_token_id, hf.generation_config.eos_token_id = tok.bos, tok.eos
+    hf.generation_config.pad_token_id = tok.pad
+    hf.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python export.py CKPT_DIR OUT_DIR")
+    try:
+        export(*sys.argv[1:])
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+    print(f"wrote {sys.argv[2]}: load it with transformers.GPT2LMHeadModel.from_pretrained({sys.argv[2]!r})")
