@@ -37,10 +37,12 @@ def parse_answer(response):
 class Arithmetic:
     name = "arithmetic"
 
-    def __init__(self, digits=1, n_ops=3, word_frac=0.5):
+    def __init__(self, digits=1, n_ops=3, word_frac=0.5, direct_frac=0.0):
         if digits < 1 or n_ops < 1:
             raise ValueError("digits and n_ops must be >= 1")
-        self.digits, self.n_ops, self.word_frac = digits, n_ops, word_frac
+        if not 0.0 <= direct_frac <= 1.0:
+            raise ValueError(f"direct_frac must be in [0, 1], got {direct_frac}")
+        self.digits, self.n_ops, self.word_frac, self.direct_frac = digits, n_ops, word_frac, direct_frac
 
     # -- problems ---------------------------------------------------------------------------
     def _chain(self, rng, digits, need_big):
@@ -97,6 +99,19 @@ class Arithmetic:
             parts.append(f"{value}{op}{b}={new}.")
             value = new
         return " ".join(parts) + f" Answer: {value}"
+
+    def demonstration(self, problem):
+        """The SFT target: the worked solution, or for a direct_frac share of problems (fixed per
+        problem by a hash) the bare final answer."""
+        key = f"direct-{problem['start']}" + "".join(f"{op}{b}" for op, b in problem["steps"])
+        if int(hashlib.sha1(key.encode()).hexdigest(), 16) % 10000 < self.direct_frac * 10000:
+            return f"Answer: {problem['answer']}"
+        return self.solve(problem)
+
+    @staticmethod
+    def shows_work(response):
+        """True when the response writes at least one equation before its answer."""
+        return "=" in response.split("Answer:", 1)[0]
 
     @staticmethod
     def verify(problem, response):

@@ -69,7 +69,7 @@ def builtin_examples(run, split, n):
     tok = run.tok
     out = []
     for p in run.env.problems(split, n, seed=0):
-        prompt, answer = tok.prompt_ids(p["prompt"]), tok.response_ids(run.env.solve(p))
+        prompt, answer = tok.prompt_ids(p["prompt"]), tok.response_ids(run.env.demonstration(p))
         out.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
     longest = max(len(ids) for ids, _ in out)
     if longest > run.cfg["block_size"] + 1:

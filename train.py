@@ -64,7 +64,7 @@ DEFAULTS = dict(
     tokenizer="byte",           # byte (built in) | gpt2 (with GPT-2 weights) | a dir with GPT-2's vocab.json
     data="",                    # a json/jsonl/parquet file or hub dataset; "" = the built-in environment
     skip_bad_rows=False,        # malformed data rows: False = error naming file/row/field, True = skip and count
-    env="arithmetic", env_digits=1, env_ops=3,  # the default task: 3-step chains of 1-digit operands
+    env="arithmetic", env_digits=1, env_ops=3, env_direct_frac=0.0,  # the default task: 3-step chains of 1-digit operands
     # model, when init_from=scratch
     n_layer=4, n_head=4, n_embd=128, block_size=128, dropout=0.0, bias=True,
     # optimisation
@@ -217,7 +217,7 @@ def train(overrides):
     run = C.setup_device(cfg)
     run.cfg, run.algo, run.stats = cfg, algo_module(cfg["algo"]), {}
     run.tok = Tokenizer(cfg["tokenizer"])
-    run.env = make_env(cfg["env"], digits=cfg["env_digits"], n_ops=cfg["env_ops"])
+    run.env = make_env(cfg["env"], digits=cfg["env_digits"], n_ops=cfg["env_ops"], direct_frac=cfg["env_direct_frac"])
     if run.master:
         os.makedirs(cfg["out_dir"], exist_ok=True)
     torch.manual_seed(cfg["seed"])
