@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora
+from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora, sequence_logprobs
 from tokenizer import Tokenizer
 
 
@@ -323,6 +323,25 @@ def env_accuracy(run, model, split, n, temperature=0.0, samples=1, seed=0):
     transcripts = [f"[{split}] {p['prompt']}\n  -> {texts[i * samples]!r}  (answer {p['answer']}, "
                    f"reward {correct[i, 0]:.0f})" for i, p in enumerate(problems[:4])]
     return metrics, transcripts
+
+
+@torch.no_grad()
+def sampled_reference_kl(run, model, reference, temperature=1.0):
+    """KL(π_θ‖π_ref) per response, estimated on the policy's own samples (at `temperature`) of
+    eval_problems held-out prompts: mean over samples of Σ_t (log π_θ − log π_ref), the sampler's
+    log-probs standing for log π_θ, so only π_ref runs a forward. Also the samples' accuracy and
+    length. Returns dict(kl_ref, sampled_acc, sampled_len)."""
+    problems = run.env.problems("heldout", run.cfg["eval_problems"], seed=1)[run.rank::run.world_size]
+    size = run.cfg["eval_batch_size"]
+    roll = rollouts(run, model, problems, 1, temperature=temperature, seed=0, batch_size=size)
+    kl = 0.0
+    with run.autocast:
+        for ids, old, mask in zip(*(chunks(roll[k], size) for k in ("ids", "old_logprobs", "mask"))):
+            kl += float(((old - sequence_logprobs(reference, ids, temperature)) * mask).sum())
+    sums = all_reduce_sum(dict(kl=kl, reward=float(roll["rewards"].sum()), length=float(roll["lengths"].sum()),
+                               n=len(problems)), run)
+    return dict(kl_ref=sums["kl"] / sums["n"], sampled_acc=sums["reward"] / sums["n"],
+                sampled_len=sums["length"] / sums["n"])
 
 
 def last_response_column(mask):

@@ -251,24 +251,6 @@ def loss(run, model, batch):
 
 
 @torch.no_grad()
-def kl_to_reference(run, model):
-    """KL(π_θ‖π_ref) per response, estimated on the policy's own samples (temperature 1) of held-out
-    prompts: mean over samples of Σ_t (log π_θ − log π_ref). Also their accuracy and length."""
-    reference = C.load_reference(run)
-    problems = run.env.problems("heldout", run.cfg["eval_problems"], seed=1)[run.rank::run.world_size]
-    size = run.cfg["eval_batch_size"]
-    roll = C.rollouts(run, model, problems, 1, temperature=1.0, seed=0, batch_size=size)
-    kl = 0.0
-    with run.autocast:
-        for ids, old, mask in zip(*(C.chunks(roll[k], size) for k in ("ids", "old_logprobs", "mask"))):
-            kl += float(((old - sequence_logprobs(reference, ids)) * mask).sum())
-    sums = C.all_reduce_sum(dict(kl=kl, reward=float(roll["rewards"].sum()), length=float(roll["lengths"].sum()),
-                                 n=len(problems)), run)
-    return dict(kl_ref=sums["kl"] / sums["n"], sampled_acc=sums["reward"] / sums["n"],
-                sampled_len=sums["length"] / sums["n"])
-
-
-@torch.no_grad()
 def evaluate(run, it):
     """Held-out preference figures (val_*), and on the environment: greedy held-out accuracy and
     response length, and the KL drift to π_ref on sampled answers."""
@@ -294,7 +276,7 @@ def evaluate(run, it):
     if not run.cfg["data"]:
         env_metrics, transcripts = C.env_accuracy(run, model, "heldout", run.cfg["eval_problems"])
         metrics.update(env_metrics)
-        metrics.update(kl_to_reference(run, model))
+        metrics.update(C.sampled_reference_kl(run, model, C.load_reference(run)))
         C.write_samples(run, it, transcripts)
     model.train()
     return metrics

@@ -45,7 +45,9 @@ kl — to π_ref, the frozen init_from model, scored at the sampler's temperatur
                term (as in the GRPO paper's objective). Its value estimates KL(π‖π_ref) without bias,
                but its gradient is biased: E_π[∇k3] = −Σ_y π_ref(y)·∇log π_θ(y) = ∇KL(π_ref‖π_θ), the
                other direction of the KL (and here on π_old's samples, with no ratio).
-  KL(π_old‖π_ref) per token (the k1 mean) is logged every iteration whatever this key says.
+  With a KL term, KL(π_old‖π_ref) per token (the k1 mean) is logged every iteration. With kl=off
+  nothing in training reads π_ref, so it runs no forward there; evaluation logs heldout_kl_ref
+  (KL(π‖π_ref) per response on the policy's samples of held-out prompts) whatever this key says.
 
 on_degenerate — a group whose rewards are all equal carries no relative signal:
     drop   its responses leave the batch: they are in no sum and no denominator
@@ -79,9 +81,11 @@ that sampled, or ρ ≠ 1 before any update.
 
 Logged every iteration (metrics.jsonl, SPEC §6): reward (verifier, first rollout: a fair sample of
 the policy), reward_shaped (what the advantages saw), degenerate_frac (groups with all-equal verifier
-rewards), kept_groups_frac, extra_rollouts, len_mean / len_std / truncated_frac, kl_ref, and per
-micro-batch means of entropy, clip_frac, ratio_dev (max |ρ − 1|) and kl_k3; the time split
-time_decode / time_verify / time_score / time_update and decode_tok_per_s (this rank's clock).
+rewards), kept_groups_frac, extra_rollouts, len_mean / len_std / truncated_frac, work_frac (first
+rollout's share of answers that show their work, where the environment has shows_work), kl_ref
+(with a KL term), and per micro-batch means of entropy, clip_frac, ratio_dev (max |ρ − 1|) and kl_k3;
+the time split time_decode / time_verify / time_score / time_update and decode_tok_per_s (this
+rank's clock).
 """
 
 import os
@@ -92,8 +96,9 @@ import torch
 import torch.nn.functional as F
 
 import common as C
-from model import entropy_from_logits, kl_estimate, sequence_logprobs, token_logprobs
+from model import kl_estimate, masked_entropy_sum, sequence_logprobs, token_logprobs
 
+starts_from = "sft"  # RL selects among what a trained policy does: no random start (train.check_start)
 defaults = dict(
     prompts_per_iter=16,       # P: prompts per iteration, global over ranks
     group_size=8,              # G: responses per prompt
@@ -220,7 +225,7 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, ref_logp=None):
 # ----------------------------------------------------------------------------------------------
 # Rollouts: shards, scoring, rewards, dynamic sampling
 
-PER_TOKEN = ("mask", "old_logprobs", "ref_logprobs")  # (N, T-1), aligned with ids[:, 1:]
+PER_TOKEN = ("mask", "old_logprobs", "ref_logprobs")  # (N, T-1), aligned with ids[:, 1:]; no ref with kl=off
 PER_ROW = ("rewards", "reward", "advantages", "lengths", "truncated", "seq_len", "keep")  # (N,)
 
 
@@ -243,7 +248,8 @@ def select_rows(batch, rows):
     width = int(out["seq_len"].max()) if len(rows) else 2
     out["ids"] = out["ids"][:, :width]
     for k in PER_TOKEN:
-        out[k] = out[k][:, :width - 1]
+        if k in out:
+            out[k] = out[k][:, :width - 1]
     return out
 
 
@@ -271,7 +277,8 @@ def sample_round(run, it, shard, round_):
     run.raw_model.eval()  # the sampler restored train mode; score (and later train) with dropout off
     if run.old_logprobs_mode == "recompute":
         ro["old_logprobs"] = score(run, run.raw_model, ro["ids"]) * ro["mask"]
-    ro["ref_logprobs"] = score(run, run.ref_model, ro["ids"]) * ro["mask"]
+    if cfg["kl"] != "off":  # with kl=off nothing reads π_ref: no forward (evaluation logs the KL)
+        ro["ref_logprobs"] = score(run, run.ref_model, ro["ids"]) * ro["mask"]
     ro["time_score"] = time.time() - t0
     ro["seq_len"] = C.last_response_column(ro["mask"]) + 2  # index of the last response token + 1
     # the sampler stops earlier than max_new_tokens when the longest prompt leaves less room
@@ -326,6 +333,7 @@ def rollout_shard(run, it, shard):
         extra_rollouts=(len(rounds) - 1) * n * G, kept_groups=float(batch["keep"].sum()) / G,
         time_decode=sum(ro["decode_time"] for ro in rounds), time_verify=sum(ro["verify_time"] for ro in rounds),
         time_score=sum(ro["time_score"] for ro in rounds),
+        work=sum(map(run.env.shows_work, first["texts"])) if hasattr(run.env, "shows_work") else 0,
         decoded_tokens=sum(float(ro["lengths"].sum()) for ro in rounds))
     return batch, counts
 
@@ -360,7 +368,7 @@ def passport(run):
     """The run's post-training passport (SPEC §6, M14 §17) as markdown."""
     c = run.cfg
     P, G, shard = c["prompts_per_iter"], c["group_size"], shard_size(run)
-    kl = {"off": "not used", "k1_reward": f"in the reward: r − β·Σ_t log(π_old/π_ref), β = {c['kl_coef']}",
+    kl = {"off": "not used (π_ref runs only at evaluation, for the logged heldout_kl_ref)", "k1_reward": f"in the reward: r − β·Σ_t log(π_old/π_ref), β = {c['kl_coef']}",
           "k3_loss": f"a separate loss term β·k3 per token, β = {c['kl_coef']}, aggregated like the policy term"}[c["kl"]]
     steps = c["inner_epochs"] * c["minibatches"]
     degenerate = ("not applicable (batch-mean baseline, no groups)" if c["estimator"] == "reinforce" else
@@ -432,12 +440,13 @@ def batches(run, it):
     # figures for the log, summed over ranks (round-0 figures: an unbiased sample of the policy)
     lengths = torch.cat([b["lengths"].float() for b in shards])
     sums = {k: sum(c[k] for c in counts)
-            for k in ("reward_sum", "reward_n", "degenerate", "groups", "extra_rollouts", "kept_groups")}
+            for k in ("reward_sum", "reward_n", "degenerate", "groups", "extra_rollouts", "kept_groups", "work")}
     sums.update(
         len_sum=float(lengths.sum()), len_sq=float((lengths ** 2).sum()), len_n=len(lengths),
         truncated=sum(float(b["truncated"].sum()) for b in shards),
-        kl=sum(float(((b["old_logprobs"] - b["ref_logprobs"]) * b["mask"]).sum()) for b in shards),
         tokens=sum(float(b["mask"].sum()) for b in shards), shaped=float((rewards * kept).sum()))
+    if cfg["kl"] != "off":
+        sums["kl"] = sum(float(((b["old_logprobs"] - b["ref_logprobs"]) * b["mask"]).sum()) for b in shards)
     sums = C.all_reduce_sum(sums, run)
     len_mean = sums["len_sum"] / sums["len_n"]
     local_time = {k: sum(c[k] for c in counts) for k in ("time_decode", "time_verify", "time_score")}
@@ -449,9 +458,12 @@ def batches(run, it):
         extra_rollouts=sums["extra_rollouts"],
         len_mean=len_mean, len_std=max(sums["len_sq"] / sums["len_n"] - len_mean ** 2, 0.0) ** 0.5,
         truncated_frac=sums["truncated"] / sums["len_n"],
-        kl_ref=sums["kl"] / max(sums["tokens"], 1.0),
         decode_tok_per_s=sum(c["decoded_tokens"] for c in counts) / max(local_time["time_decode"], 1e-9),
         **local_time)
+    if "kl" in sums:
+        run.stats["kl_ref"] = sums["kl"] / max(sums["tokens"], 1.0)
+    if hasattr(run.env, "shows_work"):
+        run.stats["work_frac"] = sums["work"] / sums["reward_n"]
 
     # minibatch m = slice m of every shard, so the global minibatch is the same for any world size
     minibatches = []
@@ -469,17 +481,15 @@ def loss(run, model, batch):
     logits = model(ids[:, :-1])
     logp = token_logprobs(logits, ids[:, 1:], run.cfg["temperature"])
     loss_sum, count, metrics = policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask, run.cfg,
-                                           ref_logp=batch["ref_logprobs"])
-    with torch.no_grad():
-        entropy = entropy_from_logits(logits.detach(), run.cfg["temperature"])
-        metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+                                           ref_logp=batch.get("ref_logprobs"))
+    metrics["entropy"] = float(masked_entropy_sum(logits, mask, run.cfg["temperature"]) / mask.sum().clamp(min=1))
     return loss_sum, count, metrics
 
 
 @torch.no_grad()
 def evaluate(run, it):
     """Held-out accuracy (greedy) and pass@k (k samples at the training temperature), OOD accuracy,
-    and a few trajectories to read in samples.txt."""
+    KL to π_ref on sampled held-out answers, and a few trajectories to read in samples.txt."""
     model, cfg = run.raw_model, run.cfg
     was_training = model.training
     model.eval()
@@ -493,6 +503,7 @@ def evaluate(run, it):
         metrics[f"heldout_pass@{k}"] = sampled[f"heldout_pass@{k}"]
         metrics["heldout_sampled_acc"] = sampled["heldout_acc"]
         transcripts += [t.replace("[heldout]", f"[heldout, T={cfg['temperature']}]") for t in sampled_transcripts[:2]]
+    metrics["heldout_kl_ref"] = C.sampled_reference_kl(run, model, run.ref_model, cfg["temperature"])["kl_ref"]
     C.write_samples(run, it, transcripts)
     model.train(was_training)
     return metrics

@@ -310,8 +310,20 @@ def kl_estimate(logprobs, ref_logprobs, estimator="k1"):
 
 
 def entropy_from_logits(logits, temperature=1.0):
+    """Entropy (nats) of softmax(logits / temperature) per position, in fp32: (..., V) -> (...)."""
     logp = F.log_softmax(logits.float() / temperature, dim=-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+@torch.no_grad()
+def masked_entropy_sum(logits, mask, temperature=1.0, max_elements=2 ** 22):
+    """Σ of entropy_from_logits over the positions where mask > 0, without gradient. Only those
+    positions are read, a few rows at a time (at most 16 MB of fp32 per chunk), so a logged figure
+    never makes fp32 copies of the whole (B, T, V) logits."""
+    rows = logits.detach()[mask > 0]  # (response tokens, V)
+    rows_per_chunk = max(1, max_elements // rows.size(-1))
+    return sum((entropy_from_logits(chunk, temperature).sum() for chunk in rows.split(rows_per_chunk)),
+               torch.zeros((), device=logits.device))
 
 
 # ----------------------------------------------------------------------------------------------

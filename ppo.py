@@ -10,6 +10,7 @@ Objective: max_θ E_{x, y~π_θ}[ r(x, y) ] − β·KL(π_θ(·|x) ‖ π_ref(·
 Four logical roles, four separate copies here (the textbook configuration of M14 §10):
   policy    π_θ  trained; starts as init_from (the SFT model)
   reference π_ref frozen copy of init_from (run.ref_model); its log-probs are taken once per rollout batch
+                 when β > 0 (with β = 0 nothing reads them, and only evaluation runs π_ref: heldout_kl_ref)
   reward    r    the environment's verifier (--reward=verifier, RLVR) or a frozen Bradley–Terry reward
                  model from --algo rm (--reward=rm, RLHF), read at the last response token
                  (common.score_responses)
@@ -38,7 +39,9 @@ One iteration (batches() does steps 1-3, loss() step 4):
     the step's micro-batches on all ranks and sends back into the `batches` generator) exceeds
     early_stop_kl, the rest of the iteration's steps are skipped on every rank alike.
 Every log-prob (policy, π_old, reference) and the entropy are taken at the sampler's temperature,
-with dropout off, so that ρ = 1 exactly before the first update.
+with dropout off, so that ρ = 1 exactly before the first update. π_old is the sampler's own log-probs
+when they equal a training forward (fp32; old_logprobs=auto on CPU), else one forward of the policy
+(auto under bf16 autocast, or old_logprobs=recompute); V_old is always one forward of the critic.
 
 Each micro-batch of rollouts is drawn by its own sampler call seeded by (seed, iteration, micro-batch),
 so the global batch is the same for any split over ranks × micro-steps and a resumed run redraws it.
@@ -58,9 +61,10 @@ import torch
 import torch.nn as nn
 
 import common as C
-from model import (GPT, ScalarHeadGPT, count_parameters, entropy_from_logits, kl_estimate, sequence_logprobs,
+from model import (GPT, ScalarHeadGPT, count_parameters, kl_estimate, masked_entropy_sum, sequence_logprobs,
                    token_logprobs)
 
+starts_from = "sft"  # RL selects among what a trained policy does: no random start (train.check_start)
 defaults = dict(
     reward="verifier",          # verifier (RLVR) | rm (RLHF: needs reward_model)
     reward_model="",            # checkpoint dir written by --algo rm (kind "scalar")
@@ -79,6 +83,7 @@ defaults = dict(
     kl_target=0.0,              # > 0: adaptive β towards this KL per response (nats); 0: fixed β
     kl_adapt_rate=0.1,          # K_β of the adaptive controller
     early_stop_kl=0.0,          # > 0: stop an iteration's PPO steps once KL(π_old‖π_θ) per token exceeds it
+    old_logprobs="auto",        # π_old: sampler | recompute | auto (recompute under autocast, else sampler)
     # common keys with RL values: far below SFT's lr, since every Adam step moves all weights of
     # policy and critic (the first ones are sign steps, hence the warmup). At 1e-4 the KL to the
     # reference reached 1.4 nats per response within 30 iterations and accuracy fell; at 3e-5 it
@@ -203,6 +208,8 @@ def setup(run):
         raise ValueError(f"reward={cfg['reward']!r}: choose verifier or rm")
     if cfg["kl_estimator"] not in ("k1", "k3"):
         raise ValueError(f"kl_estimator={cfg['kl_estimator']!r}: choose k1 or k3")
+    if cfg["old_logprobs"] not in ("auto", "sampler", "recompute"):
+        raise ValueError(f"old_logprobs={cfg['old_logprobs']!r}: choose auto, sampler or recompute")
     if cfg["batch_size"] % cfg["samples_per_prompt"]:
         raise ValueError(f"batch_size={cfg['batch_size']} must be a multiple of "
                          f"samples_per_prompt={cfg['samples_per_prompt']}")
@@ -210,6 +217,8 @@ def setup(run):
     run.ref_model = C.load_reference(run)
     run.reward_model = C.frozen(load_reward_model(run)).to(run.device) if cfg["reward"] == "rm" else None
     run.kl_coef = cfg["kl_coef"]
+    mode = cfg["old_logprobs"]
+    run.old_logprobs_mode = mode if mode != "auto" else ("recompute" if run.device.startswith("cuda") else "sampler")
     run.train_problems = run.env.problems("train", cfg["prompts_pool"], seed=0)
     if run.master:
         roles = [("policy", role_memory_gib(run.policy, True)), ("critic", role_memory_gib(run.raw_model.critic, True)),
@@ -225,25 +234,38 @@ def setup(run):
 # ----------------------------------------------------------------------------------------------
 # Rollouts -> PPO micro-batches
 
+def scores_reference(run):
+    """Whether the rollouts need π_ref's log-probs: only the KL penalty reads them (β = 0 stays 0
+    under the adaptive controller, which multiplies it)."""
+    return run.kl_coef != 0
+
+
 @torch.no_grad()
 def score_micro_batch(run, problems, seed):
     """Roll out one micro-batch and take everything PPO needs from frozen or current networks:
-    π_old log-probs and V_old (one forward of policy + critic), π_ref log-probs, sequence rewards."""
+    π_old log-probs (the sampler's, or one policy forward), V_old (one critic forward), π_ref
+    log-probs (when the KL penalty is on), sequence rewards."""
     cfg = run.cfg
     roll = C.rollouts(run, run.policy, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"], seed=seed)
     ids, mask = roll["ids"], roll["mask"]
+    out = dict(ids=ids, mask=mask, verifier=roll["rewards"], sampler_logprobs=roll["old_logprobs"],
+               lengths=roll["lengths"].float(), truncated=roll["truncated"].float(), decode_time=roll["decode_time"])
+    if hasattr(run.env, "shows_work"):
+        out["shows_work"] = torch.tensor([float(run.env.shows_work(t)) for t in roll["texts"]], device=ids.device)
     with run.autocast:
-        # π_old from the same forward the loss makes (not the KV-cache sampler's numbers, whose
-        # difference is logged as sampler_logprob_gap), so that ρ = 1 before the first update
-        logits, values = run.raw_model(ids[:, :-1])
-        old_logprobs = token_logprobs(logits, ids[:, 1:], cfg["temperature"]) * mask
-        ref_logprobs = sequence_logprobs(run.ref_model, ids, cfg["temperature"]) * mask
+        if run.old_logprobs_mode == "recompute":
+            # π_old from the same forward the loss makes (not the KV-cache sampler's numbers, whose
+            # difference is logged as sampler_logprob_gap), so that ρ = 1 before the first update
+            logits, values = run.raw_model(ids[:, :-1])
+            out["old_logprobs"] = token_logprobs(logits, ids[:, 1:], cfg["temperature"]) * mask
+        else:  # the sampler's log-probs equal a training forward's (fp32): only the critic runs
+            values = run.raw_model.critic(ids[:, :-1])
+            out["old_logprobs"] = roll["old_logprobs"]
+        if scores_reference(run):
+            out["ref_logprobs"] = sequence_logprobs(run.ref_model, ids, cfg["temperature"]) * mask
         rm_score = C.score_responses(run.reward_model, ids, mask) if run.reward_model is not None else None
-    return dict(ids=ids, mask=mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
-                old_values=values.float() * mask, verifier=roll["rewards"],
-                score=rm_score if rm_score is not None else roll["rewards"],
-                sampler_logprobs=roll["old_logprobs"], lengths=roll["lengths"].float(),
-                truncated=roll["truncated"].float(), decode_time=roll["decode_time"])
+    out.update(old_values=values.float() * mask, score=rm_score if rm_score is not None else roll["rewards"])
+    return out
 
 
 def global_sums(run, micro):
@@ -256,6 +278,8 @@ def global_sums(run, micro):
         length=lambda mb: mb["lengths"], truncated=lambda mb: mb["truncated"],
         sampler_gap=lambda mb: (mb["sampler_logprobs"] - mb["old_logprobs"]).abs() * mb["mask"],
         decode_time=lambda mb: torch.tensor(mb["decode_time"]))
+    if hasattr(run.env, "shows_work"):
+        figures["work"] = lambda mb: mb["shows_work"]
     local = {name: sum(float(f(mb).double().sum()) for mb in micro) for name, f in figures.items()}
     return C.all_reduce_sum(local, run)
 
@@ -277,7 +301,8 @@ def batches(run, it):
     micro = [score_micro_batch(run, p, s) for p, s in zip(problems, seeds)]
 
     for mb in micro:
-        mb["kl"] = kl_estimate(mb["old_logprobs"], mb["ref_logprobs"], cfg["kl_estimator"]) * mb["mask"]
+        mb["kl"] = (kl_estimate(mb["old_logprobs"], mb["ref_logprobs"], cfg["kl_estimator"]) * mb["mask"]
+                    if "ref_logprobs" in mb else torch.zeros_like(mb["mask"]))
         rewards = shaped_rewards(mb["score"], mb["kl"], mb["mask"], run.kl_coef)
         mb["advantages"], mb["returns"] = gae(rewards, mb["old_values"], mb["mask"], cfg["gamma"], cfg["lam"])
 
@@ -287,17 +312,20 @@ def batches(run, it):
     adv_mean, adv_var, return_var = mean("adv"), mean("adv2") - mean("adv") ** 2, mean("ret2") - mean("ret") ** 2
     for mb in micro:  # whitening over the global batch: the same shift and scale on every rank
         mb["advantages"] = (mb["advantages"] - adv_mean) / math.sqrt(max(adv_var, 0.0) + 1e-8) * mb["mask"]
-    kl_ref = per_seq("kl")
     run.stats.update(
-        kl_ref=kl_ref, kl_coef=run.kl_coef, verifier_acc=per_seq("verifier"), resp_len=per_seq("length"),
+        kl_coef=run.kl_coef, verifier_acc=per_seq("verifier"), len_mean=per_seq("length"),
         truncated_frac=per_seq("truncated"), sampler_logprob_gap=mean("sampler_gap"),
         decode_time=sums["decode_time"] / run.world_size)
+    if "ref_logprobs" in micro[0]:
+        run.stats["kl_ref"] = per_seq("kl")
+    if "work" in sums:
+        run.stats["work_frac"] = per_seq("work")
     if return_var > 0:  # 1 − Var(R − V_old)/Var(R); R − V_old is the raw advantage on response tokens
         run.stats["explained_var"] = 1 - adv_var / return_var
     if run.reward_model is not None:
         run.stats["rm_score"] = per_seq("score")
-    if cfg["kl_target"] > 0:  # adaptive β for the next iteration, from this batch's (global) KL
-        error = float(np.clip(kl_ref / cfg["kl_target"] - 1, -0.2, 0.2))
+    if cfg["kl_target"] > 0 and "kl_ref" in run.stats:  # adaptive β for the next iteration, from this batch's (global) KL
+        error = float(np.clip(run.stats["kl_ref"] / cfg["kl_target"] - 1, -0.2, 0.2))
         run.kl_coef *= 1 + cfg["kl_adapt_rate"] * error
 
     fields = ("ids", "mask", "old_logprobs", "old_values", "advantages", "returns")
@@ -327,18 +355,21 @@ def loss(run, model, batch):
         # clip_frac: share of tokens where the clipped term is the active one (no gradient from them)
         metrics = dict(policy_loss=(policy_loss * mask).sum(), value_loss=(value_loss * mask).sum(),
                        clip_frac=(clipped * mask).sum(), approx_kl=approx_kl,
-                       entropy=(entropy_from_logits(logits, cfg["temperature"]) * mask).sum())
+                       entropy=masked_entropy_sum(logits, mask, cfg["temperature"]))
     return loss_sum, n, {k: float(v / n) for k, v in metrics.items()}
 
 
 def evaluate(run, it):
     """Greedy exact-match accuracy of the policy on held-out and OOD problems (the true task metric,
-    whatever the training reward)."""
+    whatever the training reward), and on held-out answers sampled at the training temperature their
+    accuracy and the KL to π_ref."""
     metrics = {}
     for split in ("heldout", "ood"):
         m, transcripts = C.env_accuracy(run, run.raw_model.policy, split, run.cfg["eval_problems"])
         metrics.update(m)
         C.write_samples(run, it, transcripts)
+    sampled = C.sampled_reference_kl(run, run.raw_model.policy, run.ref_model, run.cfg["temperature"])
+    metrics.update(heldout_kl_ref=sampled["kl_ref"], heldout_sampled_acc=sampled["sampled_acc"])
     return metrics
 
 

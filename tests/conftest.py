@@ -1,5 +1,6 @@
 """Shared test fixtures: a tiny model config and a two-process (gloo) runner for train.train."""
 
+import contextlib
 import os
 import socket
 import sys
@@ -44,3 +45,20 @@ def run_ddp(fn, *args, world_size=2):
     results = mp.Manager().dict()
     mp.spawn(_worker, args=(world_size, _free_port(), fn, args, results), nprocs=world_size, join=True)
     return [results[r] for r in range(world_size)]
+
+
+@contextlib.contextmanager
+def forward_calls(**modules):
+    """A list that gets the keyword name of a module at each of its forward passes outside the
+    sampler (whose passes carry a KV cache): the scoring, training and evaluation forwards."""
+    calls = []
+
+    def hook_for(name):
+        return lambda module, args, kwargs: calls.append(name) if kwargs.get("cache") is None else None
+
+    hooks = [m.register_forward_pre_hook(hook_for(name), with_kwargs=True) for name, m in modules.items()]
+    try:
+        yield calls
+    finally:
+        for hook in hooks:
+            hook.remove()

@@ -15,7 +15,7 @@ import common as C
 import envs
 import grpo
 import train as T
-from conftest import TINY, run_ddp
+from conftest import TINY, forward_calls, run_ddp
 from model import kl_estimate, sequence_logprobs
 from tokenizer import Tokenizer
 
@@ -321,6 +321,41 @@ def test_first_iteration_from_scratch_logs_zero_kl_and_every_figure(tmp_path, mo
     assert abs(row["kl_ref"]) < 1e-5 and row["kl_k3"] < 1e-4  # π = π_ref before the first update
     assert 0 < row["reward"] < 1 and row["time_update"] > 0
     assert "seq_mean_token_mean" in open(tmp_path / "r" / "passport.md").read()
+
+
+def test_kl_off_rollouts_run_no_forward_besides_the_sampler(run):
+    """kl=off: π_ref is never scored, and π_old is the sampler's own log-probs (auto on CPU)."""
+    assert run.old_logprobs_mode == "sampler"
+    with forward_calls(policy=run.raw_model, reference=run.ref_model) as calls:
+        run.stats = {}  # (the loop empties it every iteration)
+        with patched(run, kl="off"):
+            steps = grpo.batches(run, 0)
+        assert calls == [] and "ref_logprobs" not in steps[0][0] and "kl_ref" not in run.stats
+        with patched(run):  # k3_loss: π_ref scores the rollouts (in one chunk of batch_size rows at most)
+            grpo.batches(run, 0)
+        assert set(calls) == {"reference"} and "kl_ref" in run.stats
+
+
+def test_kl_off_trains_exactly_as_a_zero_kl_term_that_scores_the_reference(tmp_path, monkeypatch):
+    """Skipping π_ref changes nothing but the cost: the weights equal, to the bit, those of a run that
+    scores π_ref on every rollout and adds 0 × k3 to the loss."""
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
+    common = dict(TINY, **SMALL, max_iters=2, learning_rate=1e-3, warmup_iters=0)
+    off = T.train(dict(common, kl="off", out_dir=str(tmp_path / "off")))
+    zero = T.train(dict(common, kl="k3_loss", kl_coef=0.0, out_dir=str(tmp_path / "zero")))
+    start = C.load_reference(off).state_dict()
+    weights = [r.raw_model.state_dict() for r in (off, zero)]
+    assert any(not torch.equal(weights[0][k], start[k]) for k in start)  # it did train
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in start)
+    row = [json.loads(line) for line in open(tmp_path / "off" / "metrics.jsonl")][-1]
+    assert "kl_ref" not in row and 0 <= row["work_frac"] <= 1 and row["len_mean"] > 0
+
+
+def test_evaluation_logs_the_kl_to_the_reference(run):
+    """heldout_kl_ref, on the policy's samples whatever the kl key: 0 while π = π_ref (no update yet)."""
+    with patched(run, kl="off", eval_pass_k=0):
+        metrics = grpo.evaluate(run, 0)
+    assert abs(metrics["heldout_kl_ref"]) < 1e-4
 
 
 def test_config_errors(run):

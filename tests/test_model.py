@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from model import (GPT, GPTConfig, ScalarHeadGPT, _filter_logits, apply_lora, count_parameters,
-                   merge_lora, sample, sequence_logprobs)
+from model import (GPT, GPTConfig, ScalarHeadGPT, _filter_logits, apply_lora, count_parameters, entropy_from_logits,
+                   masked_entropy_sum, merge_lora, sample, sequence_logprobs)
 
 CFG = GPTConfig(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32)
 RAGGED = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
@@ -65,6 +65,19 @@ def test_sampler_logprobs_equal_training_forward(model, temperature, top_k, top_
     for prompt, toks, lps in zip(RAGGED, tokens, logprobs):
         lp = sequence_logprobs(model, torch.tensor([prompt + toks]), temperature)[0, len(prompt) - 1:]
         torch.testing.assert_close(lp, torch.tensor(lps), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_masked_entropy_sum_equals_the_whole_tensor_computation(temperature):
+    """Only masked positions, a few rows at a time (chunks of 2 rows here), give the sum that the
+    entropy of every position, masked afterwards, gives; and no gradient."""
+    gen = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(3, 7, 50, generator=gen)).requires_grad_()
+    mask = (torch.rand(3, 7, generator=gen) > 0.4).float()
+    whole = (entropy_from_logits(logits.detach(), temperature) * mask).sum()
+    chunked = masked_entropy_sum(logits, mask, temperature, max_elements=100)
+    assert float(chunked) == pytest.approx(float(whole), rel=1e-6) and not chunked.requires_grad
+    assert float(masked_entropy_sum(logits, torch.zeros(3, 7), temperature)) == 0.0
 
 
 def test_seed_reproducible_and_stop_tokens_per_row(model):

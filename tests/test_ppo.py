@@ -15,8 +15,8 @@ import common as C
 import envs
 import ppo
 import train as T
-from conftest import run_ddp
-from model import GPT, GPTConfig, ScalarHeadGPT, kl_estimate
+from conftest import forward_calls, run_ddp
+from model import GPT, GPTConfig, ScalarHeadGPT, kl_estimate, token_logprobs
 
 
 def ppo_config(tiny, **overrides):
@@ -205,9 +205,42 @@ def test_end_to_end_ppo_raises_a_toy_reward(tiny, monkeypatch):
     assert len(rewards) == 10
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.2, rewards
     row = metrics_rows(run.cfg["out_dir"])[-1]
-    for key in ("kl_ref", "clip_frac", "entropy", "value_loss", "explained_var", "resp_len", "approx_kl"):
+    for key in ("clip_frac", "entropy", "value_loss", "explained_var", "len_mean", "work_frac", "approx_kl"):
         assert math.isfinite(row[key]), key
     assert row["ppo_steps"] == 4
+
+
+def test_rollouts_score_the_reference_only_when_the_kl_penalty_is_on(tiny, monkeypatch):
+    """π_old is the sampler's (auto on CPU: only the critic runs, with the values the joint forward
+    gives); π_ref runs only when β > 0."""
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(ascii_share))
+    run = T.train(ppo_config(tiny, max_iters=0, kl_coef=0.0))
+    assert run.old_logprobs_mode == "sampler"
+    with forward_calls(policy=run.raw_model.policy, critic=run.raw_model.critic, reference=run.ref_model) as calls:
+        micro = next(ppo.batches(run, 0))
+        assert calls == ["critic"] * run.cfg["minibatches"]  # one forward per micro-batch of rollouts
+        assert "kl_ref" not in run.stats and 0 <= run.stats["work_frac"] <= 1
+        run.kl_coef = 0.05
+        next(ppo.batches(run, 0))
+        assert sorted(set(calls)) == ["critic", "reference"] and "kl_ref" in run.stats
+    for mb in micro:  # the sampler's log-probs are π_old: what the loss's forward gives before an update
+        with torch.no_grad():
+            logits, values = run.raw_model(mb["ids"][:, :-1])
+        logprobs = token_logprobs(logits, mb["ids"][:, 1:], run.cfg["temperature"]) * mb["mask"]
+        assert torch.allclose(logprobs, mb["old_logprobs"], atol=1e-5)
+        assert torch.equal(values * mb["mask"], mb["old_values"])
+
+
+def test_beta_zero_trains_exactly_as_when_the_reference_is_scored(tiny, monkeypatch):
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(ascii_share))
+    cfg = ppo_config(tiny, max_iters=2, kl_coef=0.0, checkpoint=False)
+    skipped = T.train(dict(cfg, out_dir=tiny["out_dir"] + "_skipped"))
+    monkeypatch.setattr(ppo, "scores_reference", lambda run: True)
+    scored = T.train(cfg)
+    assert "kl_ref" in metrics_rows(scored.cfg["out_dir"])[-1]
+    assert "kl_ref" not in metrics_rows(skipped.cfg["out_dir"])[-1]
+    for (name, a), b in zip(skipped.raw_model.state_dict().items(), scored.raw_model.state_dict().values()):
+        assert torch.equal(a, b), name
 
 
 def test_reward_model_path_scores_rollouts_with_rm_score(tiny, monkeypatch, capsys):
