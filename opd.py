@@ -1,0 +1,285 @@
+"""
+On-policy distillation (OPD) and on-policy self-distillation (OPSD): the student samples its own
+answers and a teacher grades every token of them. SPEC §3 (On-policy distillation, OPSD); seed
+chapter 7 "On-Policy Distillation" and its section on sample efficiency ("online + dense signal").
+
+    python train.py --algo opd --init_from=out/sft --teacher=out/teacher      # OPD, a stronger teacher
+    python train.py --algo opd --init_from=out/sft --teacher=self             # OPSD
+    python train.py --algo opd --init_from=out/sft --teacher=out/teacher --kl_estimator=sampled
+
+One iteration (synchronous, strictly on-policy: one optimizer step per batch of fresh samples):
+  1. rollouts: prompts_per_iter × samples_per_prompt answers sampled from the student π_s (its
+     current weights) with the KV-cache sampler at temperature τ; the verifier's reward is only
+     logged, nothing trains on it;
+  2. the teacher π_t scores every response position of them in one forward pass (no gradient, eval
+     mode, the same τ): log π_t(·| x, y_<t) over the whole vocabulary;
+  3. one optimizer step on the per-token reverse KL, token mean over the response tokens:
+
+         KL_t = Σ_v π_s(v|c_t) [log π_s(v|c_t) − log π_t(v|c_t)],   c_t = (x, y_<t) drawn from π_s
+         loss = Σ_it KL_it / Σ_i |y_i|       (loss_sum = Σ_it KL_it, count = response tokens)
+
+     Prompt and padding positions are in neither sum. Reverse KL (the student's own expectation) is
+     mode-seeking: the student is pushed off every token the teacher finds unlikely, on exactly the
+     prefixes it reaches itself, so the teacher corrects the student's own mistakes (SFT on teacher
+     text, a forward KL on the teacher's prefixes, never sees them). As in GKD and the Thinking
+     Machines recipe, the prefixes c_t count as given: the gradient flows through π_s(·|c_t) at each
+     position, not through which prefixes were sampled.
+
+kl_estimator — three ways to turn the teacher's scores into that loss (formulas per position t,
+  p = π_s(·|c_t) and q = π_t(·|c_t) at temperature τ, y_t ~ p the sampled token):
+    full     ℓ_t = Σ_v p(v)(log p(v) − log q(v)), differentiated directly. Exact, no variance given
+             the prefix; needs the teacher's whole distribution at every position (N·T·V numbers).
+    sampled  a_t = −(log p(y_t) − log q(y_t)), a per-token advantage through the policy-gradient
+             loss ℓ_t = −a_t.detach()·log p(y_t). Unbiased for ∇KL_t: E_{y~p}[(log p(y) − log q(y))
+             ∇log p(y)] = Σ_v ∇p(v)(log p(v) − log q(v)) = ∇KL_t, because Σ_v p ∇log p = ∇Σ_v p = 0.
+             Needs one teacher log-prob per token (what a served teacher returns cheaply), but a
+             one-sample estimate: its variance grows with the log-ratio's spread under p, largest
+             where student and teacher disagree. Unbiased only on fresh samples of the current π_s at
+             τ with no top-k/top-p, which is why every batch is used for exactly one step.
+    topk     K_t = the teacher's kl_topk most likely tokens; p̃, q̃ = p, q restricted to K_t and
+             renormalised; ℓ_t = Σ_{v∈K_t} p̃(v)(log p̃(v) − log q̃(v)). No variance, k numbers per token
+             from the teacher, but biased: the student's mass outside K_t (tokens the teacher rules
+             out: what reverse KL exists to punish) is not penalised, and the values are the KL
+             between the renormalised distributions. kl_topk = V gives `full` exactly.
+  Whatever the estimator, `reverse_kl` logs the exact KL_t, token mean over the sampled positions.
+  The teacher's full distribution is held for that log and for `full`; with a 50k vocabulary that is
+  large (N·T·V floats per rollout batch: lower batch_size / prompts_per_iter on a big model).
+
+teacher — where π_t comes from:
+    DIR   a frozen checkpoint (common.load_model + common.frozen): any size, the same tokenizer (a
+          vocabulary of another size is refused, naming both); it sees the student's prompt.
+    self  OPSD: the student's own current weights, run under torch.no_grad on a privileged prompt
+          (PRIVILEGED below, chosen by `privileged`): the user message is the problem followed by
+          "\n(Reference answer: <answer>)" or "\n(Reference solution: <env.solve(problem)>)", then the
+          student's answer tokens unchanged. The student sees only the problem. The gradient flows only through the student's
+          log-probs on the plain prompt; the teacher's log-probs are constants (scored before the
+          step, no graph), so the model is not also trained to read the reference. The chapter's
+          warning: naive OPSD can erase the model's own style of reasoning: the teacher's
+          distribution is the model *copying* a solution, and matching it token by token trades
+          the student's way of working for the reference's wording (watch work_frac and the
+          samples). The privileged prompt is longer: answer positions past the teacher's context
+          (block_size) are not graded (out of the loss and its count; logged as ungraded_frac).
+          With the byte tokenizer and block_size 128 a long word problem plus its whole solution
+          leaves no room at all, hence the short `answer` template by default.
+
+Rollouts are sampled in shards of rollout_prompts prompts, shard s of iteration it seeded by
+(seed, it, s); rank r takes shards r, r + world_size, ...: two ranks take the same step as one
+process (tested). Student and teacher are scored with dropout off (eval mode).
+
+Logged every iteration: reverse_kl, entropy (student, on its own samples), tokens (response tokens
+with loss weight, summed by the loop), reward (verifier accuracy of the rollouts), len_mean,
+truncated_frac, ungraded_frac, work_frac (share of answers that show their work), rollout_tokens, and the time
+split time_decode / time_teacher / time_update.
+
+A teacher for the default task, made with the project's own scripts (a model twice as deep and
+wide as the default student, SFT then GRPO; the student is the default `python train.py`):
+
+    python train.py config/teacher.py                                        # SFT, 8 layers × 256, out/teacher_sft
+    python train.py --algo grpo config/grpo.py --init_from=out/teacher_sft --out_dir=out/teacher --max_iters=100
+    python experiments/opd_vs_grpo.py --student=out/sft --teacher=out/teacher  # OPD × 3, OPSD, GRPO side by side
+"""
+
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import common as C
+
+starts_from = "sft"  # distillation refines a policy that can already answer
+
+defaults = dict(
+    teacher="",                # a checkpoint directory (OPD) or "self" (OPSD)
+    kl_estimator="full",       # full | sampled | topk
+    kl_topk=16,                # k of the topk estimator (k = vocab size: exactly full)
+    privileged="answer",       # OPSD: what the teacher's prompt adds (PRIVILEGED): answer | solution
+    prompts_per_iter=128,      # prompts per iteration, global over ranks (GRPO's default 16 × 8 rollouts)
+    samples_per_prompt=1,      # answers per prompt: distillation needs no group, every token is graded
+    rollout_prompts=0,         # prompts per sampler call (a shard); 0 = prompts_per_iter / world_size
+    temperature=1.0,           # sampling temperature; student and teacher logits are both divided by it
+    eval_samples=4,            # held-out answers sampled per problem at the temperature (< 1: off)
+    # common keys with RL values (one step per batch of fresh samples), sized for the tiny model on a CPU
+    learning_rate=1e-4, min_lr=1e-4, warmup_iters=5, max_iters=30, eval_interval=10, log_interval=1,
+)
+
+ESTIMATORS = ("full", "sampled", "topk")
+PRIVILEGED = dict(answer="{prompt}\n(Reference answer: {answer})",  # OPSD: what the teacher sees, the student not
+                  solution="{prompt}\n(Reference solution: {solution})")
+
+
+# ----------------------------------------------------------------------------------------------
+# The math (a pure function, tested on numbers)
+
+def distillation_loss(student_logits, targets, teacher_logprobs, mask, estimator, temperature=1.0, topk=16):
+    """Per-token reverse KL to the teacher on the sampled positions. student_logits (B, T, V) with
+    gradient; targets (B, T) the sampled tokens; teacher_logprobs (B, T, V) log π_t at temperature τ,
+    constants; mask (B, T) 1 on response tokens. Returns (loss_sum, count, reverse_kl_sum,
+    entropy_sum): sums over the masked positions, count = their number."""
+    student_logprobs = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    on = mask > 0
+    exact = (student_logprobs.exp() * (student_logprobs - teacher_logprobs)).sum(-1)  # KL_t (B, T)
+    if estimator == "full":
+        per_token = exact
+    elif estimator == "sampled":
+        logp = student_logprobs.gather(-1, targets[..., None]).squeeze(-1)
+        teacher_logp = teacher_logprobs.gather(-1, targets[..., None]).squeeze(-1)
+        advantage = -(logp - teacher_logp).detach()
+        per_token = -advantage * logp
+    elif estimator == "topk":
+        top = teacher_logprobs.topk(min(topk, teacher_logprobs.size(-1)), dim=-1).indices
+        p = student_logprobs.gather(-1, top)
+        q = teacher_logprobs.gather(-1, top)
+        p, q = p - p.logsumexp(-1, keepdim=True), q - q.logsumexp(-1, keepdim=True)  # renormalised on K_t
+        per_token = (p.exp() * (p - q)).sum(-1)
+    else:
+        raise ValueError(f"kl_estimator={estimator!r}: choose from {ESTIMATORS}")
+    with torch.no_grad():
+        entropy = -(student_logprobs.exp() * student_logprobs).sum(-1)
+    # where, not *: whatever the logits hold on prompt and padding, no value or gradient leaks from there
+    return (torch.where(on, per_token, 0.0).sum(), on.sum(), torch.where(on, exact.detach(), 0.0).sum(),
+            torch.where(on, entropy, 0.0).sum())
+
+
+# ----------------------------------------------------------------------------------------------
+# Rollouts and the teacher's scores
+
+def teacher_prompt(run, problem):
+    """The user message the teacher sees: the student's own, or under OPSD the privileged one."""
+    if run.cfg["teacher"] != "self":
+        return problem["prompt"]
+    return PRIVILEGED[run.cfg["privileged"]].format(prompt=problem["prompt"], answer=problem["answer"],
+                                                    solution=run.env.solve(problem))
+
+
+@torch.no_grad()
+def teacher_logprobs(run, ro):
+    """The teacher's grades of the rollouts ro: (log-probs (N, T-1, V), graded (N, T-1)), aligned
+    with ro["ids"][:, 1:] like ro["mask"]: log π_t(·| teacher prompt, y_<t) at τ on the graded
+    response positions, 0 elsewhere. Each row is re-rendered as the teacher's prompt + the student's
+    answer tokens, as many as fit the teacher's context (graded = the response positions kept), and
+    scored in one forward pass per chunk; the kept positions of both layouts hold the same tokens in
+    the same order, so the two mask-selects align."""
+    ids, mask, tau = ro["ids"], ro["mask"], run.cfg["temperature"]
+    context = run.teacher.config.block_size + 1  # the last token is only a target
+    prompts = [run.tok.prompt_ids(teacher_prompt(run, p)) for p in ro["problems"]]
+    room = torch.tensor([max(context - len(p), 0) for p in prompts], device=mask.device)
+    graded = mask * (mask.cumsum(1) <= room[:, None])
+    out = torch.zeros(*mask.shape, run.teacher.config.vocab_size, device=mask.device)
+    for rows in C.chunks(range(len(ids)), run.cfg["batch_size"]):
+        examples = []
+        for i in rows:
+            answer = ids[i, 1:][graded[i] > 0].tolist()
+            prompt = prompts[i][:context - len(answer)]  # cut only where nothing is graded
+            examples.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+        teacher_ids, teacher_mask = C.collate(examples, run.tok.pad, run.device)
+        with run.autocast:
+            logits = run.teacher(teacher_ids[:, :-1])
+        logprobs = F.log_softmax(logits.float() / tau, dim=-1)
+        out[rows.start:rows.stop][graded[rows.start:rows.stop] > 0] = logprobs[teacher_mask[:, 1:] > 0]
+    return out, graded
+
+
+def shard_size(run):
+    return run.cfg["rollout_prompts"] or run.cfg["prompts_per_iter"] // run.world_size
+
+
+def rollout_shard(run, it, shard):
+    """Shard `shard` of iteration `it`: fresh train problems, the student's answers, the teacher's scores."""
+    cfg = run.cfg
+    rng = C.seeded_rng(run, it, shard)
+    problems = run.env.problems("train", shard_size(run), seed=int(rng.integers(2 ** 31)))
+    ro = C.rollouts(run, run.raw_model, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"],
+                    max_new_tokens=cfg["max_new_tokens"], seed=int(rng.integers(2 ** 31)))
+    run.raw_model.eval()  # the sampler restored train mode: the teacher (if self) and the loss run without dropout
+    t0 = time.time()
+    ro["teacher_logprobs"], graded = teacher_logprobs(run, ro)
+    ro["time_teacher"] = time.time() - t0
+    ro["ungraded"] = float((ro["mask"] - graded).sum())
+    ro["mask"] = graded  # the loss and its count: graded positions only
+    return ro
+
+
+# ----------------------------------------------------------------------------------------------
+# The algorithm module interface (see train.py)
+
+def setup(run):
+    cfg = run.cfg
+    if cfg["kl_estimator"] not in ESTIMATORS:
+        raise ValueError(f"kl_estimator={cfg['kl_estimator']!r}: choose from {ESTIMATORS}")
+    if cfg["privileged"] not in PRIVILEGED:
+        raise ValueError(f"privileged={cfg['privileged']!r}: choose from {tuple(PRIVILEGED)}")
+    if not cfg["teacher"]:
+        raise ValueError("--algo opd needs --teacher=DIR (a checkpoint with the student's tokenizer) or --teacher=self")
+    P, shard = cfg["prompts_per_iter"], shard_size(run)
+    if shard < 1 or P % shard or (P // shard) % run.world_size or cfg["samples_per_prompt"] < 1 or cfg["kl_topk"] < 1:
+        raise ValueError(f"prompts_per_iter={P} must split into shards of rollout_prompts={shard} prompts, a whole "
+                         f"number per each of {run.world_size} ranks; samples_per_prompt and kl_topk must be >= 1")
+    if cfg["teacher"] == "self":
+        run.teacher = run.raw_model  # OPSD: the current weights, read under no_grad
+        return
+    run.teacher = C.frozen(C.load_model(cfg["teacher"])).to(run.device)
+    teacher_vocab, student_vocab = run.teacher.config.vocab_size, run.raw_model.config.vocab_size
+    if teacher_vocab != student_vocab:
+        raise ValueError(f"teacher {cfg['teacher']} has a vocabulary of {teacher_vocab} tokens, the student "
+                         f"{student_vocab}: distillation compares their distributions token by token, so they "
+                         f"must share the tokenizer")
+    if C.load_tokenizer(cfg["teacher"]).name != run.tok.name:
+        raise ValueError(f"teacher {cfg['teacher']} uses tokenizer {C.load_tokenizer(cfg['teacher']).name!r}, "
+                         f"the student {run.tok.name!r}: they must share it")
+
+
+def batches(run, it):
+    """This rank's shards, scored by the teacher; figures for the log; one optimizer step of
+    micro-batches of at most batch_size answers."""
+    shards = [rollout_shard(run, it, s) for s in range(run.rank, run.cfg["prompts_per_iter"] // shard_size(run),
+                                                            run.world_size)]
+    shows_work = getattr(run.env, "shows_work", None)
+    sums = C.all_reduce_sum(dict(
+        reward=sum(float(ro["rewards"].sum()) for ro in shards), answers=sum(len(ro["rewards"]) for ro in shards),
+        tokens=sum(float(ro["lengths"].sum()) for ro in shards),
+        truncated=sum(float(ro["truncated"].sum()) for ro in shards), ungraded=sum(ro["ungraded"] for ro in shards),
+        work=sum(sum(map(shows_work, ro["texts"])) for ro in shards) if shows_work else 0), run)
+    run.stats.update(reward=sums["reward"] / sums["answers"], len_mean=sums["tokens"] / sums["answers"],
+                     truncated_frac=sums["truncated"] / sums["answers"], rollout_tokens=sums["tokens"],
+                     ungraded_frac=sums["ungraded"] / max(sums["tokens"], 1.0),
+                     time_decode=sum(ro["decode_time"] for ro in shards),
+                     time_teacher=sum(ro["time_teacher"] for ro in shards))
+    if shows_work:
+        run.stats["work_frac"] = sums["work"] / sums["answers"]
+    micro_batches = []
+    for ro in shards:
+        seq_len = C.last_response_column(ro["mask"]) + 2  # per row: index of its last token + 1
+        for rows in C.chunks(range(len(ro["ids"])), run.cfg["batch_size"]):
+            width = max(int(seq_len[rows.start:rows.stop].max()), 2)  # cut the shard's padding to the chunk's own
+            micro_batches.append({k: ro[k][rows.start:rows.stop, :width if k == "ids" else width - 1]
+                                  for k in ("ids", "mask", "teacher_logprobs")})
+    return [micro_batches]
+
+
+def loss(run, model, batch):
+    """One micro-batch: the student's logits at τ on its own answers, the estimator's loss."""
+    ids, mask = batch["ids"], batch["mask"]
+    logits = model(ids[:, :-1])
+    loss_sum, count, reverse_kl, entropy = distillation_loss(
+        logits, ids[:, 1:], batch["teacher_logprobs"], mask, run.cfg["kl_estimator"], run.cfg["temperature"],
+        run.cfg["kl_topk"])
+    n = max(float(count), 1.0)
+    return loss_sum, count, dict(reverse_kl=float(reverse_kl) / n, entropy=float(entropy) / n, tokens=float(count))
+
+
+@torch.no_grad()
+def evaluate(run, it):
+    """Held-out accuracy, greedy and sampled at τ (with pass@eval_samples), OOD accuracy, and a few
+    trajectories to read in samples.txt."""
+    model, cfg = run.raw_model, run.cfg
+    model.eval()
+    metrics, transcripts = C.env_accuracy(run, model, "heldout", cfg["eval_problems"])
+    metrics.update(C.env_accuracy(run, model, "ood", cfg["eval_problems"])[0])
+    if cfg["eval_samples"] >= 1:
+        sampled, _ = C.env_accuracy(run, model, "heldout", cfg["eval_problems"], temperature=cfg["temperature"],
+                                    samples=cfg["eval_samples"], seed=1)
+        metrics.update({k if "pass@" in k else k.replace("heldout_", "heldout_sampled_"): v for k, v in sampled.items()})
+    C.write_samples(run, it, transcripts)
+    model.train()
+    return metrics

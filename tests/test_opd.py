@@ -1,0 +1,240 @@
+"""opd.py: the reverse-KL estimators on numbers (zero at student = teacher, finite differences,
+expectations on an enumerated vocabulary, masking, temperature), the teacher's scores and gradients,
+the vocabulary check, OPSD, and the shared loop (metrics, resume, LoRA, DDP)."""
+
+import dataclasses
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import opd
+import train as T
+from conftest import TINY, run_ddp
+from model import GPT, GPTConfig
+from tokenizer import Tokenizer
+
+SMALL = dict(algo="opd", prompts_per_iter=4, samples_per_prompt=2, max_new_tokens=16, checkpoint=False,
+             eval_samples=2, learning_rate=1e-3, warmup_iters=0)
+
+
+def write_checkpoint(directory, seed, n_layer=2, n_embd=32, vocab_size=None):
+    """A random tiny GPT saved as a checkpoint directory (what load_model and --init_from read)."""
+    vocab_size = vocab_size or -(-Tokenizer("byte").n_vocab // 64) * 64
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(block_size=128, vocab_size=vocab_size, n_layer=n_layer, n_head=2, n_embd=n_embd))
+    os.makedirs(directory, exist_ok=True)
+    torch.save(dict(model=model.state_dict(), model_args=dataclasses.asdict(model.config), kind="lm",
+                    lora_rank=0, lora_alpha=32.0, tokenizer="byte"), os.path.join(directory, "ckpt.pt"))
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A student and a (differently shaped) teacher checkpoint: (student_dir, teacher_dir)."""
+    root = tmp_path_factory.mktemp("opd_models")
+    return write_checkpoint(root / "student", seed=0), write_checkpoint(root / "teacher", seed=1, n_layer=1, n_embd=64)
+
+
+def opd_run(models, tmp_path, **overrides):
+    student, teacher = models
+    return T.train(dict(TINY, **SMALL, init_from=student, teacher=teacher, out_dir=str(tmp_path / "run")) | overrides)
+
+
+def losses(student_logits, targets, teacher_logprobs, mask, **kw):
+    return {e: opd.distillation_loss(student_logits, targets, teacher_logprobs, mask, e, **kw)
+            for e in opd.ESTIMATORS}
+
+
+# ---------------------------------------------------------------------------------------------
+# The estimators on numbers
+
+def test_kl_and_its_gradient_are_zero_when_student_equals_teacher():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 7, requires_grad=True)
+    teacher = F.log_softmax(logits.detach() / 0.7, dim=-1)
+    targets, mask = torch.randint(7, (2, 3)), torch.ones(2, 3)
+    for estimator in opd.ESTIMATORS:
+        loss_sum, count, reverse_kl, _ = opd.distillation_loss(logits, targets, teacher, mask, estimator, 0.7, topk=3)
+        grad, = torch.autograd.grad(loss_sum, logits)
+        assert abs(float(loss_sum.detach())) < 1e-6 and abs(float(reverse_kl)) < 1e-6 and int(count) == 6, estimator
+        assert grad.abs().max() < 1e-6, estimator
+
+
+def test_full_kl_gradient_matches_finite_differences():
+    torch.manual_seed(1)
+    logits = torch.randn(1, 2, 5, requires_grad=True)
+    teacher = F.log_softmax(torch.randn(1, 2, 5), dim=-1)
+    targets, mask = torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2)
+    kl = lambda x: opd.distillation_loss(x, targets, teacher, mask, "full", temperature=1.3)[0]
+    grad, = torch.autograd.grad(kl(logits), logits)
+    eps, numeric = 1e-2, torch.zeros_like(grad)
+    for index in range(logits.numel()):
+        step = torch.zeros(logits.numel())
+        step[index] = eps
+        step = step.view_as(logits)
+        numeric.view(-1)[index] = (kl(logits.detach() + step) - kl(logits.detach() - step)) / (2 * eps)
+    torch.testing.assert_close(grad, numeric, atol=1e-3, rtol=1e-3)
+
+
+def test_sampled_and_topk_agree_with_full_in_expectation():
+    """One position, V = 6, every token enumerated: E_{y~p}[∇ sampled] = ∇ full and E[log p − log q]
+    = KL; topk with k = V is full; with k < V it is the KL between the renormalised restrictions."""
+    torch.manual_seed(2)
+    V, tau = 6, 0.8
+    logits = torch.randn(1, 1, V, requires_grad=True)
+    teacher = F.log_softmax(torch.randn(1, 1, V) / tau, dim=-1)
+    mask = torch.ones(1, 1)
+    p = F.softmax(logits.detach() / tau, dim=-1).flatten()
+    full, _, exact, _ = opd.distillation_loss(logits, torch.zeros(1, 1, dtype=torch.long), teacher, mask, "full", tau)
+    full_grad, = torch.autograd.grad(full, logits)
+
+    expected_grad, expected_k1 = torch.zeros_like(full_grad), 0.0
+    for y in range(V):
+        y_tensor = torch.full((1, 1), y)
+        sampled = opd.distillation_loss(logits, y_tensor, teacher, mask, "sampled", tau)[0]
+        expected_grad += p[y] * torch.autograd.grad(sampled, logits)[0]
+        expected_k1 += float(p[y] * (torch.log(p[y]) - teacher.flatten()[y]))
+    torch.testing.assert_close(expected_grad, full_grad, atol=1e-6, rtol=1e-5)
+    assert expected_k1 == pytest.approx(float(exact), abs=1e-6) and float(full.detach()) == pytest.approx(float(exact))
+
+    topk_all = opd.distillation_loss(logits, y_tensor, teacher, mask, "topk", tau, topk=V)[0]
+    torch.testing.assert_close(topk_all, full)
+    torch.testing.assert_close(torch.autograd.grad(topk_all, logits)[0], full_grad)
+    k = 3
+    top = teacher.flatten().topk(k).indices
+    p_k, q_k = p[top] / p[top].sum(), teacher.flatten()[top].exp() / teacher.flatten()[top].exp().sum()
+    topk = opd.distillation_loss(logits, y_tensor, teacher, mask, "topk", tau, topk=k)[0]
+    assert float(topk.detach()) == pytest.approx(float((p_k * (p_k / q_k).log()).sum()), abs=1e-6)
+
+
+def test_prompt_and_padding_positions_contribute_nothing():
+    torch.manual_seed(3)
+    V = 7
+    logits = torch.randn(2, 4, V)
+    teacher = F.log_softmax(torch.randn(2, 4, V), dim=-1)
+    targets = torch.randint(V, (2, 4))
+    mask = torch.tensor([[0.0, 1, 1, 0], [0, 0, 1, 1]])
+    off = (mask == 0)[..., None]
+    garbage_logits = torch.where(off, 1e4 * torch.randn(2, 4, V), logits)
+    garbage_teacher = torch.where(off, -1e4 * torch.rand(2, 4, V), teacher)
+    garbage_targets = torch.where(mask == 0, (targets + 1) % V, targets)
+    for estimator in opd.ESTIMATORS:
+        results = []
+        for x, t, y in ((logits, teacher, targets), (garbage_logits, garbage_teacher, garbage_targets)):
+            x = x.clone().requires_grad_(True)
+            loss_sum, count, reverse_kl, _ = opd.distillation_loss(x, y, t, mask, estimator, topk=3)
+            results.append((loss_sum.detach(), reverse_kl, torch.autograd.grad(loss_sum, x)[0]))
+            assert int(count) == 4
+        (a, kl_a, grad_a), (b, kl_b, grad_b) = results
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(kl_a, kl_b)
+        torch.testing.assert_close(grad_a, grad_b)
+        assert float(grad_a.masked_select(off).abs().max()) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The teacher: its scores, its gradient, its vocabulary, OPSD
+
+def test_teacher_gets_no_gradient_and_the_student_does(models, tmp_path):
+    run = opd_run(models, tmp_path, max_iters=0)
+    assert not any(p.requires_grad for p in run.teacher.parameters())
+    (micro_batches,) = opd.batches(run, 0)
+    for batch in micro_batches:
+        assert not batch["teacher_logprobs"].requires_grad
+        loss_sum, count, metrics = opd.loss(run, run.model, batch)
+        loss_sum.backward()
+        assert metrics["tokens"] == float(count) == float(batch["mask"].sum())
+    assert all(p.grad is None for p in run.teacher.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in run.raw_model.parameters())
+
+
+@pytest.mark.parametrize("teacher", ["dir", "self"])
+def test_temperature_reaches_teacher_and_student(models, tmp_path, teacher):
+    """Row by row, against a plain forward: the teacher's log-probs at τ on its own prompt (under
+    OPSD the privileged one) + the student's answer, and the student's KL at τ."""
+    tau = 2.0
+    run = opd_run(models, tmp_path, max_iters=0, temperature=tau, **({"teacher": "self"} if teacher == "self" else {}))
+    ro = opd.rollout_shard(run, 0, 0)
+    for i in range(len(ro["ids"])):
+        problem = ro["problems"][i]
+        prompt_text = problem["prompt"] + (f"\n(Reference answer: {problem['answer']})" if teacher == "self" else "")
+        prompt = run.tok.prompt_ids(prompt_text)
+        answer = ro["ids"][i, 1:][ro["mask"][i] > 0].tolist()
+        ids = torch.tensor([prompt + answer])
+        with torch.no_grad():
+            expected = F.log_softmax(run.teacher(ids[:, :-1])[0, len(prompt) - 1:] / tau, dim=-1)
+        torch.testing.assert_close(ro["teacher_logprobs"][i][ro["mask"][i] > 0], expected, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        logits = run.raw_model(ro["ids"][:, :-1])
+    p = F.log_softmax(logits / tau, dim=-1)
+    manual = ((p.exp() * (p - ro["teacher_logprobs"])).sum(-1) * ro["mask"]).sum()
+    got = opd.distillation_loss(logits, ro["ids"][:, 1:], ro["teacher_logprobs"], ro["mask"], "full", tau)[0]
+    torch.testing.assert_close(got, manual)
+    assert not torch.allclose(got, opd.distillation_loss(logits, ro["ids"][:, 1:], ro["teacher_logprobs"],
+                                                         ro["mask"], "full", 1.0)[0])
+
+
+def test_opsd_grades_only_what_fits_the_teachers_context(models, tmp_path):
+    """The whole reference solution makes long word problems' teacher prompts longer than the
+    context (128 + 1 with the target): their answers are graded only as far as the teacher sees."""
+    run = opd_run(models, tmp_path, max_iters=0, teacher="self", privileged="solution")
+    ro = opd.rollout_shard(run, 0, 0)
+    for i, problem in enumerate(ro["problems"]):
+        prompt = run.tok.prompt_ids(f"{problem['prompt']}\n(Reference solution: {run.env.solve(problem)})")
+        assert int(ro["mask"][i].sum()) == max(0, min(int(ro["lengths"][i]), 129 - len(prompt)))
+    assert ro["ungraded"] == float(ro["lengths"].sum() - ro["mask"].sum())
+
+
+def test_vocabulary_mismatch_is_refused_naming_both_sizes(models, tmp_path):
+    teacher = write_checkpoint(tmp_path / "big_vocab", seed=1, vocab_size=384)
+    with pytest.raises(ValueError, match="384 tokens, the student 320"):
+        opd_run(models, tmp_path, max_iters=0, teacher=teacher)
+    with pytest.raises(ValueError, match="--teacher"):
+        opd_run(models, tmp_path, max_iters=0, teacher="")
+    with pytest.raises(ValueError, match="kl_estimator"):
+        opd_run(models, tmp_path, max_iters=0, kl_estimator="forward")
+
+
+# ---------------------------------------------------------------------------------------------
+# The shared loop: metrics, resume, LoRA, DDP
+
+@pytest.mark.parametrize("estimator,extra", [("full", {}), ("sampled", {}), ("topk", {"kl_topk": 4}),
+                                             ("full", {"teacher": "self", "lora_rank": 2})])
+def test_trains_logs_and_evaluates(models, tmp_path, estimator, extra):
+    run = opd_run(models, tmp_path, kl_estimator=estimator, max_iters=2, eval_interval=2, **extra)
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    train_rows = [r for r in rows if "loss" in r]
+    assert [r["iter"] for r in train_rows] == [1, 2]
+    for key in ("reverse_kl", "entropy", "tokens", "reward", "len_mean", "work_frac", "rollout_tokens", "ungraded_frac",
+                "time_decode", "time_teacher", "time_update"):
+        assert all(key in r for r in train_rows), key
+    assert train_rows[0]["reverse_kl"] > 0
+    assert {"heldout_acc", "heldout_sampled_acc", "heldout_pass@2", "ood_acc"} <= set(run.metrics)
+
+
+def test_resume_continues_exactly(models, tmp_path):
+    straight = opd_run(models, tmp_path / "a", max_iters=2, checkpoint=True, eval_interval=0)
+    opd_run(models, tmp_path / "b", max_iters=1, checkpoint=True, eval_interval=0)
+    resumed = T.train(dict(algo="opd", init_from="resume", out_dir=str(tmp_path / "b" / "run"), max_iters=2))
+    for k, v in straight.raw_model.state_dict().items():
+        torch.testing.assert_close(resumed.raw_model.state_dict()[k], v)
+
+
+def final_weights(overrides):
+    run = T.train(overrides)
+    return {k: v.detach().numpy().copy() for k, v in run.raw_model.state_dict().items()}
+
+
+def test_ddp_two_ranks_equal_one_process(models, tmp_path):
+    """Shards of 2 prompts × 2 answers: each rank samples one, one process both; micro-batches of 3
+    rows (3 + 1 per rank, 3 + 1 + 3 + 1 alone) make the same global step. OPSD, the subtle teacher."""
+    base = dict(TINY, **SMALL, init_from=models[0], teacher="self", rollout_prompts=2, batch_size=3, max_iters=2)
+    w0, w1 = run_ddp(final_weights, dict(base, out_dir=str(tmp_path / "ddp")))
+    single = final_weights(dict(base, out_dir=str(tmp_path / "one")))
+    start = torch.load(os.path.join(models[0], "ckpt.pt"))["model"]
+    assert any(not torch.allclose(torch.from_numpy(single[k]), start[k]) for k in single)  # it did train
+    assert all((w0[k] == w1[k]).all() for k in w0)
+    assert all(torch.allclose(torch.from_numpy(w0[k]), torch.from_numpy(single[k]), atol=1e-5) for k in w0)
