@@ -1,17 +1,21 @@
 """
-Benchmarks (speed figures, not tests). One JSON line per measurement, then one line per target.
+Benchmarks (speed figures, not tests). One JSON line per measurement, then one line per target, then
+a summary table (figure, value, target, met?); every row also goes into one JSON file.
 
     python bench.py                      # every benchmark
     python bench.py sampler train_loop   # only these (names of the functions below)
     python bench.py --device=cuda        # on a GPU (default: cpu)
+    python bench.py --out=FILE           # where the JSON file goes (default: out/bench.json)
+    python bench.py --tiny               # every benchmark at a tiny size: checks they run, figures mean nothing
 
 Every ratio compares two things measured side by side in this one process: same model, same
 inputs, warm-up first, then the median of several repeats. On a CPU that other jobs share, run
 with OMP_NUM_THREADS=1: with one thread per core, every parallel op waits for a descheduled thread
 (measured here: 6 tok/s instead of ~300 for batch-1 sampling).
 
-Adding a benchmark: write `def name(args) -> list of target rows` (use `report` and `target`) and
-put `@benchmark` above it.
+Adding a benchmark: write `def name(args) -> list of summary rows` (use `report`, and `target` or
+`figure` for the rows of the summary table) and put `@benchmark` above it; read its sizes from the
+module constants, so that --tiny can shrink them (TINY_SIZES).
 """
 
 import json
@@ -30,7 +34,8 @@ import train as T
 from model import draw
 from tokenizer import Tokenizer
 
-BENCHMARKS = {}  # name -> function(args) returning its target rows; main() runs them in order
+BENCHMARKS = {}  # name -> function(args) returning its summary rows; main() runs them in order
+MEASUREMENTS = []  # every row `report` printed, for the JSON file
 
 
 def benchmark(fn):
@@ -40,13 +45,19 @@ def benchmark(fn):
 
 def report(**row):
     print(json.dumps(row, ensure_ascii=False), flush=True)
+    MEASUREMENTS.append(row)
     return row
 
 
 def target(name, value, goal, higher_is_better=True):
-    """A target row: `value` against `goal` (a minimum, or a maximum when not higher_is_better)."""
+    """A summary row with a target: `value` against `goal` (a minimum, or a maximum when not higher_is_better)."""
     met = value >= goal if higher_is_better else value <= goal
     return dict(target=name, value=round(value, 3), goal=("≥ " if higher_is_better else "≤ ") + str(goal), met=met)
+
+
+def figure(name, value):
+    """A summary row without a target: a figure worth seeing in the table."""
+    return dict(target=name, value=round(value, 3), goal=None, met=None)
 
 
 def sync(device):
@@ -94,7 +105,7 @@ def alternating_medians(fns, device, repeats, warmup=1):
 # ----------------------------------------------------------------------------------------------
 # Sampling: the KV-cache sampler vs recomputing the whole sequence, and vs transformers' generate
 
-PROMPT_LEN, NEW_TOKENS = 32, 128
+PROMPT_LEN, NEW_TOKENS, SAMPLER_BATCHES = 32, 128, (1, 8, 64)
 
 
 def default_model(device, block_size):
@@ -133,8 +144,7 @@ def sampler(args):
         report(bench="sampler", check="logits ours vs transformers", max_abs_diff=diff)
         if diff > 1e-4:
             raise RuntimeError(f"converted model's logits differ by {diff}")
-    ratios = {}
-    for batch in (1, 8, 64):
+    for batch in SAMPLER_BATCHES:
         prompts = prompts_for(batch)
         fast = dict(kv_cache=lambda: model.generate(prompts, NEW_TOKENS, temperature=1.0, seed=0))
         if hf is not None:
@@ -146,25 +156,30 @@ def sampler(args):
             if out_len != NEW_TOKENS:
                 raise RuntimeError(f"transformers generated {out_len} tokens, not {NEW_TOKENS}")
         t = alternating_medians(fast, device, repeats=5)
-        # the recompute baseline is slow: fewer repeats, and at batch 64 (a minute per call on a
-        # laptop core) no warm-up, since the smaller batches have already run the same code
+        # the recompute baseline is slow: fewer repeats, and at the largest batch (64: a minute per
+        # call on a laptop core) no warm-up, since the smaller batches have already run the same code
+        largest = batch == max(SAMPLER_BATCHES)
         t.update(alternating_medians(dict(recompute=lambda: sample_recompute(model, prompts, NEW_TOKENS, seed=0)),
-                                     device, repeats=3 if batch < 64 else 1, warmup=1 if batch < 64 else 0))
+                                     device, repeats=1 if largest else 3, warmup=0 if largest else 1))
         n = batch * NEW_TOKENS
         row = dict(bench="sampler", batch=batch, new_tokens=NEW_TOKENS, prompt_len=PROMPT_LEN,
                    **{f"{name}_tok_s": round(n / wall) for name, (wall, _) in t.items()},
                    cache_vs_recompute=round(t["recompute"][0] / t["kv_cache"][0], 2),
                    cache_vs_recompute_cpu=round(t["recompute"][1] / t["kv_cache"][1], 2))
         if hf is not None:
-            ratios[batch] = t["hf_generate"][0] / t["kv_cache"][0]
-            row.update(ours_vs_hf=round(ratios[batch], 2),
+            row.update(ours_vs_hf=round(t["hf_generate"][0] / t["kv_cache"][0], 2),
                        ours_vs_hf_cpu=round(t["hf_generate"][1] / t["kv_cache"][1], 2))
         report(**row)
+        targets.append(figure(f"sampler: KV cache tokens/s, batch {batch}", n / t["kv_cache"][0]))
         targets.append(target(f"sampler: KV cache vs full recompute, batch {batch}, {NEW_TOKENS} new tokens",
                               t["recompute"][0] / t["kv_cache"][0], 5))
-    if 64 in ratios:
-        targets.append(target("sampler: ours vs transformers generate, batch 64", ratios[64], 2))
+        if hf is not None:
+            targets.append(target(f"sampler: ours vs transformers generate, batch {batch}",
+                                  t["hf_generate"][0] / t["kv_cache"][0], 2))
     return targets
+
+
+ATTENTION_BATCH, ATTENTION_KEYS, ATTENTION_REPEATS = 64, (48, 96, 144), 20
 
 
 @benchmark
@@ -175,12 +190,13 @@ def attention(args):
     max_len buffer (strided), the same matmuls over that slice, and model.KVCache.decode_attention
     (prompt + a 32-column chunk, dense, masked by the bias). No target: it backs a design choice."""
     from model import GPTConfig, KVCache
-    device, B, max_len, repeats = args["device"], 64, PROMPT_LEN + NEW_TOKENS, 20
+    device, B, max_len, repeats = args["device"], ATTENTION_BATCH, PROMPT_LEN + NEW_TOKENS, ATTENTION_REPEATS
     cfg = GPTConfig(**{k: T.DEFAULTS[k] for k in ("n_layer", "n_head", "n_embd")})
     H, D = cfg.n_head, cfg.n_embd // cfg.n_head
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, 1, D, generator=gen).to(device) for _ in range(3))
-    for L in (48, 96, 144):
+    rows = []
+    for L in ATTENTION_KEYS:
         buf_k, buf_v = (torch.randn(cfg.n_layer, B, H, max_len, D, generator=gen).to(device) for _ in range(2))
         cache = KVCache(cfg, torch.ones(B, L, dtype=torch.bool, device=device), max_len)
         with torch.inference_mode():
@@ -207,7 +223,9 @@ def attention(args):
         report(bench="attention", batch=B, keys=L, buffer_columns=cache.k.size(3),
                **{f"{name}_us_per_layer": round(x, 1) for name, x in us.items()},
                dense_vs_sdpa_slice=round(us["sdpa_slice"] / us["dense_buffer"], 2))
-    return []
+        rows.append(figure(f"attention: dense buffer vs SDPA over a strided slice, batch {B}, {L} keys, ×",
+                           us["sdpa_slice"] / us["dense_buffer"]))
+    return rows
 
 
 # ----------------------------------------------------------------------------------------------
@@ -252,7 +270,7 @@ def bare_loop_iteration_times(run, batches):
         start = clocks()
         optimizer.zero_grad(set_to_none=True)
         with run.autocast:  # bf16 on CUDA, as in train.train
-            loss_sum, count = sft.masked_nll(model, ids, mask)
+            loss_sum, count = C.masked_nll(model, ids, mask)
         (loss_sum / count).backward()
         torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])
         optimizer.step()
@@ -285,7 +303,8 @@ def train_loop(args):
            bare_iter_ms=round(1000 * wall_bare, 2), overhead_pct=round(100 * overhead, 2),
            cpu_overhead_pct=round(100 * (cpu_shared / cpu_bare - 1), 2))
     return [target("train loop: overhead of train.train over a bare loop, % (wall clock)", 100 * overhead, 10,
-                   higher_is_better=False)]
+                   higher_is_better=False),
+            figure("train loop: train.train throughput vs a bare loop, ×", wall_bare / wall_shared)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,7 +336,7 @@ def dpo_step(args):
         optimizer.step()
 
     dpo_fn = lambda: step(lambda: dpo.loss(run, model, batch)[:2])
-    sft_fn = lambda: step(lambda: sft.masked_nll(model, batch["ids"], sft_mask))
+    sft_fn = lambda: step(lambda: C.masked_nll(model, batch["ids"], sft_mask))
     t_dpo, t_sft = [], []
     for _ in range(3):  # alternate, so a change in machine load hits both alike
         t_dpo.append(median_seconds(dpo_fn, run.device, DPO_REPEATS))
@@ -334,7 +353,21 @@ def dpo_step(args):
 # ----------------------------------------------------------------------------------------------
 # RL: rollout throughput inside a GRPO step vs the bare sampler on the same prompts
 
-RL_ITERS, RL_WARMUP = 4, 1
+RL_ITERS, RL_WARMUP, RL_PROMPTS, RL_GROUP, RL_NEW_TOKENS = 4, 1, 16, 8, 64
+RL_PHASES = ("decode", "verify", "score", "update")
+
+
+def rl_update(run, optimizer, steps):
+    """The optimizer steps of one GRPO iteration, as train.train takes them (one process: the loss
+    divided by the step's count, clipping, AdamW)."""
+    import grpo
+    params = [p for p in run.raw_model.parameters() if p.requires_grad]
+    for micro_batches in steps:
+        optimizer.zero_grad(set_to_none=True)
+        losses = [grpo.loss(run, run.model, mb)[:2] for mb in micro_batches]
+        (sum(s for s, _ in losses) / max(sum(float(n) for _, n in losses), 1e-8)).backward()
+        torch.nn.utils.clip_grad_norm_(params, run.cfg["grad_clip"])
+        optimizer.step()
 
 
 @benchmark
@@ -342,11 +375,15 @@ def rl_rollout(args):
     """Decode tokens/s inside a GRPO step (the step's own decode clock, as logged in decode_tok_per_s)
     against model.generate alone on the same prompts with the same seed (so the same tokens),
     alternating. Also the whole rollout phase (sampling, verifying, π_ref scoring, advantages,
-    micro-batches: everything grpo.batches does before the update), which the target does not cover."""
+    micro-batches: everything grpo.batches does before the update), which the target does not cover,
+    and the time split of the whole step (the update timed after the bare sampler, which must see
+    the weights that sampled)."""
     import grpo
     out_dir = tempfile.mkdtemp(prefix="bench_rl_")
     run = T.train(dict(algo="grpo", max_iters=0, eval_interval=0, checkpoint=False, device=args["device"],
-                       prompts_per_iter=16, group_size=8, max_new_tokens=64, out_dir=out_dir))
+                       prompts_per_iter=RL_PROMPTS, group_size=RL_GROUP, max_new_tokens=RL_NEW_TOKENS,
+                       out_dir=out_dir))
+    optimizer = torch.optim.AdamW(run.raw_model.parameters(), lr=run.cfg["learning_rate"])
     calls, original = [], C.rollouts
 
     def recorded(run, model, problems, samples_per_prompt, **kw):
@@ -359,9 +396,9 @@ def rl_rollout(args):
         for it in range(RL_ITERS):
             sync(run.device)
             t0 = time.perf_counter()
-            grpo.batches(run, it)  # returns before the update: the rollout phase only
+            steps = grpo.batches(run, it)  # returns before the update: the rollout phase only
             sync(run.device)
-            t_step = time.perf_counter() - t0
+            t_rollout = time.perf_counter() - t0
             problems, G, kw = calls[-1]
             prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(G)]
             t0 = time.perf_counter()
@@ -372,46 +409,78 @@ def rl_rollout(args):
             n = sum(len(t) for t in out)
             if n != run.stats["len_mean"] * len(prompts):
                 raise RuntimeError("the bare sampler did not reproduce the step's tokens: not the same work")
+            t0 = time.perf_counter()
+            rl_update(run, optimizer, steps)
+            sync(run.device)
+            t_update = time.perf_counter() - t0
             if it >= RL_WARMUP:
-                in_step.append(n / run.stats["time_decode"]), phase.append(n / t_step), bare.append(n / t_bare)
+                in_step.append(n / run.stats["time_decode"]), phase.append(n / t_rollout), bare.append(n / t_bare)
                 tokens.append(n)
-                split.append({k: run.stats[f"time_{k}"] / t_step for k in ("decode", "verify", "score")})
+                seconds = dict(update=t_update, **{k: run.stats[f"time_{k}"] for k in RL_PHASES[:3]})
+                split.append({k: v / (t_rollout + t_update) for k, v in seconds.items()})
     finally:
         C.rollouts = original
     step_tok_s, phase_tok_s, bare_tok_s = (statistics.median(x) for x in (in_step, phase, bare))
+    split_pct = {k: 100 * statistics.mean(s[k] for s in split) for k in RL_PHASES}
     report(bench="rl_rollout", batch=len(prompts), max_new_tokens=kw["max_new_tokens"],
            tokens_per_step=round(statistics.mean(tokens)), iterations_timed=len(in_step),
            rl_step_decode_tok_s=round(step_tok_s), bare_sampler_tok_s=round(bare_tok_s),
            in_step_vs_bare_pct=round(100 * step_tok_s / bare_tok_s, 1),
            rollout_phase_tok_s=round(phase_tok_s), rollout_phase_vs_bare_pct=round(100 * phase_tok_s / bare_tok_s, 1),
-           rollout_phase_split_pct={k: round(100 * statistics.mean(s[k] for s in split), 1)
-                                    for k in ("decode", "verify", "score")})
-    return [target("rl rollout: decode tokens/s inside the GRPO step vs the bare sampler, batch 128, %",
-                   100 * step_tok_s / bare_tok_s, 80)]
+           step_split_pct={k: round(v, 1) for k, v in split_pct.items()})
+    return [target(f"rl rollout: decode tokens/s inside the GRPO step vs the bare sampler, batch {len(prompts)}, %",
+                   100 * step_tok_s / bare_tok_s, 80)] + \
+        [figure(f"rl step: {k} share of the GRPO step (kl {run.cfg['kl']}), %", v) for k, v in split_pct.items()]
 
 
 # ----------------------------------------------------------------------------------------------
 
+# Sizes small enough that every benchmark runs in seconds (--tiny): a check that they run, not figures
+TINY_SIZES = dict(PROMPT_LEN=8, NEW_TOKENS=8, SAMPLER_BATCHES=(1, 2), ATTENTION_BATCH=2, ATTENTION_KEYS=(8, 12),
+                  ATTENTION_REPEATS=2, TRAIN_ITERS=4, TRAIN_WARMUP=1, TRAIN_REPEATS=1, DPO_PAIRS=2, DPO_REPEATS=1,
+                  RL_ITERS=2, RL_PROMPTS=2, RL_GROUP=2, RL_NEW_TOKENS=8)
+
+
+def summary_table(rows):
+    """The summary rows as an aligned text table: figure, value, target, met?"""
+    lines = [("figure", "value", "target", "met?")] + [
+        (r["target"], f"{r['value']:,.3f}".rstrip("0").rstrip("."), r["goal"] or "–",
+         "–" if r["met"] is None else "yes" if r["met"] else "NO") for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(4)]
+    return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths)))
+                     for line in lines)
+
+
 def main(argv):
-    args = dict(device="cpu")
+    args = dict(device="cpu", out=os.path.join("out", "bench.json"))
     names = []
     for arg in argv:
-        if arg.startswith("--device="):
-            args["device"] = arg.split("=", 1)[1]
+        if arg.startswith(("--device=", "--out=")):
+            key, value = arg[2:].split("=", 1)
+            args[key] = value
+        elif arg == "--tiny":
+            globals().update(TINY_SIZES)
         elif arg in BENCHMARKS:
             names.append(arg)
         else:
-            sys.exit(f"unknown argument {arg!r}: benchmarks are {list(BENCHMARKS)}, option --device=")
-    report(torch=torch.__version__, threads=torch.get_num_threads(), device=args["device"],
-           cpu_count=os.cpu_count())
-    targets = []
+            sys.exit(f"unknown argument {arg!r}: benchmarks are {list(BENCHMARKS)}, options --device=, --out=, --tiny")
+    machine = report(torch=torch.__version__, threads=torch.get_num_threads(), device=args["device"],
+                     cpu_count=os.cpu_count(), tiny="--tiny" in argv)
+    summary, seconds = [], {}
     for name in names or BENCHMARKS:
         t0 = time.time()
-        targets += BENCHMARKS[name](args)
-        report(bench=name, seconds=round(time.time() - t0, 1))
+        summary += BENCHMARKS[name](args)
+        seconds[name] = round(time.time() - t0, 1)
+        report(bench=name, seconds=seconds[name])
+    targets = [row for row in summary if row["met"] is not None]
     for row in targets:
         report(**row)
-    print(f"targets met: {sum(r['met'] for r in targets)} of {len(targets)}")
+    os.makedirs(os.path.dirname(args["out"]) or ".", exist_ok=True)
+    with open(args["out"], "w") as f:
+        json.dump(dict(machine=machine, seconds=seconds, summary=summary, measurements=MEASUREMENTS), f,
+                  indent=1, ensure_ascii=False)
+    print("\n" + summary_table(summary))
+    print(f"\ntargets met: {sum(r['met'] for r in targets)} of {len(targets)}; every figure in {args['out']}")
 
 
 if __name__ == "__main__":
