@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from envs import make_env
 from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora, sequence_logprobs
 from tokenizer import Tokenizer
 
@@ -210,6 +211,11 @@ def build_model(cfg, tok):
                      f"(with ckpt.pt), a GPT-2 name or a transformers GPT-2 directory")
 
 
+def config_env(cfg):
+    """The environment a run's configuration names (the task its data, rewards and evaluation use)."""
+    return make_env(cfg["env"], digits=cfg["env_digits"], n_ops=cfg["env_ops"], direct_frac=cfg["env_direct_frac"])
+
+
 def read_checkpoint(ckpt_dir, device="cpu"):
     path = os.path.join(ckpt_dir, "ckpt.pt")
     if not os.path.isfile(path):
@@ -262,6 +268,7 @@ def save_checkpoint(run, optimizer, it):
         rng=dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
                  cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None),
         algo_state=run.algo.state_dict(run) if hasattr(run.algo, "state_dict") else None,
+        train_tokens=run.train_tokens,
     )
     path = os.path.join(run.cfg["out_dir"], "ckpt.pt")
     torch.save(ckpt, path + ".tmp")

@@ -35,6 +35,7 @@ from model import sequence_logprobs
 LOSSES = ("dpo", "ipo", "kto", "simpo", "orpo")
 USES_REFERENCE = ("dpo", "ipo", "kto")
 
+starts_from = "sft"  # its pairs are sampled from the starting policy: no random start (train.check_start)
 defaults = dict(
     loss="dpo",                  # dpo | ipo | kto | simpo | orpo
     beta=0.1,                    # DPO / IPO / KTO: strength of the anchor to π_ref
@@ -247,7 +248,7 @@ def loss(run, model, batch):
     metrics.pop("loss")  # (the loop logs the loss itself)
     if z_ref is not None:
         metrics["kto_z_ref"] = z_ref
-    return losses.sum(), len(losses), metrics
+    return losses.sum(), len(losses), {**metrics, "tokens": float(batch["mask"].sum())}
 
 
 @torch.no_grad()

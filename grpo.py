@@ -483,7 +483,7 @@ def loss(run, model, batch):
     loss_sum, count, metrics = policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask, run.cfg,
                                            ref_logp=batch.get("ref_logprobs"))
     metrics["entropy"] = float(masked_entropy_sum(logits, mask, run.cfg["temperature"]) / mask.sum().clamp(min=1))
-    return loss_sum, count, metrics
+    return loss_sum, count, {**metrics, "tokens": float(mask.sum())}
 
 
 @torch.no_grad()

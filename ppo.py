@@ -356,7 +356,7 @@ def loss(run, model, batch):
         metrics = dict(policy_loss=(policy_loss * mask).sum(), value_loss=(value_loss * mask).sum(),
                        clip_frac=(clipped * mask).sum(), approx_kl=approx_kl,
                        entropy=masked_entropy_sum(logits, mask, cfg["temperature"]))
-    return loss_sum, n, {k: float(v / n) for k, v in metrics.items()}
+    return loss_sum, n, {**{k: float(v / n) for k, v in metrics.items()}, "tokens": float(n)}
 
 
 def evaluate(run, it):

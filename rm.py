@@ -22,6 +22,7 @@ import common as C
 import pairs
 from model import ScalarHeadGPT
 
+starts_from = "sft"  # scores answers of the SFT policy's kind: no random start (train.check_start)
 defaults = dict(pairs.PAIR_DEFAULTS, train_prompts=2048,  # more pairs: the RM overfits 512 prompts' pairs
                 learning_rate=3e-4, min_lr=3e-5, warmup_iters=10, max_iters=150, eval_interval=50)
 
@@ -51,7 +52,7 @@ def loss(run, model, batch):
     r_w, r_l = r_w.detach(), r_l.detach()
     return losses.sum(), len(losses), dict(pair_acc=float((r_w > r_l).float().mean()),
                                            margin=float((r_w - r_l).mean()), reward_chosen=float(r_w.mean()),
-                                           reward_rejected=float(r_l.mean()))
+                                           reward_rejected=float(r_l.mean()), tokens=float(batch["mask"].sum()))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -87,4 +88,5 @@ def evaluate(run, it):
     sums = C.all_reduce_sum(sums, run)
     model.train()
     n = sums["pairs"]
-    return dict(val_pair_acc=sums["correct"] / n, val_margin=sums["margin"] / n, val_loss=sums["loss"] / n)
+    return dict(val_pair_acc=sums["correct"] / n, val_margin=sums["margin"] / n, val_loss=sums["loss"] / n,
+                val_pairs=n)  # (the size of the accuracy's noise band)

@@ -117,7 +117,7 @@ def batches(run, it):
 def loss(run, model, batch):
     ids, mask = batch
     loss_sum, count = masked_nll(model, ids, mask)
-    return loss_sum, count, {}
+    return loss_sum, count, {"tokens": float(count)}
 
 
 @torch.no_grad()

@@ -14,6 +14,9 @@ rollouts, evaluation, plots) live in common.py, which never imports this file or
 
 An algorithm module (ALGOS below) supplies only what is particular to it:
     defaults                     dict of its own config keys (it may also change common defaults, e.g. the lr)
+    starts_from                  optional: the --algo whose checkpoint it must start from (e.g. "sft"),
+                                    so init_from=scratch or a DIR without ckpt.pt is an error naming
+                                    the command that makes it
     setup(run)                   build data, reference models, ... (store on `run`; the frozen
                                     reference policy is run.ref_model)
     wrap_model(run, model)       optional: turn the loaded model into what it trains (e.g. a scalar head)
@@ -24,7 +27,9 @@ An algorithm module (ALGOS below) supplies only what is particular to it:
                                     on its KL. May put per-iteration figures (rewards, ...) into run.stats
     loss(run, model, batch)      -> (loss_sum, count, metrics): the loop divides the sum by the count
                                     summed over all micro-batches and ranks. Call `model` once per
-                                    micro-batch: it is the DDP-wrapped module.
+                                    micro-batch: it is the DDP-wrapped module. metrics["tokens"], the
+                                    micro-batch's target tokens that carry loss weight, is summed (not
+                                    averaged) and logged as the running total `train_tokens`.
     evaluate(run, it)            -> dict of held-out figures at iteration `it` (all ranks call it)
     state_dict(run) / load_state_dict(run, state)   optional: extra state to checkpoint
 
@@ -51,7 +56,6 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common as C
-from envs import make_env
 from model import GPT, apply_lora, count_parameters
 from tokenizer import Tokenizer
 
@@ -196,9 +200,35 @@ def lr_at(cfg, it):
 
 def as_means(sums):
     """Figures summed over micro-batches and ranks -> the loss per counted unit (the loop's
-    normalisation), every other figure as a mean over micro-batches."""
-    return {k: v / (sums["count"] if k == "loss" else sums["micro_batches"])
+    normalisation), `tokens` as the sum (the step's trained tokens), every other figure as a mean
+    over micro-batches."""
+    return {k: v if k == "tokens" else v / (sums["count"] if k == "loss" else sums["micro_batches"])
             for k, v in sums.items() if k not in ("count", "micro_batches")}
+
+
+def check_start(overrides):
+    """A missing input checkpoint is a one-line error naming the command that makes it: an algorithm
+    that declares `starts_from` (the algo whose checkpoint it usually starts from) never starts from
+    a random model, and --init_from=DIR needs DIR/ckpt.pt. Checked for the command line only: the
+    tests call train() on purpose with tiny random models for every algorithm."""
+    if overrides.get("init_from") == "resume":
+        return
+    cfg = make_config(overrides)
+    init, needs = cfg["init_from"], getattr(algo_module(cfg["algo"]), "starts_from", None)
+    if init.startswith("gpt2") or os.path.isfile(os.path.join(init, "ckpt.pt")) \
+            or os.path.isfile(os.path.join(init, "config.json")):  # a checkpoint, or GPT-2 weights
+        return
+    if init == "scratch" and needs:
+        out = DEFAULTS["out_dir"].format(algo=needs)
+        raise ValueError(f"--algo {cfg['algo']} starts from a trained policy, not init_from=scratch: make one "
+                         f"with `python train.py --algo {needs} --out_dir={out}` and pass --init_from={out}, "
+                         f"or run `python ladder.py`")
+    if init == "scratch":
+        return
+    maker = needs or os.path.basename(os.path.normpath(init))  # out/pretrain is made by --algo pretrain
+    if maker in ALGOS:
+        raise ValueError(f"--algo {cfg['algo']} starts from a trained model: --init_from={init} has no ckpt.pt; "
+                         f"make it with `python train.py --algo {maker} --out_dir={init}`, or run `python ladder.py`")
 
 
 def train(overrides):
@@ -217,7 +247,7 @@ def train(overrides):
     run = C.setup_device(cfg)
     run.cfg, run.algo, run.stats = cfg, algo_module(cfg["algo"]), {}
     run.tok = Tokenizer(cfg["tokenizer"])
-    run.env = make_env(cfg["env"], digits=cfg["env_digits"], n_ops=cfg["env_ops"], direct_frac=cfg["env_direct_frac"])
+    run.env = C.config_env(cfg)
     if run.master:
         os.makedirs(cfg["out_dir"], exist_ok=True)
     torch.manual_seed(cfg["seed"])
@@ -247,11 +277,11 @@ def train(overrides):
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=cfg["learning_rate"], betas=(cfg["beta1"], cfg["beta2"]),
                                   fused=run.device.startswith("cuda"))
-    start_iter = 0
+    start_iter = run.train_tokens = 0  # train_tokens: the running total of tokens trained on (logged)
     metrics_path = os.path.join(cfg["out_dir"], "metrics.jsonl")
     if resume_ckpt is not None:
         optimizer.load_state_dict(resume_ckpt["optimizer"])
-        start_iter = resume_ckpt["iter"]
+        start_iter, run.train_tokens = resume_ckpt["iter"], resume_ckpt.get("train_tokens", 0)  # older: uncounted
         rng = resume_ckpt["rng"]
         random.setstate(rng["python"]); np.random.set_state(rng["numpy"]); torch.set_rng_state(rng["torch"])
         if rng["cuda"] is not None and torch.cuda.is_available():
@@ -326,10 +356,12 @@ def train(overrides):
             optimizer.step()
             for k, v in step.items():
                 sums[k] = sums.get(k, 0.0) + v
+            run.train_tokens += step.get("tokens", 0.0)
             figures = as_means(step)
         run.stats["time_update"] = time.time() - t_update  # forward, backward and optimizer of the iteration
         if (it + 1) % cfg["log_interval"] == 0 or it + 1 == cfg["max_iters"]:
-            row = {**as_means(sums), "iter": it + 1, "lr": lr, "iter_time": time.time() - t0, **run.stats}
+            row = {**as_means(sums), "iter": it + 1, "lr": lr, "iter_time": time.time() - t0,
+                   "train_tokens": run.train_tokens, **run.stats}
             if grad_norm is not None:
                 row["grad_norm"] = float(grad_norm)
             log(row)
@@ -351,6 +383,8 @@ def train(overrides):
 
 if __name__ == "__main__":
     try:
-        train(parse_args(sys.argv[1:]))
+        overrides = parse_args(sys.argv[1:])
+        check_start(overrides)
+        train(overrides)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
