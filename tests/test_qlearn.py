@@ -1,0 +1,32 @@
+"""The treasure hunt (BFS optimum, text interface) and tabular Q-learning."""
+
+import qlearn as Q
+
+
+def test_bfs_optimum_is_eleven_steps_and_wins():
+    path = Q.shortest_solution()
+    assert len(path) == 11
+    state, reward = Q.START, 0.0
+    for n, action in enumerate(path, start=1):
+        state, reward, done, text = Q.step(state, action)
+        assert done == (n == len(path))
+    assert reward == 1.0 and "win" in text
+
+
+def test_rules_locked_door_weak_weapon_sparse_reward():
+    state, _, _, text = Q.step(Q.START, "go forge")  # not adjacent to the hall
+    assert state == Q.START and "cannot" in text
+    state, _, _, _ = Q.step(Q.step(Q.START, "go armory")[0], "go forge")  # the red door is locked
+    assert state.room == "armory"
+    lair = Q.step(Q.START, "go lair")[0]
+    _, reward, done, text = Q.step(lair, "fight")  # no great sword: the game is lost, reward 0
+    assert done and reward == 0.0 and "Game over" in text
+    assert "guardian" in Q.describe(lair) and all(a in Q.ACTIONS for a in ("take", "craft", "open chest"))
+
+
+def test_q_learning_reaches_greedy_wins_on_a_small_budget():
+    for seed in (0, 1):
+        result = Q.q_learning(episodes=3000, seed=seed)
+        assert result["first_win"] is not None and result["greedy_win"] is not None
+        assert result["greedy_steps"] == 11  # the greedy policy ends optimal
+        assert Q.play_greedy(result["Q"], 100) == (True, 11)
