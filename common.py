@@ -303,6 +303,13 @@ def collate(examples, pad_id, device):
     return ids.to(device), mask.to(device)
 
 
+def masked_nll(model, ids, mask):
+    """(Σ m·(−log p), Σ m) of the next-token loss (SPEC §3 SFT): position t predicts ids[t+1], weighted
+    by mask[t+1] (a mask aligned with ids, 1 on the tokens to learn). SFT and RFT train with it."""
+    m = mask[:, 1:]
+    return -(sequence_logprobs(model, ids) * m).sum(), m.sum()
+
+
 def response_text(run, tokens):
     return run.tok.decode([t for t in tokens if t != run.tok.eos])
 
@@ -414,6 +421,33 @@ def rollouts(run, model, problems, samples_per_prompt, temperature=1.0, max_new_
                 truncated=torch.tensor([run.tok.eos not in t for t in tokens], device=device),
                 group=torch.arange(len(problems), device=device).repeat_interleave(samples_per_prompt),
                 texts=texts, problems=rows, decode_time=t1 - t0, verify_time=t2 - t1)
+
+
+@torch.no_grad()
+def best_of_n(run, model, split, n_problems, N, reward_model=None, temperature=1.0, seed=2):
+    """Best-of-N (SPEC §3, Ch7 Table 7-4): N samples per problem, keep the best. By the verifier the
+    best is right whenever any sample is, so its accuracy is pass@N, an upper-bound estimate of what
+    selection (RL, RFT) can gain; by a reward model (a ScalarHeadGPT) the kept sample is its
+    top-scored one (ties: the first), and its accuracy shows how well the RM picks. RL scripts can
+    print it next to their results: metrics.update(C.best_of_n(run, model, "heldout", n, 8)).
+    Returns {split}_best_of_N (and {split}_rm_best_of_N with a reward model)."""
+    problems = run.env.problems(split, n_problems, seed=seed)[run.rank::run.world_size]
+    roll = rollouts(run, model, problems, N, temperature=temperature, seed=seed,
+                    batch_size=run.cfg["eval_batch_size"])
+    correct = roll["rewards"].view(len(problems), N)
+    sums = dict(best=float(correct.max(1).values.sum()), problems=len(problems))
+    if reward_model is not None:
+        size = run.cfg["eval_batch_size"]
+        with run.autocast:
+            scores = torch.cat([score_responses(reward_model, ids, mask) for ids, mask in
+                                zip(chunks(roll["ids"], size), chunks(roll["mask"], size))])
+        top = scores.view(len(problems), N).argmax(1)
+        sums["rm"] = float(correct.gather(1, top[:, None]).sum())
+    sums = all_reduce_sum(sums, run)
+    metrics = {f"{split}_best_of_{N}": sums["best"] / sums["problems"]}
+    if reward_model is not None:
+        metrics[f"{split}_rm_best_of_{N}"] = sums["rm"] / sums["problems"]
+    return metrics
 
 
 def write_samples(run, it, transcripts):

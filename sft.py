@@ -15,20 +15,12 @@ pre-training) or --data=FILE (common.load_rows), rows as {"text"}, {"prompt", "c
 import torch
 
 import common as C
-from model import token_logprobs
 
 defaults = dict(
     train_problems=20000,  # built-in SFT pool (solver demonstrations of train-split problems)
     corpus_docs=40000,     # built-in pre-training corpus size (documents)
     val_examples=256,      # held-out examples for the validation loss
 )
-
-
-def masked_nll(model, ids, mask):
-    """(Σ m·(−log p), Σ m) of the next-token loss: position t predicts ids[t+1], weighted by mask[t+1]."""
-    m = mask[:, 1:]
-    logp = token_logprobs(model(ids[:, :-1]), ids[:, 1:])
-    return -(logp * m).sum(), m.sum()
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -116,7 +108,7 @@ def batches(run, it):
 
 def loss(run, model, batch):
     ids, mask = batch
-    loss_sum, count = masked_nll(model, ids, mask)
+    loss_sum, count = C.masked_nll(model, ids, mask)
     return loss_sum, count, {"tokens": float(count)}
 
 
@@ -129,7 +121,7 @@ def evaluate(run, it):
     total, count = 0.0, 0.0
     with run.autocast:
         for chunk in C.chunks(examples, run.cfg["eval_batch_size"]):
-            s, c = masked_nll(model, *C.collate(chunk, run.tok.pad, run.device))
+            s, c = C.masked_nll(model, *C.collate(chunk, run.tok.pad, run.device))
             total, count = total + float(s), count + float(c)
     total, count = C.all_reduce_sum([total, count], run)
     metrics = {"val_loss": total / max(count, 1.0)}

@@ -59,7 +59,7 @@ import common as C
 from model import GPT, apply_lora, count_parameters
 from tokenizer import Tokenizer
 
-ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo", "grpo": "grpo", "opd": "opd"}
+ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo", "grpo": "grpo", "opd": "opd", "rft": "rft"}
 
 DEFAULTS = dict(
     algo="sft",

@@ -13,7 +13,6 @@ transformers = pytest.importorskip("transformers")
 
 import common as C
 import export
-import sft
 import train as T
 from model import GPT
 from tokenizer import Tokenizer, gpt2_byte_chars
@@ -106,7 +105,7 @@ def test_train_starts_from_hf_directory(hf_dir, tmp_path):
     # the first logged loss is the masked NLL of the GPT-2 weights on iteration 0's batch
     (ids0, mask0), = run.algo.batches(run, 0)[0]
     with torch.no_grad():
-        loss_sum, count = sft.masked_nll(start, ids0, mask0)
+        loss_sum, count = C.masked_nll(start, ids0, mask0)
     assert rows[0]["loss"] == pytest.approx((loss_sum / count).item(), rel=1e-4)
     moved = max((p.detach() - q).abs().max().item()
                 for p, q in zip(trained.parameters(), start.parameters()))

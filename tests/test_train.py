@@ -10,7 +10,6 @@ import torch
 import common as C
 import train as T
 from conftest import SFT_DATA, TINY, run_ddp
-from sft import masked_nll
 from tokenizer import Tokenizer
 
 
@@ -128,7 +127,7 @@ def test_sft_loss_ignores_prompt_and_padding():
 
     def grads(i, m):
         model.zero_grad()
-        s, n = masked_nll(model, i, m)
+        s, n = C.masked_nll(model, i, m)
         (s / n).backward()
         return s.item(), [p.grad.clone() for p in model.parameters()]
 

@@ -1,0 +1,149 @@
+"""
+Rejection-sampling fine-tuning (RFT, "expert iteration"): SFT on the policy's own verified answers.
+SPEC §3 "Pre-training / SFT" (rejection-sampling fine-tuning) and "Best-of-N"; Ch7 "Data".
+
+    python train.py --algo rft --init_from=out/sft
+    python train.py --algo rft --init_from=out/sft --env=generalpoints
+
+Each of `rounds` rounds, at the first iteration of its share of max_iters:
+  1. sample `candidates` (k, 4–16) responses per prompt for `round_prompts` fresh train prompts with
+     the KV-cache sampler, at `temperature`;
+  2. keep the candidates the verifier accepts (reward 1, ended with the end token), drop repeats
+     of the same response to the same prompt, keep at most `per_prompt_cap` per prompt;
+  3. train on that pool for the round's iterations with SFT's masked next-token loss,
+
+         L = − Σ_t m_t · log π_θ(y_t | x, y_<t) / Σ_t m_t       (m_t = 1 on response tokens)
+
+     batch_size examples drawn per iteration, depending only on (seed, it).
+The next round samples from the updated policy, so the pool follows the policy. The cap keeps easy
+prompts, where every candidate is right, from crowding out the hard ones in the pool.
+
+Logged per round: cand_acc (the candidates' verifier accuracy, a sample of the policy at the
+temperature), unique_frac (distinct verified responses / verified ones), kept_frac (kept / all
+candidates), prompt_cover (prompts with at least one kept answer) and pool (examples kept).
+Evaluation: greedy held-out and OOD accuracy, and Best-of-N (common.best_of_n): the accuracy of the
+best of N samples by the verifier, an upper-bound estimate of what RL or RFT can reach by selection.
+
+Every rank samples the whole round with the same seed and weights (so every rank holds the same
+pool) and trains on its shard of each global batch, as SFT does.
+"""
+
+import math
+
+import torch
+
+import common as C
+
+starts_from = "sft"  # it filters what the policy already writes: a random start keeps nothing
+defaults = dict(
+    rounds=3,              # R: sampling rounds, spread evenly over max_iters
+    round_prompts=256,     # train prompts sampled per round
+    candidates=8,          # k: responses sampled per prompt (4–16)
+    per_prompt_cap=2,      # at most this many distinct verified responses per prompt enter the pool
+    temperature=1.0,       # sampling temperature of the candidates
+    best_of_n=8,           # N of the Best-of-N evaluation on held-out prompts (< 2: off)
+    # common keys with fine-tuning values: a gentler lr than SFT from scratch, short runs
+    learning_rate=3e-4, min_lr=3e-5, warmup_iters=5, max_iters=60, eval_interval=20, log_interval=1,
+)
+
+
+def select_candidates(groups, responses, rewards, cap):
+    """Indices of the candidates to train on: verified (reward > 0), the first of identical
+    responses to the same prompt, at most `cap` per prompt, in sampling order.
+    groups: the prompt index of each candidate; responses: hashable (token tuples); rewards: floats."""
+    seen, per_prompt, kept = set(), {}, []
+    for i, (group, response, reward) in enumerate(zip(groups, responses, rewards)):
+        if reward <= 0 or (group, response) in seen:
+            continue
+        seen.add((group, response))
+        if per_prompt.get(group, 0) < cap:
+            per_prompt[group] = per_prompt.get(group, 0) + 1
+            kept.append(i)
+    return kept
+
+
+def round_length(cfg):
+    return math.ceil(cfg["max_iters"] / cfg["rounds"])
+
+
+@torch.no_grad()
+def sample_pool(run, round_):
+    """One round: candidates from the current policy, verified, selected -> (pool, figures)."""
+    cfg, tok, k = run.cfg, run.tok, run.cfg["candidates"]
+    model = run.raw_model
+    was_training = model.training
+    model.eval()
+    problems = run.env.problems("train", cfg["round_prompts"], seed=int(C.seeded_rng(run, round_).integers(2 ** 31)))
+    prompts = [tok.prompt_ids(p["prompt"]) for p in problems]
+    tokens, _ = C.generate(run, model, [p for p in prompts for _ in range(k)], temperature=cfg["temperature"],
+                           seed=cfg["seed"] + round_)
+    model.train(was_training)
+    groups = [g for g in range(len(problems)) for _ in range(k)]
+    # an answer cut off by the length limit would teach the model not to stop: not verified
+    rewards = [run.env.verify(problems[g], C.response_text(run, t)) if tok.eos in t else 0.0
+               for g, t in zip(groups, tokens)]
+    kept = select_candidates(groups, [tuple(t) for t in tokens], rewards, cfg["per_prompt_cap"])
+    pool = [(prompts[groups[i]] + tokens[i], [0] * len(prompts[groups[i]]) + [1] * len(tokens[i])) for i in kept]
+    verified = sum(r > 0 for r in rewards)
+    distinct = len({(g, tuple(t)) for g, t, r in zip(groups, tokens, rewards) if r > 0})
+    figures = dict(cand_acc=verified / len(tokens), unique_frac=distinct / max(verified, 1),
+                   kept_frac=len(kept) / len(tokens), prompt_cover=len({groups[i] for i in kept}) / len(problems),
+                   pool=len(pool))
+    return pool, figures
+
+
+def setup(run):
+    cfg = run.cfg
+    if cfg["rounds"] < 1 or cfg["candidates"] < 1 or cfg["per_prompt_cap"] < 1 or cfg["round_prompts"] < 1:
+        raise ValueError("rounds, round_prompts, candidates and per_prompt_cap must be >= 1")
+    run.pool, run.round_figures = None, {}
+
+
+def batches(run, it):
+    """A new pool at the first iteration of every round, then one SFT step on it (as sft.py)."""
+    cfg = run.cfg
+    if it % round_length(cfg) == 0 or run.pool is None:
+        round_ = it // round_length(cfg)
+        run.pool, run.round_figures = sample_pool(run, round_)
+        if run.master:
+            print(f"rft round {round_}: " + ", ".join(f"{k} {v:.4g}" for k, v in run.round_figures.items()))
+        if not run.pool:
+            raise ValueError(f"rft round {round_}: no verified candidate among {cfg['round_prompts']} prompts x "
+                             f"{cfg['candidates']}: start from a policy that solves some (--init_from=out/sft), "
+                             f"or raise candidates")
+    run.stats.update(run.round_figures)
+    accum, bs = cfg["gradient_accumulation_steps"], cfg["batch_size"]
+    rng = C.seeded_rng(run, it)
+    picks = [run.pool[i] for i in rng.integers(0, len(run.pool), run.world_size * accum * bs)]
+    return [[C.collate(mb, run.tok.pad, run.device) for mb in C.shard(picks, run, accum, bs)]]
+
+
+def loss(run, model, batch):
+    ids, mask = batch
+    loss_sum, count = C.masked_nll(model, ids, mask)
+    return loss_sum, count, {"tokens": float(count)}
+
+
+@torch.no_grad()
+def evaluate(run, it):
+    """Greedy held-out and OOD accuracy, Best-of-N on held-out prompts, a few transcripts."""
+    model, cfg = run.raw_model, run.cfg
+    was_training = model.training
+    model.eval()
+    metrics, transcripts = C.env_accuracy(run, model, "heldout", cfg["eval_problems"])
+    metrics.update(C.env_accuracy(run, model, "ood", cfg["eval_problems"])[0])
+    if cfg["best_of_n"] >= 2:
+        metrics.update(C.best_of_n(run, model, "heldout", cfg["eval_problems"], cfg["best_of_n"],
+                                   temperature=cfg["temperature"]))
+    C.write_samples(run, it, transcripts)
+    model.train(was_training)
+    return metrics
+
+
+def state_dict(run):
+    """The round's pool: a resumed run trains on the pool the interrupted one sampled."""
+    return {"pool": run.pool, "round_figures": run.round_figures}
+
+
+def load_state_dict(run, state):
+    run.pool, run.round_figures = state["pool"], state["round_figures"]
