@@ -313,10 +313,8 @@ def train(overrides):
         return metrics
 
     from tqdm import tqdm
-    # redrawn at most once a second: a redraw (terminal width, formatting, a write) every iteration
-    # was a few ms of the loop's own time per step on a busy 2-core machine
     bar = tqdm(range(start_iter, cfg["max_iters"]), initial=start_iter, total=cfg["max_iters"],
-               disable=not run.master, dynamic_ncols=True, desc=cfg["algo"], mininterval=1.0)
+               disable=not run.master, dynamic_ncols=True, desc=cfg["algo"])
     metrics = {}
     if start_iter == 0 and cfg["eval_interval"] > 0:
         metrics = evaluate(0)
