@@ -1,0 +1,91 @@
+"""The ladder end to end at a tiny size (every stage a real train.py process), skipping and --redo,
+a failing stage, the missing-checkpoint message, and the loop's train_tokens count."""
+
+import json
+import os
+
+import pytest
+
+import ladder
+import sft
+import train as T
+from conftest import SFT_DATA, TINY
+
+# Two iterations per stage on the tiny model, with data, pairs and rollouts shrunk to match
+TINY_LADDER = ladder.command_line(dict(TINY, max_iters=2)) + [
+    "--pretrain.corpus_docs=64", "--pretrain.val_examples=8", "--sft.train_problems=64", "--sft.val_examples=8",
+    "--rm.train_prompts=8", "--rm.heldout_prompts=4", "--rm.eval_interval=2",  # (an evaluation: its pair accuracy)
+    "--dpo.train_prompts=8", "--dpo.heldout_prompts=4", "--ppo.prompts_pool=64", "--ppo.max_new_tokens=8",
+    "--grpo.prompts_per_iter=4", "--grpo.group_size=2", "--grpo.max_new_tokens=8",
+    "--eval_n=8", "--eval_ood_n=4", "--eval_pass_n=4", "--eval_pass_k=2"]
+NAMES = [name for name, _, _ in ladder.STAGES]
+
+
+def checkpoint_times(root):
+    return {name: os.path.getmtime(os.path.join(root, name, "ckpt.pt")) for name in NAMES
+            if os.path.exists(os.path.join(root, name, "ckpt.pt"))}
+
+
+@pytest.fixture(scope="module")
+def ladder_root(tmp_path_factory):
+    """One tiny ladder, shared by the tests below (they run in file order)."""
+    root = str(tmp_path_factory.mktemp("ladder"))
+    ladder.main(TINY_LADDER + [f"--out_root={root}"])
+    return root
+
+
+def test_every_stage_runs_and_is_reported(ladder_root):
+    for name in NAMES:
+        assert os.path.isfile(os.path.join(ladder_root, name, "ckpt.pt"))
+        assert json.load(open(os.path.join(ladder_root, name, "ladder.json")))["command"].startswith("python train.py")
+    report = open(os.path.join(ladder_root, "report.md")).read()
+    rows = [line for line in report.splitlines() if line.startswith("| ") and not line.startswith("| stage")]
+    assert [row.split(" | ")[0][2:] for row in rows] == NAMES
+    assert "pair acc" in rows[NAMES.index("rm")] and "passport.md" in report and "(answer " in report
+    assert os.path.isfile(os.path.join(ladder_root, "ladder.png"))
+
+
+def test_done_stages_are_skipped_and_redo_reruns(ladder_root, capsys):
+    before = checkpoint_times(ladder_root)
+    ladder.main(TINY_LADDER + [f"--out_root={ladder_root}"])
+    assert checkpoint_times(ladder_root) == before
+    ladder.main(TINY_LADDER + [f"--out_root={ladder_root}", "--redo=sft"])
+    after = checkpoint_times(ladder_root)
+    assert after["sft"] > before["sft"] and all(after[n] == before[n] for n in NAMES if n != "sft")
+    assert "sft was redone after it; --redo=grpo" in capsys.readouterr().out  # later stages: noted, not redone
+
+
+def test_a_failing_stage_stops_the_ladder_and_keeps_the_others(ladder_root):
+    """grpo from a directory without ckpt.pt: train.py's one-line error ends the ladder."""
+    before = checkpoint_times(ladder_root)
+    missing = os.path.join(ladder_root, "nowhere")
+    with pytest.raises(SystemExit) as failed:
+        ladder.main(TINY_LADDER + [f"--out_root={ladder_root}", "--redo=grpo", f"--grpo.init_from={missing}"])
+    message = str(failed.value)
+    assert "stage grpo failed" in message and f"--init_from={missing} has no ckpt.pt" in message
+    assert "`python train.py --algo sft" in message and "Traceback" not in message
+    assert checkpoint_times(ladder_root) == before  # nothing else ran, nothing was lost
+    assert not os.path.exists(os.path.join(ladder_root, "grpo", "ladder.json"))  # not done: rerun next time
+    report = open(os.path.join(ladder_root, "report.md")).read()
+    assert "| sft |" in report and "| grpo |" not in report
+
+
+def test_missing_start_checkpoint_names_the_command(tmp_path):
+    """(The command line's one-line form of the error: the failing-stage test above.)"""
+    with pytest.raises(ValueError, match="--algo grpo starts from a trained policy.*`python train.py --algo sft"):
+        T.check_start(dict(algo="grpo"))
+    T.check_start(dict(algo="sft"))  # SFT may start from scratch
+    missing = str(tmp_path / "pretrain")
+    with pytest.raises(ValueError, match=f"--init_from={missing} has no ckpt.pt; make it with "
+                                         f"`python train.py --algo pretrain --out_dir={missing}`"):
+        T.check_start(dict(algo="sft", init_from=missing))
+
+
+def test_train_tokens_sums_the_masked_targets(tiny):
+    """SFT: the running total equals the loss-weighted target tokens of every batch, across a resume."""
+    cfg = dict(tiny, **SFT_DATA, algo="sft", max_iters=2)
+    T.train(cfg)
+    run = T.train(dict(cfg, init_from="resume", max_iters=4))
+    expected = sum(float(mask[:, 1:].sum()) for it in range(4) for step in sft.batches(run, it) for _, mask in step)
+    rows = [json.loads(line) for line in open(os.path.join(tiny["out_dir"], "metrics.jsonl"))]
+    assert rows[-1]["train_tokens"] == expected and rows[-1]["tokens"] < expected
