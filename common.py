@@ -303,11 +303,27 @@ def collate(examples, pad_id, device):
     return ids.to(device), mask.to(device)
 
 
+def pool_batches(run, it, examples):
+    """One optimizer step of gradient_accumulation_steps micro-batches of (ids, mask) examples drawn
+    at random from a pool (SFT's data, RFT's kept answers); the global batch depends only on (seed, it)."""
+    accum, bs = run.cfg["gradient_accumulation_steps"], run.cfg["batch_size"]
+    rng = seeded_rng(run, it)
+    picks = [examples[i] for i in rng.integers(0, len(examples), run.world_size * accum * bs)]
+    return [[collate(mb, run.tok.pad, run.device) for mb in shard(picks, run, accum, bs)]]
+
+
 def masked_nll(model, ids, mask):
     """(Σ m·(−log p), Σ m) of the next-token loss (SPEC §3 SFT): position t predicts ids[t+1], weighted
     by mask[t+1] (a mask aligned with ids, 1 on the tokens to learn). SFT and RFT train with it."""
     m = mask[:, 1:]
     return -(sequence_logprobs(model, ids) * m).sum(), m.sum()
+
+
+def masked_nll_loss(run, model, batch):
+    """The `loss` of the algorithm contract for SFT and RFT: masked_nll of a collated (ids, mask)
+    micro-batch, and its trained tokens."""
+    loss_sum, count = masked_nll(model, *batch)
+    return loss_sum, count, {"tokens": float(count)}
 
 
 def response_text(run, tokens):

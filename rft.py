@@ -112,16 +112,10 @@ def batches(run, it):
                              f"{cfg['candidates']}: start from a policy that solves some (--init_from=out/sft), "
                              f"or raise candidates")
     run.stats.update(run.round_figures)
-    accum, bs = cfg["gradient_accumulation_steps"], cfg["batch_size"]
-    rng = C.seeded_rng(run, it)
-    picks = [run.pool[i] for i in rng.integers(0, len(run.pool), run.world_size * accum * bs)]
-    return [[C.collate(mb, run.tok.pad, run.device) for mb in C.shard(picks, run, accum, bs)]]
+    return C.pool_batches(run, it, run.pool)
 
 
-def loss(run, model, batch):
-    ids, mask = batch
-    loss_sum, count = C.masked_nll(model, ids, mask)
-    return loss_sum, count, {"tokens": float(count)}
+loss = C.masked_nll_loss  # the loop calls loss(run, model, batch)
 
 
 @torch.no_grad()

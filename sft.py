@@ -94,22 +94,16 @@ def batches(run, it):
     """One optimizer step of gradient_accumulation_steps micro-batches, cut from a global batch that
     depends only on (seed, it)."""
     cfg = run.cfg
+    if cfg["algo"] != "pretrain":
+        return C.pool_batches(run, it, run.train_examples)
     accum, bs = cfg["gradient_accumulation_steps"], cfg["batch_size"]
-    n = run.world_size * accum * bs
-    rng = C.seeded_rng(run, it)
-    if cfg["algo"] == "pretrain":
-        L = cfg["block_size"] + 1
-        starts = rng.integers(0, len(run.stream) - L, n)
-        windows = [(run.stream[s:s + L].tolist(), [1] * L) for s in starts]
-        return [[C.collate(mb, run.tok.pad, run.device) for mb in C.shard(windows, run, accum, bs)]]
-    picks = [run.train_examples[i] for i in rng.integers(0, len(run.train_examples), n)]
-    return [[C.collate(mb, run.tok.pad, run.device) for mb in C.shard(picks, run, accum, bs)]]
+    L = cfg["block_size"] + 1
+    starts = C.seeded_rng(run, it).integers(0, len(run.stream) - L, run.world_size * accum * bs)
+    windows = [(run.stream[s:s + L].tolist(), [1] * L) for s in starts]
+    return [[C.collate(mb, run.tok.pad, run.device) for mb in C.shard(windows, run, accum, bs)]]
 
 
-def loss(run, model, batch):
-    ids, mask = batch
-    loss_sum, count = C.masked_nll(model, ids, mask)
-    return loss_sum, count, {"tokens": float(count)}
+loss = C.masked_nll_loss  # the loop calls loss(run, model, batch)
 
 
 @torch.no_grad()
