@@ -40,7 +40,7 @@ from tokenizer import Tokenizer
 # The ladder, in order: (stage = its directory under OUT_ROOT, train.py arguments beyond the
 # algorithm's own defaults, the stage whose checkpoint it starts from). Add a stage with one line.
 STAGES = [
-    ("pretrain", dict(algo="pretrain"), None),
+    ("pretrain", dict(algo="pretrain", max_iters=200), None),  # short: the task is learnt in SFT (README)
     ("sft", dict(algo="sft"), "pretrain"),
     ("rm", dict(algo="rm"), "sft"),
     ("dpo", dict(algo="dpo"), "sft"),

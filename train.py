@@ -68,11 +68,13 @@ DEFAULTS = dict(
     tokenizer="byte",           # byte (built in) | gpt2 (with GPT-2 weights) | a dir with GPT-2's vocab.json
     data="",                    # a json/jsonl/parquet file or hub dataset; "" = the built-in environment
     skip_bad_rows=False,        # malformed data rows: False = error naming file/row/field, True = skip and count
-    env="arithmetic", env_digits=1, env_ops=3, env_direct_frac=0.0,  # the default task: 3-step chains of 1-digit operands
+    # the default task: 3-step chains of 1-digit operands; half the SFT demonstrations give only the
+    # answer, half the worked steps (envs.py, README "The default task"); 0.0 = every demonstration worked
+    env="arithmetic", env_digits=1, env_ops=3, env_direct_frac=0.5,
     # model, when init_from=scratch
     n_layer=4, n_head=4, n_embd=128, block_size=128, dropout=0.0, bias=True,
     # optimisation
-    max_iters=600, lr_decay_iters=0,  # 0: decay over max_iters
+    max_iters=1000, lr_decay_iters=0,  # 0: decay over max_iters
     batch_size=32, gradient_accumulation_steps=1,
     learning_rate=2e-3, min_lr=2e-4, warmup_iters=30,
     weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0,
