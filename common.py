@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from envs import make_env
-from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora, sequence_logprobs
+from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora, sample, sequence_logprobs
 from tokenizer import Tokenizer
 
 
@@ -278,18 +278,48 @@ def save_checkpoint(run, optimizer, it):
 # ----------------------------------------------------------------------------------------------
 # Sampling, rollouts and evaluation
 
+def tool_hook(run):
+    """The sampler's tool hook for the run's environment, or None when it has no tool (SPEC §4,
+    multi-turn tool environment). When a row writes the closing call tag, the text since its last
+    opening tag is the call: the environment's tool runs it, and the result comes back between
+    result tags as ids the sampler feeds to that row as forced tokens while the other rows keep
+    sampling. Only the call's own ids are decoded (to run it); the trajectory stays token ids. A
+    response's calls past max_tool_calls are not run: the result says so. The hook keeps no state,
+    each row is judged by its own ids alone, so rows pause and resume independently."""
+    tool = getattr(run.env, "tool", None)
+    if tool is None:
+        return None
+    special, limit = run.tok.special, run.cfg["max_tool_calls"]
+
+    def hook(row, generated):
+        if generated[-1] != special["/tool_call"]:
+            return None
+        if generated.count(special["/tool_call"]) > limit:
+            result = f"error: at most {limit} calls"
+        elif special["tool_call"] not in generated:
+            result = "error: no opening tag"
+        else:
+            start = len(generated) - generated[::-1].index(special["tool_call"])
+            result = tool(run.tok.decode(generated[start:-1]))
+        return [special["tool_result"]] + run.tok.encode(result) + [special["/tool_result"]]
+    return hook
+
+
 def generate(run, model, prompts, max_new_tokens=None, temperature=0.0, seed=None, batch_size=None, **kw):
-    """Sample responses for a list of prompt-id lists in chunks; returns (tokens, logprobs)."""
+    """Sample responses for a list of prompt-id lists in chunks, running the environment's tool when
+    it has one; returns (tokens, logprobs, forced), forced = 1 on tool tokens (see model.sample)."""
     max_new_tokens = max_new_tokens or run.cfg["max_new_tokens"]
     batch_size = batch_size or run.cfg["eval_batch_size"]
-    tokens, logprobs = [], []
+    tokens, logprobs, forced = [], [], []
     with run.autocast:
         for i, chunk in enumerate(chunks(prompts, batch_size)):
-            t, lp = model.generate(chunk, max_new_tokens, temperature=temperature, stop_tokens=(run.tok.eos,),
-                                   pad_id=run.tok.pad, seed=None if seed is None else seed + i * batch_size, **kw)
+            t, lp, f = sample(model, chunk, max_new_tokens, temperature=temperature, stop_tokens=(run.tok.eos,),
+                              pad_id=run.tok.pad, seed=None if seed is None else seed + i * batch_size,
+                              tool_hook=tool_hook(run), **kw)
             tokens += t
             logprobs += lp
-    return tokens, logprobs
+            forced += f
+    return tokens, logprobs, forced
 
 
 def collate(examples, pad_id, device):
@@ -336,7 +366,7 @@ def env_accuracy(run, model, split, n, temperature=0.0, samples=1, seed=0):
     Returns (metrics, transcripts of the first few problems)."""
     problems = run.env.problems(split, n, seed=seed)[run.rank::run.world_size]
     prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(samples)]
-    tokens, _ = generate(run, model, prompts, temperature=temperature, seed=seed)
+    tokens = generate(run, model, prompts, temperature=temperature, seed=seed)[0]
     texts = [response_text(run, t) for t in tokens]
     correct = np.array([run.env.verify(p, texts[i * samples + j]) for i, p in enumerate(problems)
                         for j in range(samples)]).reshape(len(problems), samples)
@@ -402,41 +432,100 @@ def rollouts(run, model, problems, samples_per_prompt, temperature=1.0, max_new_
     re-encoded for training (text is decoded only for the verifier). The sampler runs on all
     prompts at once, or in chunks of `batch_size`.
 
+    With a tool environment the response holds the tool's results too, fed in by the sampler
+    (tool_hook): they stay in ids as context and have mask 0, so no loss (policy gradient, KL, value,
+    SFT) gives them any weight.
+
     Returns a dict; per-token tensors are aligned with the shifted targets ids[:, 1:], exactly like
     sequence_logprobs(model, ids), so position t scores token ids[:, t+1]:
         ids          (N, T) long   prompt + response, right-padded with <|pad|>; N = P·G, grouped by prompt
-        mask         (N, T-1) float 1 on response tokens (stop token included), 0 on prompt and padding
+        mask         (N, T-1) float 1 on sampled response tokens (stop token included), 0 on prompt,
+                                    tool tokens and padding
+        forced       (N, T-1) float 1 on the tool's tokens (response tokens the model did not sample)
         old_logprobs (N, T-1) float the sampler's log-probs (π_old), 0 where mask is 0
         rewards      (N,) float    verifier reward
         lengths      (N,) long     response lengths in tokens
         truncated    (N,) bool     response hit max_new_tokens without the end token
         group        (N,) long     index of the problem each row answers
         texts, problems            decoded responses (for logs) and the problem of each row
+        responses, prompt_lens     each row's response ids and prompt length (token_rewards reads them)
         decode_time, verify_time   seconds
     """
     prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(samples_per_prompt)]
     rows = [p for p in problems for _ in range(samples_per_prompt)]
     t0 = time.time()
-    tokens, logprobs = generate(run, model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                seed=seed, batch_size=batch_size or len(prompts), top_k=top_k, top_p=top_p)
+    tokens, logprobs, forced = generate(run, model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                        seed=seed, batch_size=batch_size or len(prompts), top_k=top_k, top_p=top_p)
     t1 = time.time()
     texts = [response_text(run, t) for t in tokens]
     rewards = torch.tensor([run.env.verify(p, text) for p, text in zip(rows, texts)], dtype=torch.float32)
     t2 = time.time()
     N, T = len(prompts), max(len(p) + len(t) for p, t in zip(prompts, tokens))
     ids = torch.full((N, T), run.tok.pad, dtype=torch.long)
-    mask = torch.zeros(N, T - 1)
-    old = torch.zeros(N, T - 1)
-    for i, (p, t, lp) in enumerate(zip(prompts, tokens, logprobs)):
+    mask, tool, old = torch.zeros(N, T - 1), torch.zeros(N, T - 1), torch.zeros(N, T - 1)
+    for i, (p, t, lp, f) in enumerate(zip(prompts, tokens, logprobs, forced)):
         ids[i, :len(p) + len(t)] = torch.tensor(p + t)
-        mask[i, len(p) - 1:len(p) - 1 + len(t)] = 1.0
+        tool[i, len(p) - 1:len(p) - 1 + len(t)] = torch.tensor(f, dtype=torch.float32)
+        mask[i, len(p) - 1:len(p) - 1 + len(t)] = 1.0 - tool[i, len(p) - 1:len(p) - 1 + len(t)]
         old[i, len(p) - 1:len(p) - 1 + len(t)] = torch.tensor(lp)
     device = run.device
-    return dict(ids=ids.to(device), mask=mask.to(device), old_logprobs=old.to(device), rewards=rewards.to(device),
-                lengths=torch.tensor([len(t) for t in tokens], device=device),
+    return dict(ids=ids.to(device), mask=mask.to(device), forced=tool.to(device), old_logprobs=old.to(device),
+                rewards=rewards.to(device), lengths=torch.tensor([len(t) for t in tokens], device=device),
                 truncated=torch.tensor([run.tok.eos not in t for t in tokens], device=device),
                 group=torch.arange(len(problems), device=device).repeat_interleave(samples_per_prompt),
-                texts=texts, problems=rows, decode_time=t1 - t0, verify_time=t2 - t1)
+                texts=texts, problems=rows, responses=tokens, prompt_lens=[len(p) for p in prompts],
+                decode_time=t1 - t0, verify_time=t2 - t1)
+
+
+def token_rewards(run, roll, signals):
+    """Per-step or per-action signals placed on tokens (SPEC §3 Process vs outcome, RLVP).
+    signals(problem, response text) -> [(character offset just after the step, value)]. Returns
+    (values, marked), both (N, T-1) aligned with roll["mask"]: each value added at the column of the
+    step's last token (the token whose text holds the character before the offset; an offset at the
+    end of the text: the row's last response token, the end token when there is one), marked True
+    there. A step never ends on a tool token: the model's own text closes every call and answer."""
+    values, marked = torch.zeros_like(roll["mask"]), torch.zeros_like(roll["mask"], dtype=torch.bool)
+    for i, (problem, text, tokens, start) in enumerate(zip(roll["problems"], roll["texts"], roll["responses"],
+                                                            roll["prompt_lens"])):
+        # the text's byte offset after each token (response_text drops the end token: 0 bytes)
+        ends = np.cumsum([0 if t == run.tok.eos else len(run.tok.decode([t]).encode()) for t in tokens])
+        for offset, value in signals(problem, text):
+            k = (len(tokens) - 1 if offset >= len(text) else
+                 int(np.searchsorted(ends, len(text[:offset].encode()), side="left")))
+            values[i, start - 1 + k] += value
+            marked[i, start - 1 + k] = True
+    return values, marked
+
+
+# Process and path rewards (SPEC §3 "Process vs outcome rewards", "RLVP"), shared by grpo.py and ppo.py,
+# which take these keys (reward_mode: outcome = the verifier's one reward at the end; process = a
+# reward at the last token of each verifiable step, env.step_rewards; rlvp = R = O + β·Φ with
+# Φ from the environment's rule engine, env.path_signals: −λ per bad action, +μ per compliant one;
+# path = Φ alone, the inaction trap the chapter warns of, kept for the experiment)
+REWARD_KEYS = dict(reward_mode="outcome", rlvp_beta=0.5, rlvp_penalty=1.0, rlvp_bonus=1.0)
+REWARD_MODES = ("outcome", "process", "rlvp", "path")
+
+
+def check_reward_mode(cfg, env):
+    """The reward keys against the environment. RLVP's second rule, the outcome stays the main driver,
+    is checked here: both channels are normalised to the same scale, so β ≤ 1 keeps the path's
+    weight at most the outcome's."""
+    mode = cfg["reward_mode"]
+    if mode not in REWARD_MODES:
+        raise ValueError(f"reward_mode={mode!r}: choose from {REWARD_MODES}")
+    needs = {"process": "step_rewards", "rlvp": "path_signals", "path": "path_signals"}.get(mode)
+    if needs and not hasattr(env, needs):
+        raise ValueError(f"reward_mode={mode} needs env.{needs}, which env {env.name!r} does not have")
+    if not 0 <= cfg["rlvp_beta"] <= 1 or cfg["rlvp_penalty"] < 0 or cfg["rlvp_bonus"] < 0:
+        raise ValueError("need 0 <= rlvp_beta <= 1 (the outcome stays the main driver), rlvp_penalty >= 0 and "
+                         "rlvp_bonus >= 0")
+
+
+def path_signals(run):
+    """The environment's rule engine weighted: (problem, text) -> [(offset, −λ or +μ)] per action."""
+    penalty, bonus = run.cfg["rlvp_penalty"], run.cfg["rlvp_bonus"]
+    return lambda problem, text: [(offset, -penalty if sign < 0 else bonus)
+                                  for offset, sign in run.env.path_signals(problem, text)]
 
 
 @torch.no_grad()

@@ -64,6 +64,18 @@ dynamic_sampling_rounds — DAPO's dynamic sampling (needs on_degenerate=drop): 
 overlong_cache — DAPO's soft overlong penalty, added to the reward, with L = the response limit:
     0 if |y| ≤ L − L_cache;  (L − L_cache − |y|) / L_cache in the last L_cache tokens (−1 at |y| = L).
 
+reward_mode — what the advantages are made of (SPEC §3 "Process vs outcome rewards", "RLVP"):
+    outcome  one reward per response, the verifier's (with the shaping above): everything above
+    process  a reward at the last token of each verifiable step (env.step_rewards: each written
+             equation, each tool call that computes a step, the answer), normalised over all the
+             step rewards of the group and summed over the steps from each token on
+             (process_advantages, the GRPO paper's process supervision): one advantage per token
+    rlvp     R = O + β·Φ: the outcome O and the rule engine's path signal Φ = Σ (−λ per bad action,
+             +μ per compliant one; env.path_signals) each through the estimator on its own, then
+             A = Â(O) + β·Â(Φ) (rlvp_advantages; β = rlvp_beta ≤ 1, λ = rlvp_penalty, μ = rlvp_bonus)
+    path     Φ alone: the inaction trap (penalties without the outcome), for experiments/agentic.py
+  The non-outcome modes need a group estimator; process takes no sequence shaping (k1_reward, overlong).
+
 old_logprobs — where π_old comes from: "sampler" (the log-probs the sampler drew with; equal to a
   training forward in fp32, checked by a test), "recompute" (one no-grad forward of the same weights
   before the first update: needed when sampling and training differ numerically, e.g. bf16 autocast
@@ -85,7 +97,12 @@ rewards), kept_groups_frac, extra_rollouts, len_mean / len_std / truncated_frac,
 rollout's share of answers that show their work, where the environment has shows_work), kl_ref
 (with a KL term), and per micro-batch means of entropy, clip_frac, ratio_dev (max |ρ − 1|) and kl_k3;
 the time split time_decode / time_verify / time_score / time_update and decode_tok_per_s (this
-rank's clock).
+rank's clock); all_fail_frac (groups where every response fails the verifier) and, where the
+environment has a rule engine, violations_per_episode (its −1 signals per response, whatever the
+reward_mode).
+
+Tool environments (--env=calculator): rollouts run the tool inside generation; its results stay in
+ids and have mask 0, so the surrogate and the KL term never train on them (common.rollouts).
 """
 
 import os
@@ -123,6 +140,8 @@ defaults = dict(
     # iterations on the default task (README); 3e-4 lost 16 points on the old all-worked task.
     learning_rate=1e-4, min_lr=1e-4, warmup_iters=5, max_iters=20, eval_interval=5, log_interval=1,
 )
+
+defaults.update(C.REWARD_KEYS)  # reward_mode and RLVP's β, λ, μ: one definition for grpo.py and ppo.py
 
 CHOICES = dict(estimator=("reinforce", "rloo", "grpo", "dr_grpo"),
                loss_agg=("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"),
@@ -178,6 +197,38 @@ def group_advantages(rewards, estimator):
     return torch.where(degenerate[:, None], 0.0, adv), degenerate
 
 
+def process_advantages(step_rewards, step_ends, mask, group_size, estimator):
+    """Process supervision as in the GRPO paper (Shao et al. 2024, §4.1.3; SPEC §3 Process vs
+    outcome): the step rewards of a group's G responses are normalised together,
+        r̃_j = (r_j − mean(R)) / std(R)      R = every step reward of the group (dr_grpo: r_j − mean(R)),
+    and a token's advantage sums the normalised rewards of the steps that end at or after it:
+        A_t = Σ_{steps j with end(j) ≥ t} r̃_j.
+    step_rewards (N, T) hold each step's reward at its last token, step_ends (N, T) bool mark those
+    tokens, mask (N, T) the trained tokens; rows are grouped by prompt (N = P·G). Returns
+    (advantages (N, T), degenerate (P,): groups whose step rewards are all equal get A = 0)."""
+    N, T = step_rewards.shape
+    r, on = step_rewards.reshape(-1, group_size * T), step_ends.reshape(-1, group_size * T)
+    n = on.sum(1, keepdim=True).clamp(min=1)
+    degenerate = (torch.where(on, r, float("-inf")).amax(1) == torch.where(on, r, float("inf")).amin(1)) | ~on.any(1)
+    centred = torch.where(on, r - torch.where(on, r, 0.0).sum(1, keepdim=True) / n, 0.0)
+    if estimator == "grpo":
+        std = ((centred ** 2).sum(1, keepdim=True) / n).sqrt()
+        centred = centred / torch.where(degenerate[:, None], 1.0, std)
+    normalised = torch.where(degenerate[:, None], 0.0, centred).reshape(N, T)
+    return normalised.flip(1).cumsum(1).flip(1) * mask, degenerate
+
+
+def rlvp_advantages(outcome, path, estimator, beta):
+    """RLVP (SPEC §3, "reward the outcome, constrain the process"): R = O + β·Φ with the two channels
+    normalised separately, then combined: each goes through the group estimator on its own (grpo:
+    z-scored over the group), A = Â(O) + β·Â(Φ), so a dense path signal cannot drown the sparse
+    outcome however many actions it counts. outcome, path (P, G). A channel whose group is all equal
+    adds 0; the group is degenerate when both are."""
+    outcome_adv, outcome_flat = group_advantages(outcome, estimator)
+    path_adv, path_flat = group_advantages(path, estimator)
+    return outcome_adv + beta * path_adv, outcome_flat & path_flat
+
+
 def overlong_penalty(lengths, limit, cache):
     """DAPO's soft overlong penalty: 0 up to limit − cache tokens, then linear down to −1 at limit."""
     if cache <= 0:
@@ -204,11 +255,11 @@ def aggregate(values, mask, loss_agg, max_len):
 
 def policy_loss(logp, old_logp, advantages, mask, cfg, ref_logp=None):
     """The clipped surrogate (+ β·k3) aggregated per cfg. logp (B, T) with gradient, old_logp and
-    ref_logp (B, T) constants, advantages (B,), mask (B, T) 0/1. Returns (loss_sum, count, metrics)."""
+    ref_logp (B, T) constants, advantages (B,) or (B, T), mask (B, T) 0/1. Returns (loss_sum, count, metrics)."""
     on = mask > 0
     log_ratio = torch.where(on, logp - old_logp, 0.0)  # 0 off the response: no exp(garbage) on padding
     ratio = torch.exp(log_ratio)
-    adv = advantages[:, None]
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages  # per response, or per token (process)
     low, high = 1 - cfg["eps_low"], 1 + cfg["eps_high"]
     per_token = -torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
     metrics = {}
@@ -229,6 +280,7 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, ref_logp=None):
 # Rollouts: shards, scoring, rewards, dynamic sampling
 
 PER_TOKEN = ("mask", "old_logprobs", "ref_logprobs")  # (N, T-1), aligned with ids[:, 1:]; no ref with kl=off
+TOKEN_KEYS = PER_TOKEN + ("step_advantages",)  # and with reward_mode=process, one advantage per token
 PER_ROW = ("rewards", "reward", "advantages", "lengths", "truncated", "seq_len", "keep")  # (N,)
 
 
@@ -247,10 +299,10 @@ def score(run, model, ids):
 def select_rows(batch, rows):
     """The rows of a rollout batch (its per-token and per-row tensors), cut to their own width."""
     rows = torch.as_tensor(rows, dtype=torch.long, device=batch["ids"].device)
-    out = {k: batch[k][rows] for k in ("ids",) + PER_TOKEN + PER_ROW if k in batch}
+    out = {k: batch[k][rows] for k in ("ids",) + TOKEN_KEYS + PER_ROW if k in batch}
     width = int(out["seq_len"].max()) if len(rows) else 2
     out["ids"] = out["ids"][:, :width]
-    for k in PER_TOKEN:
+    for k in TOKEN_KEYS:
         if k in out:
             out[k] = out[k][:, :width - 1]
     return out
@@ -261,7 +313,7 @@ def concat_rows(parts, pad_id):
     width = max(p["ids"].size(1) for p in parts)
     out = {}
     for k in parts[0]:
-        if k == "ids" or k in PER_TOKEN:
+        if k == "ids" or k in TOKEN_KEYS:
             w, fill = (width, pad_id) if k == "ids" else (width - 1, 0.0)
             out[k] = torch.cat([F.pad(p[k], (0, w - p[k].size(1)), value=fill) for p in parts])
         else:
@@ -293,6 +345,18 @@ def sample_round(run, it, shard, round_):
     ro["reward"] = reward
     if cfg["estimator"] == "reinforce":  # the batch-mean baseline needs the whole batch: later
         ro["advantages"], ro["degenerate"] = torch.zeros_like(reward), torch.zeros(len(problems), dtype=torch.bool)
+    elif cfg["reward_mode"] == "process":  # one advantage per token, the response's shared one unused
+        steps, ends = C.token_rewards(run, ro, run.env.step_rewards)
+        ro["step_advantages"], ro["degenerate"] = process_advantages(steps, ends, ro["mask"], G, cfg["estimator"])
+        ro["advantages"] = torch.zeros_like(reward)
+    elif cfg["reward_mode"] in ("rlvp", "path"):  # path: Φ alone (no outcome channel), the inaction trap
+        signals = C.path_signals(run)
+        path = torch.tensor([sum(v for _, v in signals(p, t)) for p, t in zip(ro["problems"], ro["texts"])],
+                            device=reward.device)
+        outcome = reward if cfg["reward_mode"] == "rlvp" else torch.zeros_like(reward)
+        beta = cfg["rlvp_beta"] if cfg["reward_mode"] == "rlvp" else 1.0
+        adv, ro["degenerate"] = rlvp_advantages(outcome.view(-1, G), path.view(-1, G), cfg["estimator"], beta)
+        ro["advantages"] = adv.flatten()
     else:
         adv, ro["degenerate"] = group_advantages(reward.view(-1, G), cfg["estimator"])
         ro["advantages"] = adv.flatten()
@@ -332,6 +396,9 @@ def rollout_shard(run, it, shard):
     batch["mask"] = batch["mask"] * batch["keep"][:, None]
     counts = dict(
         reward_sum=float(first["rewards"].sum()), reward_n=len(first["rewards"]),
+        all_fail=float((first["rewards"].view(-1, G).amax(1) == 0).sum()),
+        violations=sum(sign < 0 for p, t in zip(first["problems"], first["texts"])
+                       for _, sign in run.env.path_signals(p, t)) if hasattr(run.env, "path_signals") else 0,
         degenerate=float(degenerate_groups(first["rewards"].view(-1, G)).sum()), groups=n,  # on the verifier's reward
         extra_rollouts=(len(rounds) - 1) * n * G, kept_groups=float(batch["keep"].sum()) / G,
         time_decode=sum(ro["decode_time"] for ro in rounds), time_verify=sum(ro["verify_time"] for ro in rounds),
@@ -365,6 +432,20 @@ def check_config(cfg, world_size):
         raise ValueError("clip range needs 0 <= eps_low < 1 and eps_high >= 0")
     if cfg["overlong_cache"] >= cfg["max_new_tokens"]:
         raise ValueError(f"overlong_cache={cfg['overlong_cache']} must be below max_new_tokens={cfg['max_new_tokens']}")
+    if cfg["reward_mode"] != "outcome" and cfg["estimator"] == "reinforce":
+        raise ValueError(f"reward_mode={cfg['reward_mode']} normalises rewards within a group: choose a group estimator")
+    if cfg["reward_mode"] == "process" and (cfg["kl"] == "k1_reward" or cfg["overlong_cache"]):
+        raise ValueError("reward_mode=process rewards steps: kl=k1_reward and overlong_cache shape one sequence "
+                         "reward and do not apply (use kl=k3_loss or off)")
+
+
+REWARD_TEXT = dict(
+    outcome="one scalar per response, no partial credit",
+    process="a reward at the last token of each verifiable step (env.step_rewards), normalised over the group's "
+            "steps, each token's advantage the sum over the steps from it on",
+    rlvp="R = O + β·Φ, β = {rlvp_beta}: the outcome and the rule engine's path signal (−{rlvp_penalty} per bad "
+         "action, +{rlvp_bonus} per compliant one) normalised separately over the group, then combined",
+    path="the path signal Φ alone, without the outcome (the inaction trap: an experiment, not a recipe)")
 
 
 def passport(run):
@@ -394,7 +475,8 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
 
 ## Reward and verification
 - source: the environment's rule verifier (`envs.py`, `{c['env']}.verify`), 1 or 0 per response
-- scalar per response, no partial credit; overlong answers: {overlong} (limit {c['max_new_tokens']} new tokens)
+- reward_mode {c['reward_mode']}: {REWARD_TEXT[c['reward_mode']].format(**c)}; overlong answers: {overlong}
+  (limit {c['max_new_tokens']} new tokens)
 
 ## Optimisation
 - on-policy, clipped surrogate with ε_low = {c['eps_low']}, ε_high = {c['eps_high']}
@@ -413,6 +495,7 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
 
 def setup(run):
     check_config(run.cfg, run.world_size)
+    C.check_reward_mode(run.cfg, run.env)
     run.ref_model = C.load_reference(run)
     mode = run.cfg["old_logprobs"]
     run.old_logprobs_mode = mode if mode != "auto" else ("recompute" if run.device.startswith("cuda") else "sampler")
@@ -443,7 +526,8 @@ def batches(run, it):
     # figures for the log, summed over ranks (round-0 figures: an unbiased sample of the policy)
     lengths = torch.cat([b["lengths"].float() for b in shards])
     sums = {k: sum(c[k] for c in counts)
-            for k in ("reward_sum", "reward_n", "degenerate", "groups", "extra_rollouts", "kept_groups", "work")}
+            for k in ("reward_sum", "reward_n", "degenerate", "groups", "extra_rollouts", "kept_groups", "work",
+                      "all_fail", "violations")}
     sums.update(
         len_sum=float(lengths.sum()), len_sq=float((lengths ** 2).sum()), len_n=len(lengths),
         truncated=sum(float(b["truncated"].sum()) for b in shards),
@@ -457,6 +541,7 @@ def batches(run, it):
         reward=sums["reward_sum"] / sums["reward_n"],
         reward_shaped=sums["shaped"] / max(sums["kept_groups"] * G, 1),
         degenerate_frac=sums["degenerate"] / sums["groups"],
+        all_fail_frac=sums["all_fail"] / sums["groups"],
         kept_groups_frac=sums["kept_groups"] / sums["groups"],
         extra_rollouts=sums["extra_rollouts"],
         len_mean=len_mean, len_std=max(sums["len_sq"] / sums["len_n"] - len_mean ** 2, 0.0) ** 0.5,
@@ -467,6 +552,8 @@ def batches(run, it):
         run.stats["kl_ref"] = sums["kl"] / max(sums["tokens"], 1.0)
     if hasattr(run.env, "shows_work"):
         run.stats["work_frac"] = sums["work"] / sums["reward_n"]
+    if hasattr(run.env, "path_signals"):  # RLVP's rule engine, counted whatever the reward_mode
+        run.stats["violations_per_episode"] = sums["violations"] / sums["reward_n"]
 
     # minibatch m = slice m of every shard, so the global minibatch is the same for any world size
     minibatches = []
@@ -483,7 +570,8 @@ def loss(run, model, batch):
     ids, mask = batch["ids"], batch["mask"]
     logits = model(ids[:, :-1])
     logp = token_logprobs(logits, ids[:, 1:], run.cfg["temperature"])
-    loss_sum, count, metrics = policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask, run.cfg,
+    advantages = batch["step_advantages"] if "step_advantages" in batch else batch["advantages"]
+    loss_sum, count, metrics = policy_loss(logp, batch["old_logprobs"], advantages, mask, run.cfg,
                                            ref_logp=batch.get("ref_logprobs"))
     metrics["entropy"] = float(masked_entropy_sum(logits, mask, run.cfg["temperature"]) / mask.sum().clamp(min=1))
     return loss_sum, count, {**metrics, "tokens": float(mask.sum())}

@@ -206,10 +206,12 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                  stop_tokens=(), seed=None, pad_id=0, tool_hook=None):
-        """Batched KV-cache sampling of ragged prompts (see `sample`). Returns (tokens, logprobs)."""
-        tokens, logprobs, _ = sample(self, prompts, max_new_tokens, temperature, top_k, top_p,
-                                     stop_tokens, seed, pad_id, tool_hook)
-        return tokens, logprobs
+        """Batched KV-cache sampling of ragged prompts (see `sample`). Returns (tokens, logprobs), and
+        with a tool_hook (tokens, logprobs, forced): forced marks the injected tool tokens, which no
+        loss may train on."""
+        tokens, logprobs, forced = sample(self, prompts, max_new_tokens, temperature, top_k, top_p,
+                                          stop_tokens, seed, pad_id, tool_hook)
+        return (tokens, logprobs) if tool_hook is None else (tokens, logprobs, forced)
 
     @classmethod
     def from_pretrained(cls, name_or_dir, dropout=0.0):

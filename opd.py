@@ -157,21 +157,24 @@ def teacher_logprobs(run, ro):
     """The teacher's grades of the rollouts ro: (log-probs (N, T-1, V), graded (N, T-1)), aligned
     with ro["ids"][:, 1:] like ro["mask"]: log π_t(·| teacher prompt, y_<t) at τ on the graded
     response positions, 0 elsewhere. Each row is re-rendered as the teacher's prompt + the student's
-    answer tokens, as many as fit the teacher's context (graded = the response positions kept), and
+    answer tokens, as many as fit the teacher's context (graded = the sampled response positions kept;
+    a tool's results are read as context, never graded), and
     scored in one forward pass per chunk; the kept positions of both layouts hold the same tokens in
     the same order, so the two mask-selects align."""
     ids, mask, tau = ro["ids"], ro["mask"], run.cfg["temperature"]
     context = run.teacher.config.block_size + 1  # the last token is only a target
     prompts = [run.tok.prompt_ids(teacher_prompt(run, p)) for p in ro["problems"]]
     room = torch.tensor([max(context - len(p), 0) for p in prompts], device=mask.device)
-    graded = mask * (mask.cumsum(1) <= room[:, None])
+    response = mask + ro["forced"]  # the teacher reads tool results too, but grades only sampled tokens
+    kept = response * (response.cumsum(1) <= room[:, None])
+    graded = mask * kept
     out = torch.zeros(*mask.shape, run.teacher.config.vocab_size, device=mask.device)
     for rows in C.chunks(range(len(ids)), run.cfg["batch_size"]):
         examples = []
         for i in rows:
-            answer = ids[i, 1:][graded[i] > 0].tolist()
+            answer = ids[i, 1:][kept[i] > 0].tolist()
             prompt = prompts[i][:context - len(answer)]  # cut only where nothing is graded
-            examples.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+            examples.append((prompt + answer, [0] * len(prompt) + mask[i][kept[i] > 0].long().tolist()))
         teacher_ids, teacher_mask = C.collate(examples, run.tok.pad, run.device)
         with run.autocast:
             logits = run.teacher(teacher_ids[:, :-1])

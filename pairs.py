@@ -113,8 +113,8 @@ def builtin_pairs(run, sampler, split, n_prompts, seed):
     k = cfg["samples_per_prompt"]
     samples = [[]] * len(problems)
     if cfg["pairs"] in ("verifier", "both"):
-        tokens, _ = C.generate(run, sampler, [p for p in prompts for _ in range(k)],
-                               temperature=cfg["pair_temperature"], seed=seed)
+        tokens = C.generate(run, sampler, [p for p in prompts for _ in range(k)],
+                            temperature=cfg["pair_temperature"], seed=seed)[0]
         samples = [tokens[i * k:(i + 1) * k] for i in range(len(problems))]
     rng = random.Random(seed)
     pairs, counts = [], dict(verifier=0, demo_chosen=0, all_correct=0, style=0, too_long=0)

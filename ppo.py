@@ -38,6 +38,10 @@ One iteration (batches() does steps 1-3, loss() step 4):
     Optional early stop: when a step's KL(π_old‖π_θ) per token (approx_kl, which the loop averages over
     the step's micro-batches on all ranks and sends back into the `batches` generator) exceeds
     early_stop_kl, the rest of the iteration's steps are skipped on every rank alike.
+reward_mode (outcome | process | rlvp | path, as in grpo.py; mode_rewards) chooses what lands on the
+tokens in step 2: the sequence reward at the end, each verifiable step's reward at its last token, or
+the outcome plus the rule engine's β·(−λ | +μ) at each judged action. With a tool environment the
+tool's result tokens have mask 0: no policy, value or KL term on them, and GAE passes over them.
 Every log-prob (policy, π_old, reference) and the entropy are taken at the sampler's temperature,
 with dropout off, so that ρ = 1 exactly before the first update. π_old is the sampler's own log-probs
 when they equal a training forward (fp32; old_logprobs=auto on CPU), else one forward of the policy
@@ -91,6 +95,8 @@ defaults = dict(
     learning_rate=3e-5, min_lr=3e-5, warmup_iters=5, max_iters=40, eval_interval=20, log_interval=1,
 )
 
+defaults.update(C.REWARD_KEYS)  # reward_mode and RLVP's β, λ, μ: one definition for grpo.py and ppo.py
+
 
 # ----------------------------------------------------------------------------------------------
 # Memory anatomy [M14 §10, §13]
@@ -128,18 +134,38 @@ def shaped_rewards(score, kl, mask, kl_coef):
     return rewards
 
 
+def mode_rewards(mb, cfg, kl_coef):
+    """Per-token rewards r_t for cfg["reward_mode"] (SPEC §3 Process vs outcome, RLVP), −β·k_t in all:
+        outcome  + r(x, y) at the last response token (shaped_rewards)
+        process  + each verifiable step's reward at its last token (env.step_rewards; the answer is a step)
+        rlvp     + r(x, y) at the last token + β_path·(−λ | +μ) at each action the rule engine judges
+        path     + the rule engine's signals alone (the inaction trap: an experiment, not a recipe)
+    GAE carries each to the tokens before it. PPO has no groups to normalise the channels over; its
+    whitening of Â over the batch is the one normaliser, and β_path ≤ 1 keeps the outcome the driver."""
+    mode, kl_penalty = cfg["reward_mode"], -kl_coef * mb["kl"] * mb["mask"]
+    if mode == "process":
+        return kl_penalty + mb["step_rewards"]
+    if mode == "path":
+        return kl_penalty + mb["path_rewards"]
+    rewards = shaped_rewards(mb["score"], mb["kl"], mb["mask"], kl_coef)
+    return rewards + cfg["rlvp_beta"] * mb["path_rewards"] if mode == "rlvp" else rewards
+
+
 def gae(rewards, values, mask, gamma, lam):
-    """Generalised advantage estimation over each row's response tokens (contiguous in `mask`):
+    """Generalised advantage estimation over each row's response tokens (mask 1):
     Â_t = δ_t + γλ·Â_{t+1}, δ_t = r_t + γ·V_{t+1} − V_t, with V = 0 after the last response token.
+    Positions with mask 0 inside a response (a tool's result, forced into it) are not actions: the
+    recursion passes over them, so the token before a call sees the rewards after its result.
     Returns (advantages, value targets Â + V), zero advantage off the response."""
     advantages = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[:, 0])
     next_value = torch.zeros_like(rewards[:, 0])
     for t in reversed(range(rewards.size(1))):
+        on = mask[:, t] > 0
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        running = (delta + gamma * lam * running) * mask[:, t]
-        advantages[:, t] = running
-        next_value = values[:, t] * mask[:, t]
+        running = torch.where(on, delta + gamma * lam * running, running)
+        advantages[:, t] = running * mask[:, t]
+        next_value = torch.where(on, values[:, t], next_value)
     return advantages, advantages + values
 
 
@@ -213,6 +239,10 @@ def setup(run):
     if cfg["batch_size"] % cfg["samples_per_prompt"]:
         raise ValueError(f"batch_size={cfg['batch_size']} must be a multiple of "
                          f"samples_per_prompt={cfg['samples_per_prompt']}")
+    C.check_reward_mode(cfg, run.env)
+    if cfg["reward_mode"] == "process" and cfg["reward"] != "verifier":
+        raise ValueError("reward_mode=process scores the environment's steps and answer (env.step_rewards): "
+                         "it needs reward=verifier")
     run.policy = run.raw_model.policy
     run.ref_model = C.load_reference(run)
     run.reward_model = C.frozen(load_reward_model(run)).to(run.device) if cfg["reward"] == "rm" else None
@@ -252,6 +282,10 @@ def score_micro_batch(run, problems, seed):
                lengths=roll["lengths"].float(), truncated=roll["truncated"].float(), decode_time=roll["decode_time"])
     if hasattr(run.env, "shows_work"):
         out["shows_work"] = torch.tensor([float(run.env.shows_work(t)) for t in roll["texts"]], device=ids.device)
+    if cfg["reward_mode"] == "process":
+        out["step_rewards"] = C.token_rewards(run, roll, run.env.step_rewards)[0]
+    elif cfg["reward_mode"] in ("rlvp", "path"):
+        out["path_rewards"] = C.token_rewards(run, roll, C.path_signals(run))[0]
     with run.autocast:
         if run.old_logprobs_mode == "recompute":
             # π_old from the same forward the loss makes (not the KV-cache sampler's numbers, whose
@@ -303,7 +337,7 @@ def batches(run, it):
     for mb in micro:
         mb["kl"] = (kl_estimate(mb["old_logprobs"], mb["ref_logprobs"], cfg["kl_estimator"]) * mb["mask"]
                     if "ref_logprobs" in mb else torch.zeros_like(mb["mask"]))
-        rewards = shaped_rewards(mb["score"], mb["kl"], mb["mask"], run.kl_coef)
+        rewards = mode_rewards(mb, cfg, run.kl_coef)
         mb["advantages"], mb["returns"] = gae(rewards, mb["old_values"], mb["mask"], cfg["gamma"], cfg["lam"])
 
     sums = global_sums(run, micro)

@@ -75,15 +75,16 @@ def sample_pool(run, round_):
     model.eval()
     problems = run.env.problems("train", cfg["round_prompts"], seed=int(C.seeded_rng(run, round_).integers(2 ** 31)))
     prompts = [tok.prompt_ids(p["prompt"]) for p in problems]
-    tokens, _ = C.generate(run, model, [p for p in prompts for _ in range(k)], temperature=cfg["temperature"],
-                           seed=cfg["seed"] + round_)
+    tokens, _, forced = C.generate(run, model, [p for p in prompts for _ in range(k)], temperature=cfg["temperature"],
+                                   seed=cfg["seed"] + round_)
     model.train(was_training)
     groups = [g for g in range(len(problems)) for _ in range(k)]
     # an answer cut off by the length limit would teach the model not to stop: not verified
     rewards = [run.env.verify(problems[g], C.response_text(run, t)) if tok.eos in t else 0.0
                for g, t in zip(groups, tokens)]
     kept = select_candidates(groups, [tuple(t) for t in tokens], rewards, cfg["per_prompt_cap"])
-    pool = [(prompts[groups[i]] + tokens[i], [0] * len(prompts[groups[i]]) + [1] * len(tokens[i])) for i in kept]
+    # mask 1 on the answer's own tokens; 0 on the prompt and on tool results (the environment's text)
+    pool = [(prompts[groups[i]] + tokens[i], [0] * len(prompts[groups[i]]) + [1 - f for f in forced[i]]) for i in kept]
     verified = sum(r > 0 for r in rewards)
     distinct = len({(g, tuple(t)) for g, t, r in zip(groups, tokens, rewards) if r > 0})
     figures = dict(cand_acc=verified / len(tokens), unique_frac=distinct / max(verified, 1),

@@ -61,8 +61,9 @@ def builtin_examples(run, split, n):
     tok = run.tok
     out = []
     for p in run.env.problems(split, n, seed=0):
-        prompt, answer = tok.prompt_ids(p["prompt"]), tok.response_ids(run.env.demonstration(p))
-        out.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+        # a tool-using demonstration keeps its results as context with mask 0 (tokenizer.assistant_ids)
+        prompt, (answer, answer_mask) = tok.prompt_ids(p["prompt"]), tok.assistant_ids(run.env.demonstration(p))
+        out.append((prompt + answer, [0] * len(prompt) + answer_mask))
     longest = max(len(ids) for ids, _ in out)
     if longest > run.cfg["block_size"] + 1:
         raise ValueError(f"built-in {split} examples reach {longest} tokens: raise block_size "

@@ -23,6 +23,7 @@ the end token.
 
 import json
 import os
+import re
 
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenisation pattern
@@ -33,6 +34,8 @@ SPECIAL_TOKENS = [
     "<|tool_call|>", "<|/tool_call|>", "<|tool_result|>", "<|/tool_result|>",
 ]
 ROLES = ("system", "user", "assistant", "tool")
+TOOL_TAGS_TEXT = ("<|tool_call|>", "<|/tool_call|>", "<|tool_result|>", "<|/tool_result|>")
+TOOL_TAGS = "(" + "|".join(re.escape(tag) for tag in TOOL_TAGS_TEXT) + ")"  # re.split keeps them
 # a "tool" message is environment output: rendered inside tool_result tags and never learned
 _PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -138,6 +141,21 @@ class Tokenizer:
     def response_ids(self, response):
         """The assistant's answer as the model must produce it (end token included)."""
         return self.encode(response) + [self.eos]
+
+    def assistant_ids(self, response):
+        """(ids, loss mask) of an answer that may hold tool calls and their results, written with the
+        tags as text ("<|tool_call|>347*28<|/tool_call|><|tool_result|>9716<|/tool_result|>Answer: ..."):
+        the tags become their special ids, as the model writes them and the sampler injects them, and
+        each result span, tags included, has mask 0: environment output is context, never a target
+        (exactly the tokens the sampler forces). Without tags: (response_ids(response), all ones)."""
+        ids, mask, in_result = [], [], False
+        for part in re.split(TOOL_TAGS, response):
+            in_result = in_result or part == "<|tool_result|>"
+            part_ids = [self.special[part[2:-2]]] if part in TOOL_TAGS_TEXT else self.encode(part)
+            ids += part_ids
+            mask += [0 if in_result else 1] * len(part_ids)
+            in_result = in_result and part != "<|/tool_result|>"
+        return ids + [self.eos], mask + [1]
 
     def save_pretrained(self, directory):
         """Write this tokenizer as a transformers GPT2Tokenizer directory (vocab.json, merges.txt, the

@@ -85,6 +85,9 @@ DEFAULTS = dict(
     checkpoint=True, plot=True,  # checkpoint / metrics.png at every eval and at the end
     seed=1337, device="auto",
 )
+# Tool environments (--env=calculator, issue 11): the sampler runs at most this many tool calls per
+# response; later calls get an error back instead of a result (common.tool_hook)
+DEFAULTS.update(max_tool_calls=6)
 
 
 # ----------------------------------------------------------------------------------------------
