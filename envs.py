@@ -4,13 +4,20 @@ Verifiable environments, generated procedurally (no downloads). SPEC §4.
 Arithmetic (the default task): chains of additions and subtractions, written as symbols
 ("What is 7 + 8 - 3 + 5?") or as a short word problem ("Ann had 7 apples, got 8, gave away 3, ..."). Each environment offers
 - problems(split, n, seed): disjoint "train" / "heldout" splits and an "ood" split (one more digit);
-- solve(problem): a worked demonstration for SFT ("7+8=15. 15-3=12. 12+5=17. Answer: 17");
+- solve(problem): the worked solution ("7+8=15. 15-3=12. 12+5=17. Answer: 17");
+- demonstration(problem): the SFT target: the worked solution, or for a `direct_frac` share of the
+  problems (fixed per problem by a hash) only the answer ("Answer: 17");
 - verify(problem, response): the reward, 1.0 or 0.0, from a strict answer parser;
+- shows_work(response): whether the response writes an equation before its answer;
 - corpus(n, seed): pre-training documents (bare worked equations, no question template).
 
-Difficulty knobs: `digits` (operand size) and `n_ops` (chain length). The default (1 digit, 3 ops)
-is learnt only partly by the tiny model in a few CPU minutes (about half the held-out problems),
-leaving headroom for RL; the OOD split (2-digit start values) is far harder.
+Difficulty knobs: `digits` (operand size) and `n_ops` (chain length); the default is 1 digit, 3 ops,
+and the OOD split (2-digit start values) is far harder. `direct_frac` (default 0.5 through
+train.py's env_direct_frac) mixes two strategies in the demonstrations, both correct: the tiny model
+can write the steps reliably but cannot add three numbers in one token, so SFT leaves a policy that
+answers directly about half the time and mostly wrongly, and RL with the verifier has a behaviour to
+select (README, "The default task"). direct_frac = 0 is the old default: every demonstration worked,
+nothing to select, and RL gains little.
 """
 
 import ast

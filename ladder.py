@@ -41,11 +41,11 @@ from tokenizer import Tokenizer
 # algorithm's own defaults, the stage whose checkpoint it starts from). Add a stage with one line.
 STAGES = [
     ("pretrain", dict(algo="pretrain", max_iters=200), None),  # short: the task is learnt in SFT (README)
-    ("sft", dict(algo="sft"), "pretrain"),
+    ("sft", dict(algo="sft", eval_interval=250), "pretrain"),  # fewer in-run evals: the ladder evaluates at the end
     ("rm", dict(algo="rm"), "sft"),
     ("dpo", dict(algo="dpo"), "sft"),
     ("ppo", dict(algo="ppo", reward="verifier"), "sft"),
-    ("grpo", dict(algo="grpo"), "sft"),
+    ("grpo", dict(algo="grpo", eval_interval=10), "sft"),
 ]
 
 # train.py arguments every stage gets (the task, e.g. env_direct_frac=0.5), before the stage's own

@@ -82,12 +82,10 @@ DEFAULTS = dict(
     # evaluation and logging
     eval_interval=100, eval_problems=200, eval_batch_size=100, log_interval=10,
     max_new_tokens=64,          # response length limit for sampling (evaluation and rollouts)
+    max_tool_calls=6,           # tool environments (--env=calculator): calls run per response; later ones get an error back
     checkpoint=True, plot=True,  # checkpoint / metrics.png at every eval and at the end
     seed=1337, device="auto",
 )
-# Tool environments (--env=calculator, issue 11): the sampler runs at most this many tool calls per
-# response; later calls get an error back instead of a result (common.tool_hook)
-DEFAULTS.update(max_tool_calls=6)
 
 
 # ----------------------------------------------------------------------------------------------

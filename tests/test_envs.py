@@ -64,3 +64,31 @@ def test_verifier_accepts_only_ascii_digits():
     for lookalike in ["Answer: １７", "Answer: ١٧", "Answer: 1７", "Answer: ۱۷"]:
         assert parse_answer(lookalike) is None, lookalike
     assert Arithmetic.verify({"answer": 17}, "Answer: １７") == 0.0
+
+
+def test_direct_frac_mixes_two_correct_strategies_fixed_per_problem():
+    """The default task's demonstrations: a direct_frac share of the problems answered bare, the
+    rest worked, both verified correct; the choice depends only on the problem (not on the call)."""
+    problems = Arithmetic().problems("train", 4000)
+    for frac in (0.0, 0.5, 1.0):
+        env = Arithmetic(direct_frac=frac)
+        demos = [env.demonstration(p) for p in problems]
+        direct = [not env.shows_work(d) for d in demos]
+        assert abs(sum(direct) / len(demos) - frac) < 0.03
+        assert all(env.verify(p, d) == 1.0 for p, d in zip(problems, demos))
+        assert all(d == f"Answer: {p['answer']}" for p, d, bare in zip(problems, demos, direct) if bare)
+        assert all(d == env.solve(p) for p, d, bare in zip(problems, demos, direct) if not bare)
+        assert demos == [env.demonstration(p) for p in problems]  # deterministic
+    half, more = Arithmetic(direct_frac=0.5), Arithmetic(direct_frac=0.7)  # one hash: 0.5's bare set ⊂ 0.7's
+    assert all(not more.shows_work(more.demonstration(p)) for p in problems
+               if not half.shows_work(half.demonstration(p)))
+    with pytest.raises(ValueError, match="direct_frac"):
+        Arithmetic(direct_frac=1.5)
+
+
+def test_shows_work_reads_only_what_precedes_the_answer():
+    env = Arithmetic()
+    assert env.shows_work("7+8=15. 15-3=12. Answer: 12")
+    assert not env.shows_work("Answer: 12")
+    assert not env.shows_work("I think so. Answer: 3=3")  # an '=' after the marker is not work
+    assert not env.shows_work("")
