@@ -281,14 +281,20 @@ def passport(stage_dir):
 
 
 def plot_ladder(root, points):
-    """Held-out accuracy (greedy and sampled) of every stage against cumulative wall time."""
+    """Held-out accuracy (greedy and sampled) of every stage against cumulative wall time, each
+    stage joined to the stage it started from (DPO, PPO and GRPO all start from SFT: siblings,
+    not a chain)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    at = {name: (minutes, figures) for name, start, minutes, figures in points}
     fig, ax = plt.subplots(figsize=(7, 4))
-    for key, label in (("greedy_acc", "greedy"), ("sampled_acc", "sampled, T = 1")):
-        ax.plot([p[1] for p in points], [p[2][key] for p in points], marker="o", label=label)
-    for name, minutes, figures in points:
+    for key, label, color in (("greedy_acc", "greedy", "C0"), ("sampled_acc", "sampled, T = 1", "C1")):
+        for name, start, minutes, figures in points:
+            if start in at:
+                ax.plot([at[start][0], minutes], [at[start][1][key], figures[key]], color=color, linewidth=1)
+        ax.plot([p[2] for p in points], [p[3][key] for p in points], "o", color=color, label=label)
+    for name, start, minutes, figures in points:
         ax.annotate(name, (minutes, figures["greedy_acc"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xlabel("cumulative training wall time (min)")
     ax.set_ylabel("held-out accuracy")
@@ -318,7 +324,7 @@ def write_report(root, results, options):
         lines.append(table_row(root, name, record, figures, options))
         minutes += record["wall_time"] / 60
         if figures["kind"] == "policy":
-            points.append((name, minutes, figures))
+            points.append((name, dict((n, st) for n, _, st in STAGES).get(name), minutes, figures))
         sections += [f"## {name}", "", f"    {record['command']}", ""]
         if os.path.isfile(os.path.join(stage_dir, "metrics.png")):
             sections.append(f"![{name} metrics]({name}/metrics.png)  ")

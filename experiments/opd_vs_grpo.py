@@ -29,7 +29,7 @@ ARMS = dict(
     opd_sampled=dict(algo="opd", kl_estimator="sampled"),
     opd_topk=dict(algo="opd", kl_estimator="topk"),
     opsd=dict(algo="opd", teacher="self"),
-    grpo=dict(T.parse_args([os.path.join(ROOT, "config", "grpo.py")]), algo="grpo"),
+    grpo=dict(T.parse_args([os.path.join(ROOT, "config", "grpo.py")]), algo="grpo", group_size=8),  # 16 × 8 = 128
 )
 
 
