@@ -66,6 +66,11 @@ def all_reduce_sum(values, run):
     return t.tolist()
 
 
+def shard_size(run):
+    """Prompts per sampler call in RL's sharded rollouts (grpo, opd): rollout_prompts, or one shard per rank."""
+    return run.cfg["rollout_prompts"] or run.cfg["prompts_per_iter"] // run.world_size
+
+
 def seeded_rng(run, *keys):
     """A numpy RNG that depends only on the seed and `keys` (e.g. the iteration): batches are a pure
     function of the step, so a resumed run draws exactly what the uninterrupted one would."""
@@ -371,13 +376,11 @@ def env_accuracy(run, model, split, n, temperature=0.0, samples=1, seed=0):
     correct = np.array([run.env.verify(p, texts[i * samples + j]) for i, p in enumerate(problems)
                         for j in range(samples)]).reshape(len(problems), samples)
     lengths = [len(t) for t in tokens]
-    shows_work = getattr(run.env, "shows_work", None)
     sums = all_reduce_sum(dict(correct=correct[:, 0].sum(), passed=correct.max(1).sum(), problems=len(problems),
                                tokens=sum(lengths), responses=len(lengths),
-                               work=sum(map(shows_work, texts)) if shows_work else 0), run)
+                               work=sum(map(run.env.shows_work, texts))), run)
     metrics = {f"{split}_acc": sums["correct"] / sums["problems"], f"{split}_len": sums["tokens"] / sums["responses"]}
-    if shows_work:  # the share of answers that write their steps (the strategy RL selects, README)
-        metrics[f"{split}_work"] = sums["work"] / sums["responses"]
+    metrics[f"{split}_work"] = sums["work"] / sums["responses"]  # answers that write their steps (README)
     if samples > 1:
         metrics[f"{split}_pass@{samples}"] = sums["passed"] / sums["problems"]
     transcripts = [f"[{split}] {p['prompt']}\n  -> {texts[i * samples]!r}  (answer {p['answer']}, "

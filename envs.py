@@ -464,7 +464,6 @@ TOOL_CALL, END_CALL, TOOL_RESULT, END_RESULT = "<|tool_call|>", "<|/tool_call|>"
 _CALL = re.compile(re.escape(TOOL_CALL) + r"(.*?)" + re.escape(END_CALL)
                    + r"(?:" + re.escape(TOOL_RESULT) + r"(.*?)" + re.escape(END_RESULT) + r")?", re.S)
 _BINARY_OP = re.compile(r"(?<=[0-9.)])\s*(?:\*\*|[-+*/×÷−])")  # an operator after an operand: not a unary minus
-_FINAL_ANSWER = re.compile(r"Answer: (-?[0-9]+)\s*$")
 
 
 def tool_calls(response):
@@ -475,8 +474,8 @@ def tool_calls(response):
 
 def answer_span(response):
     """(the parsed answer, offset just after it) or None: parse_answer's strict form."""
-    m = _FINAL_ANSWER.search(response)
-    return (int(m.group(1)), m.end(1)) if m and parse_answer(response) is not None else None
+    m = _ANSWER.search(response) if response.count("Answer:") == 1 else None
+    return (int(m.group(1)), m.end(1)) if m else None
 
 
 class Calculator:

@@ -94,7 +94,7 @@ that sampled, or ρ ≠ 1 before any update.
 Logged every iteration (metrics.jsonl, SPEC §6): reward (verifier, first rollout: a fair sample of
 the policy), reward_shaped (what the advantages saw), degenerate_frac (groups with all-equal verifier
 rewards), kept_groups_frac, extra_rollouts, len_mean / len_std / truncated_frac, work_frac (first
-rollout's share of answers that show their work, where the environment has shows_work), kl_ref
+rollout's share of answers that show their work), kl_ref
 (with a KL term), and per micro-batch means of entropy, clip_frac, ratio_dev (max |ρ − 1|) and kl_k3;
 the time split time_decode / time_verify / time_score / time_update and decode_tok_per_s (this
 rank's clock); all_fail_frac (groups where every response fails the verifier) and, where the
@@ -284,10 +284,6 @@ TOKEN_KEYS = PER_TOKEN + ("step_advantages",)  # and with reward_mode=process, o
 PER_ROW = ("rewards", "reward", "advantages", "lengths", "truncated", "seq_len", "keep")  # (N,)
 
 
-def shard_size(run):
-    return run.cfg["rollout_prompts"] or run.cfg["prompts_per_iter"] // run.world_size
-
-
 @torch.no_grad()
 def score(run, model, ids):
     """Per-token log-probs of ids[:, 1:] at the sampling temperature, no gradient, in chunks."""
@@ -325,7 +321,7 @@ def sample_round(run, it, shard, round_):
     """One rollout of a shard: fresh train problems, G responses each, scored and rewarded."""
     cfg, G = run.cfg, run.cfg["group_size"]
     rng = C.seeded_rng(run, it, shard, round_)
-    problems = run.env.problems("train", shard_size(run), seed=int(rng.integers(2 ** 31)))
+    problems = run.env.problems("train", C.shard_size(run), seed=int(rng.integers(2 ** 31)))
     ro = C.rollouts(run, run.raw_model, problems, G, temperature=cfg["temperature"],
                     max_new_tokens=cfg["max_new_tokens"], seed=int(rng.integers(2 ** 31)))
     t0 = time.time()
@@ -365,9 +361,9 @@ def sample_round(run, it, shard, round_):
 
 
 def rollout_shard(run, it, shard):
-    """A shard's training rows: shard_size(run) groups, with keep = 0 on rows that must not train
+    """A shard's training rows: C.shard_size(run) groups, with keep = 0 on rows that must not train
     (dropped degenerate groups), plus the shard's counts for the logs."""
-    cfg, G, n = run.cfg, run.cfg["group_size"], shard_size(run)
+    cfg, G, n = run.cfg, run.cfg["group_size"], C.shard_size(run)
     first = sample_round(run, it, shard, 0)
     if first["degenerate"].any() and cfg["on_degenerate"] == "raise" and cfg["estimator"] != "reinforce":
         raise ValueError(f"iteration {it}: {int(first['degenerate'].sum())} of {n} groups have all rewards "
@@ -403,7 +399,7 @@ def rollout_shard(run, it, shard):
         extra_rollouts=(len(rounds) - 1) * n * G, kept_groups=float(batch["keep"].sum()) / G,
         time_decode=sum(ro["decode_time"] for ro in rounds), time_verify=sum(ro["verify_time"] for ro in rounds),
         time_score=sum(ro["time_score"] for ro in rounds),
-        work=sum(map(run.env.shows_work, first["texts"])) if hasattr(run.env, "shows_work") else 0,
+        work=sum(map(run.env.shows_work, first["texts"])),
         decoded_tokens=sum(float(ro["lengths"].sum()) for ro in rounds))
     return batch, counts
 
@@ -451,7 +447,7 @@ REWARD_TEXT = dict(
 def passport(run):
     """The run's post-training passport (SPEC §6, M14 §17) as markdown."""
     c = run.cfg
-    P, G, shard = c["prompts_per_iter"], c["group_size"], shard_size(run)
+    P, G, shard = c["prompts_per_iter"], c["group_size"], C.shard_size(run)
     kl = {"off": "not used (π_ref runs only at evaluation, for the logged heldout_kl_ref)", "k1_reward": f"in the reward: r − β·Σ_t log(π_old/π_ref), β = {c['kl_coef']}",
           "k3_loss": f"a separate loss term β·k3 per token, β = {c['kl_coef']}, aggregated like the policy term"}[c["kl"]]
     steps = c["inner_epochs"] * c["minibatches"]
@@ -510,7 +506,7 @@ def batches(run, it):
     """Rollouts of this rank's shards, advantages, figures for the log, then the optimizer steps:
     inner_epochs × minibatches, each a list of micro-batches of at most batch_size responses."""
     cfg, G = run.cfg, run.cfg["group_size"]
-    n_shards = cfg["prompts_per_iter"] // shard_size(run)
+    n_shards = cfg["prompts_per_iter"] // C.shard_size(run)
     shards, counts = [], []
     for s in range(run.rank, n_shards, run.world_size):
         batch, c = rollout_shard(run, it, s)
@@ -550,8 +546,7 @@ def batches(run, it):
         **local_time)
     if "kl" in sums:
         run.stats["kl_ref"] = sums["kl"] / max(sums["tokens"], 1.0)
-    if hasattr(run.env, "shows_work"):
-        run.stats["work_frac"] = sums["work"] / sums["reward_n"]
+    run.stats["work_frac"] = sums["work"] / sums["reward_n"]
     if hasattr(run.env, "path_signals"):  # RLVP's rule engine, counted whatever the reward_mode
         run.stats["violations_per_episode"] = sums["violations"] / sums["reward_n"]
 

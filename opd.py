@@ -183,15 +183,11 @@ def teacher_logprobs(run, ro):
     return out, graded
 
 
-def shard_size(run):
-    return run.cfg["rollout_prompts"] or run.cfg["prompts_per_iter"] // run.world_size
-
-
 def rollout_shard(run, it, shard):
     """Shard `shard` of iteration `it`: fresh train problems, the student's answers, the teacher's scores."""
     cfg = run.cfg
     rng = C.seeded_rng(run, it, shard)
-    problems = run.env.problems("train", shard_size(run), seed=int(rng.integers(2 ** 31)))
+    problems = run.env.problems("train", C.shard_size(run), seed=int(rng.integers(2 ** 31)))
     ro = C.rollouts(run, run.raw_model, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"],
                     max_new_tokens=cfg["max_new_tokens"], seed=int(rng.integers(2 ** 31)))
     run.raw_model.eval()  # the sampler restored train mode: the teacher (if self) and the loss run without dropout
@@ -214,7 +210,7 @@ def setup(run):
         raise ValueError(f"privileged={cfg['privileged']!r}: choose from {tuple(PRIVILEGED)}")
     if not cfg["teacher"]:
         raise ValueError("--algo opd needs --teacher=DIR (a checkpoint with the student's tokenizer) or --teacher=self")
-    P, shard = cfg["prompts_per_iter"], shard_size(run)
+    P, shard = cfg["prompts_per_iter"], C.shard_size(run)
     if shard < 1 or P % shard or (P // shard) % run.world_size or cfg["samples_per_prompt"] < 1 or cfg["kl_topk"] < 1:
         raise ValueError(f"prompts_per_iter={P} must split into shards of rollout_prompts={shard} prompts, a whole "
                          f"number per each of {run.world_size} ranks; samples_per_prompt and kl_topk must be >= 1")
@@ -235,21 +231,19 @@ def setup(run):
 def batches(run, it):
     """This rank's shards, scored by the teacher; figures for the log; one optimizer step of
     micro-batches of at most batch_size answers."""
-    shards = [rollout_shard(run, it, s) for s in range(run.rank, run.cfg["prompts_per_iter"] // shard_size(run),
+    shards = [rollout_shard(run, it, s) for s in range(run.rank, run.cfg["prompts_per_iter"] // C.shard_size(run),
                                                             run.world_size)]
-    shows_work = getattr(run.env, "shows_work", None)
     sums = C.all_reduce_sum(dict(
         reward=sum(float(ro["rewards"].sum()) for ro in shards), answers=sum(len(ro["rewards"]) for ro in shards),
         tokens=sum(float(ro["lengths"].sum()) for ro in shards),
         truncated=sum(float(ro["truncated"].sum()) for ro in shards), ungraded=sum(ro["ungraded"] for ro in shards),
-        work=sum(sum(map(shows_work, ro["texts"])) for ro in shards) if shows_work else 0), run)
+        work=sum(sum(map(run.env.shows_work, ro["texts"])) for ro in shards)), run)
     run.stats.update(reward=sums["reward"] / sums["answers"], len_mean=sums["tokens"] / sums["answers"],
                      truncated_frac=sums["truncated"] / sums["answers"], rollout_tokens=sums["tokens"],
                      ungraded_frac=sums["ungraded"] / max(sums["tokens"], 1.0),
                      time_decode=sum(ro["decode_time"] for ro in shards),
                      time_teacher=sum(ro["time_teacher"] for ro in shards))
-    if shows_work:
-        run.stats["work_frac"] = sums["work"] / sums["answers"]
+    run.stats["work_frac"] = sums["work"] / sums["answers"]
     micro_batches = []
     for ro in shards:
         seq_len = C.last_response_column(ro["mask"]) + 2  # per row: index of its last token + 1

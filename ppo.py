@@ -280,8 +280,7 @@ def score_micro_batch(run, problems, seed):
     ids, mask = roll["ids"], roll["mask"]
     out = dict(ids=ids, mask=mask, verifier=roll["rewards"], sampler_logprobs=roll["old_logprobs"],
                lengths=roll["lengths"].float(), truncated=roll["truncated"].float(), decode_time=roll["decode_time"])
-    if hasattr(run.env, "shows_work"):
-        out["shows_work"] = torch.tensor([float(run.env.shows_work(t)) for t in roll["texts"]], device=ids.device)
+    out["shows_work"] = torch.tensor([float(run.env.shows_work(t)) for t in roll["texts"]], device=ids.device)
     if cfg["reward_mode"] == "process":
         out["step_rewards"] = C.token_rewards(run, roll, run.env.step_rewards)[0]
     elif cfg["reward_mode"] in ("rlvp", "path"):
@@ -312,8 +311,7 @@ def global_sums(run, micro):
         length=lambda mb: mb["lengths"], truncated=lambda mb: mb["truncated"],
         sampler_gap=lambda mb: (mb["sampler_logprobs"] - mb["old_logprobs"]).abs() * mb["mask"],
         decode_time=lambda mb: torch.tensor(mb["decode_time"]))
-    if hasattr(run.env, "shows_work"):
-        figures["work"] = lambda mb: mb["shows_work"]
+    figures["work"] = lambda mb: mb["shows_work"]
     local = {name: sum(float(f(mb).double().sum()) for mb in micro) for name, f in figures.items()}
     return C.all_reduce_sum(local, run)
 
@@ -352,8 +350,7 @@ def batches(run, it):
         decode_time=sums["decode_time"] / run.world_size)
     if "ref_logprobs" in micro[0]:
         run.stats["kl_ref"] = per_seq("kl")
-    if "work" in sums:
-        run.stats["work_frac"] = per_seq("work")
+    run.stats["work_frac"] = per_seq("work")
     if return_var > 0:  # 1 − Var(R − V_old)/Var(R); R − V_old is the raw advantage on response tokens
         run.stats["explained_var"] = 1 - adv_var / return_var
     if run.reward_model is not None:
