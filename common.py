@@ -330,11 +330,9 @@ def generate(run, model, prompts, max_new_tokens=None, temperature=0.0, seed=Non
 def collate(examples, pad_id, device):
     """[(ids, mask)] -> right-padded (B, T) id and 0/1 mask tensors (padding has mask 0)."""
     T = max(len(ids) for ids, _ in examples)
-    ids = torch.full((len(examples), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(examples), T), dtype=torch.float32)
-    for i, (seq, m) in enumerate(examples):
-        ids[i, :len(seq)] = torch.tensor(seq)
-        mask[i, :len(m)] = torch.tensor(m, dtype=torch.float32)
+    # padded lists, then one tensor each: a tensor per row costs more than the rest of collate
+    ids = torch.tensor([list(seq) + [pad_id] * (T - len(seq)) for seq, _ in examples], dtype=torch.long)
+    mask = torch.tensor([list(m) + [0] * (T - len(m)) for _, m in examples], dtype=torch.float32)
     return ids.to(device), mask.to(device)
 
 
@@ -358,7 +356,7 @@ def masked_nll_loss(run, model, batch):
     """The `loss` of the algorithm contract for SFT and RFT: masked_nll of a collated (ids, mask)
     micro-batch, and its trained tokens."""
     loss_sum, count = masked_nll(model, *batch)
-    return loss_sum, count, {"tokens": float(count)}
+    return loss_sum, count, {"tokens": count}  # tensors: the loop reads them once per step
 
 
 def response_text(run, tokens):

@@ -85,6 +85,7 @@ DEFAULTS = dict(
     max_tool_calls=6,           # tool environments (--env=calculator): calls run per response; later ones get an error back
     checkpoint=True, plot=True,  # checkpoint / metrics.png at every eval and at the end
     seed=1337, device="auto",
+    compile=False,              # torch.compile the training forward and backward (sampling stays eager)
 )
 
 
@@ -268,7 +269,9 @@ def train(overrides):
         model.load_state_dict(resume_ckpt["train_model"] or resume_ckpt["model"])
     model.to(run.device)
     run.raw_model = model
-    run.model = DDP(model, device_ids=[run.device] if run.device.startswith("cuda") else None) if run.ddp else model
+    # the sampler's decode steps change shape every token, so only the training calls (run.model) compile
+    trained = torch.compile(model) if cfg["compile"] else model
+    run.model = DDP(trained, device_ids=[run.device] if run.device.startswith("cuda") else None) if run.ddp else trained
     n_train, n_total = count_parameters(model)
     torch.manual_seed(cfg["seed"] + run.rank)  # same init on every rank (above), own dropout masks (below)
     run.algo.setup(run)
@@ -279,7 +282,7 @@ def train(overrides):
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=cfg["learning_rate"], betas=(cfg["beta1"], cfg["beta2"]),
-                                  fused=run.device.startswith("cuda"))
+                                  fused=True)  # one kernel for all tensors (CUDA, and CPU: 3× faster there)
     start_iter = run.train_tokens = 0  # train_tokens: the running total of tokens trained on (logged)
     metrics_path = os.path.join(cfg["out_dir"], "metrics.jsonl")
     if resume_ckpt is not None:
@@ -339,7 +342,7 @@ def train(overrides):
             except StopIteration:
                 break
             optimizer.zero_grad(set_to_none=True)
-            local = {"count": 0.0, "micro_batches": 0.0}
+            local = {"micro_batches": 0.0}
             for m, batch in enumerate(micro_batches):
                 last = m == len(micro_batches) - 1
                 sync = contextlib.nullcontext() if (last or not run.ddp) else run.model.no_sync()
@@ -347,15 +350,21 @@ def train(overrides):
                     with run.autocast:
                         loss_sum, n, extra = run.algo.loss(run, run.model, batch)
                     loss_sum.backward()
-                local["count"] += float(n)
                 local["micro_batches"] += 1
-                for k, v in {"loss": float(loss_sum.detach()), **extra}.items():
-                    local[k] = local.get(k, 0.0) + float(v)
+                # figures stay tensors until the step's end: on a GPU, float() here would wait for
+                # the backward pass at every micro-batch instead of once per step
+                for k, v in {"count": n, "loss": loss_sum, **extra}.items():
+                    local[k] = local.get(k, 0.0) + (v.detach() if torch.is_tensor(v) else v)
             step = C.all_reduce_sum(local, run)  # one all-reduce per step: the global count and figures
-            # DDP averaged the per-rank sums over ranks; turn that into the sum over the global count
+            # DDP averaged the per-rank sums over ranks; turn that into the sum over the global count,
+            # then clip: one pass to measure the gradient and one to scale it (rescale and clip together)
+            grads = [p.grad for p in params if p.grad is not None]
             scale = run.world_size / max(step["count"], 1e-8)
-            torch._foreach_mul_([p.grad for p in params if p.grad is not None], scale)  # one call, not one per tensor
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"]) if cfg["grad_clip"] > 0 else None
+            grad_norm = None
+            if cfg["grad_clip"] > 0:
+                grad_norm = scale * torch.nn.utils.get_total_norm(grads)  # the norm of the rescaled gradient
+                scale = scale * (cfg["grad_clip"] / (grad_norm + 1e-6)).clamp(max=1.0)  # as clip_grad_norm_
+            torch._foreach_mul_(grads, scale)
             optimizer.step()
             for k, v in step.items():
                 sums[k] = sums.get(k, 0.0) + v
