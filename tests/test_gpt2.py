@@ -175,6 +175,29 @@ def test_train_and_checkpoint_with_local_gpt2_tokenizer(hf_dir, tmp_path):
     assert again.encode("hello world") == run.tok.encode("hello world") and again.eos == run.tok.eos
 
 
+def test_gpt2_config_trains_offline_on_a_local_copy_of_its_dataset(hf_dir, tmp_path):
+    """config/gpt2.py as written (its hub dataset's layout, skip_bad_rows, its optimisation keys), with
+    only the downloads swapped for local stand-ins and the sizes shrunk: a directory of jsonl files
+    in no_robots' layout goes through `datasets` as a hub dataset would, too-long rows are skipped."""
+    path, _ = hf_dir
+    write_gpt2_vocab(tmp_path / "tok", MERGES)
+    data = tmp_path / "no_robots"
+    data.mkdir()
+    rows = [dict(prompt="hello", prompt_id=str(i), category="Chat",
+                 messages=[dict(role="system", content="be brief"), dict(role="user", content="hello world " * (i % 3 + 1)),
+                           dict(role="assistant", content="hello" + " world" * (i % 4 + 1))]) for i in range(40)]
+    rows.append(dict(rows[0], messages=[dict(role="user", content="hi"), dict(role="assistant", content="world " * 200)]))
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    overrides = T.parse_args([os.path.join(os.path.dirname(os.path.dirname(__file__)), "config", "gpt2.py")])
+    assert (overrides["init_from"], overrides["tokenizer"], overrides["skip_bad_rows"]) == ("gpt2", "gpt2", True)
+    cfg = dict(overrides, init_from=path, tokenizer=str(tmp_path / "tok"), data=str(data), block_size=128,
+               batch_size=2, gradient_accumulation_steps=2, max_iters=2, eval_interval=2, eval_batch_size=4,
+               val_examples=4, compile=False, device="cpu", plot=False, out_dir=str(tmp_path / "run"))
+    run = T.train(cfg)
+    assert run.skipped_rows == 1 and run.raw_model.config.vocab_size == run.tok.n_vocab
+    assert 0 < run.metrics["val_loss"] < 20
+
+
 # -- export: our checkpoints as transformers GPT-2 directories ---------------------------------------
 
 def test_import_export_import_is_identity(hf_dir, tmp_path):

@@ -86,6 +86,46 @@ def test_checkpoint_is_atomic_and_loadable_with_lora(tmp_path):
     assert run.raw_model.config.n_embd == TINY["n_embd"]
 
 
+def test_compile_flag_compiles_the_training_calls_only(tiny, monkeypatch):
+    """--compile=True hands the model to torch.compile and trains through what it returns (here a
+    stand-in that counts calls, since compiling takes minutes on a small CPU), while sampling and
+    evaluation use the eager model; the losses are those of compile=False."""
+    compiled = []
+
+    class Counting(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model, self.calls = model, 0
+
+        def forward(self, *args, **kwargs):
+            self.calls += 1
+            return self.model(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", lambda model: compiled.append(Counting(model)) or compiled[-1])
+    losses = {}
+    for flag in (False, True):
+        out_dir = f"{tiny['out_dir']}_{flag}"
+        run = T.train(dict(tiny, **SFT_DATA, algo="sft", compile=flag, eval_interval=3, out_dir=out_dir))
+        rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
+        losses[flag] = [row["loss"] for row in rows if "loss" in row]
+    assert len(compiled) == 1 and run.model is compiled[0] and compiled[0].model is run.raw_model
+    assert compiled[0].calls == tiny["max_iters"]  # one training forward per step; evaluation's went to the eager model
+    assert losses[True] == losses[False] and len(losses[True]) == tiny["max_iters"]
+
+
+@pytest.mark.skipif(os.environ.get("TEST_TORCH_COMPILE") != "1",
+                    reason="torch.compile itself takes minutes here (343 s for 3 tiny SFT steps on a loaded "
+                           "2-core CPU): set TEST_TORCH_COMPILE=1 to run it")
+def test_compiled_training_gives_the_eager_losses(tiny):
+    losses = {}
+    for flag in (False, True):
+        out_dir = f"{tiny['out_dir']}_{flag}"
+        T.train(dict(tiny, **SFT_DATA, algo="sft", compile=flag, out_dir=out_dir))
+        rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
+        losses[flag] = [row["loss"] for row in rows if "loss" in row]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-4)
+
+
 def test_lr_schedule_warmup_then_cosine():
     cfg = dict(T.DEFAULTS, max_iters=100, warmup_iters=10, learning_rate=1.0, min_lr=0.1)
     assert T.lr_at(cfg, 0) == pytest.approx(0.1) and T.lr_at(cfg, 9) == pytest.approx(1.0)
