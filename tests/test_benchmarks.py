@@ -1,0 +1,56 @@
+"""The benchmark scripts run at a tiny size (their figures mean nothing here): experiments/gpu_check.py
+on the CPU, and the project's side of experiments/peers.py on the shared bench's workloads."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = "/work/shared/bench"
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_runs_on_cpu_at_tiny_size(tmp_path):
+    pytest.importorskip("transformers")
+    gpu_check = load_script("gpu_check")
+    report = gpu_check.main(["--device=cpu", "--tiny", f"--out={tmp_path / 'gpu_check.json'}"])
+    assert [r["batch"] for r in report["sampling"]] == [1, 2]
+    assert all(r["ours_tok_s"] > 0 and r["transformers_tok_s"] > 0 for r in report["sampling"])
+    assert list(report["training"]) == ["sft", "rm", "dpo", "grpo", "ppo", "opd"]
+    for algo, r in report["training"].items():
+        assert r["tokens_per_iter"] > 0 and 0 < r["update_s"] <= r["iter_s"] * 1.01, algo
+    assert "ddp_2_gpus" not in report  # no GPU here
+    assert json.load(open(tmp_path / "gpu_check.json"))["training"].keys() == report["training"].keys()
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(BENCH, "side_by_side")), reason=f"no shared bench at {BENCH}")
+def test_peers_project_side_runs_the_peer_workloads(tmp_path):
+    """The project's side of each peer workload, as the driver runs it: GRPO on the peers' random-text
+    task makes exactly L tokens per response (as the peers' min_new_tokens), with KL on; SFT trains
+    on the peers' 16 x 128 rows."""
+    pytest.importorskip("transformers")
+    env = dict(os.environ, PERF_DIR=str(tmp_path), PROJECT_DIR=ROOT, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    os.makedirs(tmp_path / "data")
+    subprocess.run([sys.executable, os.path.join(BENCH, "side_by_side", "prep.py")], env=env, check=True,
+                   capture_output=True, timeout=300)
+    results = {}
+    for workload in ("grpo_kl:2x8x32", "sft"):
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "peers.py"), f"--worker={workload}",
+                               f"--perf_dir={tmp_path}", "--tiny"], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        results[workload] = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "grpo_kl_2x8x32" / "metrics.jsonl")]
+    assert all(r["len_mean"] == 32 for r in rows) and rows[-1]["iter"] == 4
+    assert json.load(open(tmp_path / "out" / "grpo_kl_2x8x32" / "config.json"))["kl"] == "k3_loss"
+    assert results["grpo_kl:2x8x32"]["completion_tokens_per_s"] > 0
+    assert results["sft"]["tokens_per_s"] > 0 and len(results["sft"]["steady_periods"]) == 3
