@@ -61,7 +61,7 @@ def all_reduce_sum(values, run):
         return dict(zip(keys, all_reduce_sum([values[k] for k in keys], run)))
     if not run.ddp:
         return [float(v) for v in values]
-    t = torch.tensor(values, dtype=torch.float64, device=run.device)
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=run.device)  # floats or 0-d tensors
     dist.all_reduce(t)
     return t.tolist()
 

@@ -7,7 +7,8 @@ The GPU path in one prepared run (issue 13 part 6), on a GPT-2-sized model (124M
      and 256, both under bf16 autocast, alternating calls, median of the repeats: tokens/s;
   2. training: a bf16 iteration of each algorithm through train.py (sft, rm, dpo, grpo, ppo, opd;
      the byte tokenizer, so the vocabulary is small): median iteration time and update time over
-     the iterations after the first, and tokens trained per second of update;
+     the iterations after the first, and tokens trained per second of update (PPO samples inside
+     its step generator, so its update time holds its rollouts too);
   3. with more than one GPU: SFT under `torchrun --nproc_per_node=2` (NCCL) against one process.
 
     python experiments/gpu_check.py                      # CUDA, full size: about 4 minutes on one H200
