@@ -8,10 +8,11 @@ The GPU path in one prepared run (issue 13 part 6), on a GPT-2-sized model (124M
   2. training: a bf16 iteration of each algorithm through train.py (sft, rm, dpo, grpo, ppo, opd;
      the byte tokenizer, so the vocabulary is small): median iteration time and update time over
      the iterations after the first, and tokens trained per second of update (PPO samples inside
-     its step generator, so its update time holds its rollouts too);
+     its step generator, so its update time holds its rollouts too); on CUDA SFT again with
+     --compile=True (the median leaves out the first iterations' compiles);
   3. with more than one GPU: SFT under `torchrun --nproc_per_node=2` (NCCL) against one process.
 
-    python experiments/gpu_check.py                      # CUDA, full size: about 4 minutes on one H200
+    python experiments/gpu_check.py                      # CUDA, full size: about 5 minutes on one H200 (estimated)
     python experiments/gpu_check.py --device=cpu --tiny  # a tiny model on the CPU: checks that it runs
 
 It prints a table and writes every figure to --out (default out/gpu_check.json).
@@ -96,24 +97,27 @@ def sampler_vs_generate(device, tiny, repeats):
 
 
 def algorithm_steps(device, tiny, out_root):
-    """{algo: figures} of a few bf16 iterations (on CUDA) of each algorithm through train.train."""
+    """{name: figures} of a few bf16 iterations (on CUDA) of each algorithm through train.train, and on
+    CUDA of SFT with --compile=True (on a CPU compiling takes minutes)."""
     results = {}
-    for algo in ALGOS:
-        out_dir = os.path.join(out_root, algo)
+    runs = [(algo, algo, {}) for algo in ALGOS] + ([("sft --compile=True", "sft", dict(compile=True))]
+                                                  if device.startswith("cuda") else [])
+    for name, algo, extra in runs:
+        out_dir = os.path.join(out_root, name.replace(" ", "_"))
         overrides = dict(algo=algo, device=device, out_dir=out_dir, max_iters=3 if tiny else 6, eval_interval=0,
                          log_interval=1, checkpoint=False, plot=False, block_size=128, **ALGO_KEYS[algo],
-                         **(TINY_BODY if tiny else GPT2_BODY))
+                         **(TINY_BODY if tiny else GPT2_BODY), **extra)
         if tiny:
             overrides.update({k: v for k, v in TINY_KEYS.items() if k in T.make_config(dict(algo=algo))})
         t0 = time.time()
         T.train(overrides)
         rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
-        steady = rows[1:]  # the first iteration warms up the kernels
-        results[algo] = dict(iter_s=statistics.median(r["iter_time"] for r in steady),
+        steady = rows[1:]  # the first iteration warms up the kernels (and compiles)
+        results[name] = dict(iter_s=statistics.median(r["iter_time"] for r in steady),
                              update_s=statistics.median(r["time_update"] for r in steady),
                              tokens_per_iter=rows[-1]["train_tokens"] / rows[-1]["iter"], run_s=time.time() - t0)
-        results[algo]["update_tok_s"] = results[algo]["tokens_per_iter"] / results[algo]["update_s"]
-        print(json.dumps({algo: results[algo]}), flush=True)
+        results[name]["update_tok_s"] = results[name]["tokens_per_iter"] / results[name]["update_s"]
+        print(json.dumps({name: results[name]}), flush=True)
     return results
 
 
