@@ -90,16 +90,16 @@ def worker(args):
     shutil.rmtree(out_dir, ignore_errors=True)
     cfg = dict(init_from=os.path.join(perf, "hf_tiny"), tokenizer="byte", eval_interval=0, checkpoint=False,
                plot=False, weight_decay=0.0, learning_rate=1e-4, min_lr=1e-4, warmup_iters=0, grad_clip=1.0,
-               gradient_accumulation_steps=1, device="cpu", out_dir=out_dir, seed=0, log_interval=1)
+               gradient_accumulation_steps=1, device="cpu", out_dir=out_dir, seed=0, log_interval=1)  # GRPO: every step, as TRL
     steps = TINY_STEPS if args.tiny else STEPS
     if name == "dpo":
         iters, skip = steps["dpo"]
         cfg.update(algo="dpo", loss="dpo", beta=0.1, data=os.path.join(perf, "data", "dpo_pairs.jsonl"),
-                   batch_size=16, max_iters=iters)
+                   batch_size=16, max_iters=iters, log_interval=10)  # TRL's logging_steps there
     elif name == "sft":
         iters, skip = steps["sft"]
         cfg.update(algo="sft", data=os.path.join(perf, "data", "sft_text.jsonl"), batch_size=16, block_size=128,
-                   max_iters=iters)
+                   max_iters=iters, log_interval=10)
     elif name in ("grpo", "grpo_kl"):
         P, G, L = (int(x) for x in shape.split("x"))
         iters, skip = steps["grpo_small" if P * G * L <= 1024 else "grpo_large"]
