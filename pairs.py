@@ -219,12 +219,13 @@ def describe(run, ex, single):
 def collate(run, examples):
     """Both responses of every example in one batch, so one forward scores them: rows
     [prompt + responses[0] for each example] + [prompt + responses[1] for each example].
-    Returns ids (2B, T), mask (2B, T-1) aligned with ids[:, 1:] (1 on response tokens), label (B,)
-    and, when the examples carry cached reference log-probs, ref (B, 2)."""
+    Returns ids (2B, T), mask (2B, T-1) aligned with ids[:, 1:] (1 on response tokens), prompt_lens
+    (2B,), label (B,) and, when the examples carry cached reference log-probs, ref (B, 2)."""
     rows = [(ex["prompt"] + ex["responses"][j], [0] * len(ex["prompt"]) + [1] * len(ex["responses"][j]))
             for j in (0, 1) for ex in examples]
     ids, mask = C.collate(rows, run.tok.pad, run.device)
-    batch = dict(ids=ids, mask=mask[:, 1:], label=torch.tensor([ex["label"] for ex in examples], device=run.device))
+    batch = dict(ids=ids, mask=mask[:, 1:], label=torch.tensor([ex["label"] for ex in examples], device=run.device),
+                 prompt_lens=torch.tensor([len(ex["prompt"]) for _ in (0, 1) for ex in examples], device=run.device))
     if "ref" in examples[0]:
         batch["ref"] = torch.tensor([ex["ref"] for ex in examples], dtype=torch.float32, device=run.device)
     return batch

@@ -268,7 +268,7 @@ def test_degenerate_groups_drop_or_zeros(run):
     """drop: a degenerate group's rows are masked out of every sum and count (the loss equals the loss
     without them); zeros: they stay in the count with A = 0."""
     with patched(run, some_degenerate_reward, on_degenerate="drop"):
-        batch, counts = grpo.rollout_shard(run, 7, 0)
+        batch, counts = grpo.rollout_shard(run, run.raw_model, 7, 0)
     G = run.cfg["group_size"]
     degenerate = grpo.degenerate_groups(batch["reward"].view(-1, G)).repeat_interleave(G)
     assert 0 < degenerate.sum() < len(degenerate)
@@ -282,28 +282,28 @@ def test_degenerate_groups_drop_or_zeros(run):
         (s_all, n_all, _), (s_kept, n_kept, _) = surrogate(batch, cfg), surrogate(kept, cfg)
         assert int(n_all) == int(n_kept) and float(s_all) == pytest.approx(float(s_kept), abs=1e-6)
     with patched(run, some_degenerate_reward, on_degenerate="zeros"):
-        zeros, _ = grpo.rollout_shard(run, 7, 0)
+        zeros, _ = grpo.rollout_shard(run, run.raw_model, 7, 0)
     degenerate = grpo.degenerate_groups(zeros["reward"].view(-1, G)).repeat_interleave(G)
     assert torch.equal(zeros["keep"], torch.ones(len(degenerate)))
     assert torch.equal(zeros["advantages"][degenerate], torch.zeros(int(degenerate.sum())))
     n_zeros = grpo.aggregate(zeros["mask"], zeros["mask"], "seq_mean_token_mean", 16)[1]
     assert int(n_zeros) == len(degenerate)  # every response counts, degenerate ones included
     with patched(run, some_degenerate_reward, on_degenerate="raise"), pytest.raises(ValueError, match="raise"):
-        grpo.rollout_shard(run, 7, 0)
+        grpo.rollout_shard(run, run.raw_model, 7, 0)
 
 
 def test_dynamic_sampling_refills_and_never_trains_on_degenerate_groups(run):
     rare = lambda p, text: coin_reward(p, text) if p["start"] % 4 == 0 else 0.0  # most groups all-wrong
     G, n = run.cfg["group_size"], run.cfg["prompts_per_iter"]
     with patched(run, rare, on_degenerate="drop", dynamic_sampling_rounds=6):
-        batch, counts = grpo.rollout_shard(run, 11, 0)
+        batch, counts = grpo.rollout_shard(run, run.raw_model, 11, 0)
         steps = list(grpo.batches(run, 11))
     kept = batch["keep"] > 0
     assert kept.any() and counts["extra_rollouts"] > 0 and counts["extra_rollouts"] % (n * G) == 0
     assert not grpo.degenerate_groups(batch["reward"][kept].view(-1, G)).any()
     assert run.stats["extra_rollouts"] == counts["extra_rollouts"]
     with patched(run, lambda p, text: 1.0, on_degenerate="drop", dynamic_sampling_rounds=3):
-        solved, counts = grpo.rollout_shard(run, 11, 0)
+        solved, counts = grpo.rollout_shard(run, run.raw_model, 11, 0)
         solved_steps = list(grpo.batches(run, 11))
     assert counts["extra_rollouts"] == 3 * n * G and not (solved["keep"] > 0).any()
     assert float(solved["mask"].sum()) == 0.0  # nothing to learn from, and nothing learnt from it
