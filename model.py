@@ -300,8 +300,8 @@ class ScalarHeadGPT(nn.Module):
         nn.init.normal_(self.head.weight, std=1.0 / math.sqrt(gpt.config.n_embd + 1))
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, idx, pos=None, attn_mask=None, prompts=None):
-        return self.head(self.gpt.hidden(idx, pos, attn_mask, prompts=prompts)).squeeze(-1)  # (B, T)
+    def forward(self, idx, pos=None, attn_mask=None):
+        return self.head(self.gpt.hidden(idx, pos, attn_mask)).squeeze(-1)  # (B, T)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -96,6 +96,31 @@ def test_sequence_logprob_counts_response_tokens_only(tiny):
     assert torch.equal(touched, batch["mask"] > 0)
 
 
+@pytest.mark.parametrize("loss", ["dpo", "kto"])
+def test_shared_prompts_give_the_same_loss_and_gradients(tiny, loss):
+    """share_prompt runs each example's prompt once for its two rows: the same loss, metrics and
+    gradient of every parameter as one full row each, on ragged prompts with padding (the policy
+    moved off the reference first, so that the loss has a gradient beyond its value at z = 0)."""
+    run = T.train(dpo_config(tiny, max_iters=0, loss=loss, pairs="style", train_prompts=8, heldout_prompts=2))
+    batch = pairs.collate(run, run.train_examples[:6])
+    assert len(set(batch["prompt_lens"].tolist())) > 1 and (batch["ids"] == run.tok.pad).any()
+    with torch.no_grad():
+        for p in run.raw_model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.02)
+    params = [p for p in run.raw_model.parameters() if p.requires_grad]
+    results = []
+    for share in (False, True):
+        run.cfg = dict(run.cfg, share_prompt=share)
+        loss_sum, count, metrics = dpo.loss(run, run.raw_model, batch)
+        results.append((float(loss_sum.detach()), count, metrics, torch.autograd.grad(loss_sum, params)))
+    (full, n_full, m_full, g_full), (shared, n_shared, m_shared, g_shared) = results
+    assert n_full == n_shared and shared == pytest.approx(full, rel=1e-5)
+    assert all(m_shared[k] == pytest.approx(v, rel=1e-4, abs=1e-5) for k, v in m_full.items())
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(g_full, g_shared))
+    position_0 = g_shared[[p is run.raw_model.transformer.wpe.weight for p in params].index(True)][0]
+    assert position_0.abs().sum() > 0  # a prompt-only position: its gradient came through the shared keys and values
+
+
 def test_reference_cache_equals_recomputed_and_key_tracks_the_reference(tiny):
     overrides = dpo_config(tiny, max_iters=0, loss="dpo", train_prompts=6, heldout_prompts=3)
     run = T.train(overrides)

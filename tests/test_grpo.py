@@ -264,6 +264,34 @@ def test_ratio_is_one_on_the_first_step_tokens_in_tokens_out(tmp_path):
         assert first_step_ratio_dev(run)[0] < 1e-5
 
 
+def test_shared_prompts_give_the_same_scores_loss_and_gradients(run):
+    """share_prompt: π_ref's scores, the loss, its figures and the gradient of every parameter equal
+    one full row per response, on a micro-batch of three groups with prompts of different lengths,
+    extra padding columns and off-policy π_old (so that some ratios are clipped)."""
+    with patched(run, kl="k3_loss", kl_coef=0.1):
+        mb = grpo.concat_rows([row for mbs in grpo.batches(run, 0) for row in mbs][:3], run.tok.pad)
+        full = sequence_logprobs(run.ref_model, mb["ids"]) * mb["mask"]
+        assert torch.allclose(grpo.score(run, run.ref_model, mb["ids"], mb["prompt_len"]) * mb["mask"], full, atol=1e-5)
+    assert len(set(mb["prompt_len"].tolist())) > 1
+    mb = dict(mb, ids=torch.cat([mb["ids"], torch.full((len(mb["ids"]), 3), run.tok.pad)], 1),
+              old_logprobs=mb["old_logprobs"] + 0.3 * torch.randn(mb["mask"].shape, generator=torch.Generator().manual_seed(0)),
+              advantages=torch.randn(len(mb["ids"]), generator=torch.Generator().manual_seed(1)))
+    for k in grpo.PER_TOKEN:
+        mb[k] = torch.cat([mb[k], torch.zeros(len(mb[k]), 3)], 1)
+    params = [p for p in run.raw_model.parameters() if p.requires_grad]
+    results = []
+    for share in (False, True):
+        with patched(run, kl="k3_loss", kl_coef=0.1, share_prompt=share):
+            loss_sum, count, metrics = grpo.loss(run, run.model, mb)
+        results.append((float(loss_sum.detach()), int(count), metrics, torch.autograd.grad(loss_sum, params)))
+    (full, n_full, m_full, g_full), (shared, n_shared, m_shared, g_shared) = results
+    assert m_full["clip_frac"] > 0 and n_shared == n_full and shared == pytest.approx(full, rel=1e-5)
+    assert all(m_shared[k] == pytest.approx(v, rel=1e-4, abs=1e-6) for k, v in m_full.items())
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(g_full, g_shared))
+    position_0 = g_shared[[p is run.raw_model.transformer.wpe.weight for p in params].index(True)][0]
+    assert position_0.abs().sum() > 0  # a prompt-only position: its gradient came through the shared keys and values
+
+
 def test_degenerate_groups_drop_or_zeros(run):
     """drop: a degenerate group's rows are masked out of every sum and count (the loss equals the loss
     without them); zeros: they stay in the count with A = 0."""
