@@ -2,6 +2,7 @@
 degenerate groups, dynamic sampling, the KL term, the sampler/trainer traps, DDP, the recipes."""
 
 import contextlib
+import hashlib
 import itertools
 import json
 import math
@@ -422,11 +423,14 @@ def train_and_report(overrides):
     return shapes, {k: v.detach().numpy().copy() for k, v in run.raw_model.state_dict().items()}
 
 
-def test_ddp_two_ranks_equal_one_process_on_the_same_global_batch(tmp_path):
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_ddp_two_ranks_equal_one_process_on_the_same_global_batch(tmp_path, staleness):
     """Each rank samples one shard of 2 prompts; one process samples both shards: the same global
-    batch, then 2 epochs x 2 minibatches with uneven micro-batches (3 + 1 per rank, 3 + 3 + 2 alone)."""
-    (shapes0, w0), (shapes1, w1) = run_ddp(train_and_report, dict(DDP_RUN, out_dir=str(tmp_path / "ddp")))
-    single_shapes, single = train_and_report(dict(DDP_RUN, out_dir=str(tmp_path / "one")))
+    batch, then 2 epochs x 2 minibatches with uneven micro-batches (3 + 1 per rank, 3 + 3 + 2 alone).
+    With staleness=1 each rank's sampler thread runs beside the update's all-reduces."""
+    cfg = dict(DDP_RUN, staleness=staleness)
+    (shapes0, w0), (shapes1, w1) = run_ddp(train_and_report, dict(cfg, out_dir=str(tmp_path / "ddp")))
+    single_shapes, single = train_and_report(dict(cfg, out_dir=str(tmp_path / "one")))
     assert shapes0 == shapes1 == [[2, 2, 2, 2]] * 2 and single_shapes == [[3, 3, 3, 3]] * 2
     assert all((w0[k] == w1[k]).all() for k in w0)
     cfg = T.make_config(DDP_RUN)
@@ -435,6 +439,89 @@ def test_ddp_two_ranks_equal_one_process_on_the_same_global_batch(tmp_path):
     # equal up to rounding: the two summation orders differ in the last bits, and Adam's normalisation
     # turns that into ~1e-6 steps at lr 1e-3 (most on the attention key bias, whose true gradient is 0)
     assert all(torch.allclose(torch.from_numpy(w0[k]), torch.from_numpy(single[k]), atol=1e-5) for k in w0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Staleness: one-step-off rollouts
+
+def weights_hash(model):
+    h = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        h.update(tensor.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError("staleness=0 must not reach the one-step-off machinery")
+
+
+# The synchronous loop before staleness and shared prompts existed (commit 802fc68) on the config of
+# the test below: its per-iteration losses and the sum of squares of its final weights
+BASE_LOSSES = [0.00044630467891693115, -0.00028141481379861943, 0.001088026911020279]
+BASE_SUMSQ = 176.6546686754634
+
+
+def test_staleness_0_is_the_synchronous_loop(tmp_path, monkeypatch):
+    """staleness=0 with share_prompt=False never reaches the one-step-off code and trains as the loop
+    did before it existed. The weights were bit-identical to commit 802fc68's on the machine that
+    recorded the figures; they are compared within rounding, as another CPU may round differently,
+    which is still far tighter than any change of which rollouts train which weights."""
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
+    monkeypatch.setattr(grpo, "one_step_off_rollouts", refuse)
+    monkeypatch.setattr(grpo, "ThreadPoolExecutor", refuse)
+    run = T.train(dict(TINY, **SMALL, max_iters=3, learning_rate=1e-3, minibatches=2, share_prompt=False,
+                       out_dir=str(tmp_path / "sync")))
+    rows = [json.loads(line) for line in open(tmp_path / "sync" / "metrics.jsonl")]
+    assert [r["loss"] for r in rows if "loss" in r] == pytest.approx(BASE_LOSSES, rel=1e-4)
+    sumsq = sum(float((v.double() ** 2).sum()) for v in run.raw_model.state_dict().values())
+    assert sumsq == pytest.approx(BASE_SUMSQ, rel=1e-9, abs=0)
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_rollouts_of_each_iteration_come_from_the_right_weights(staleness, tmp_path, monkeypatch):
+    """A hash of the sampling weights, taken with every rollout shard, against the trained weights at
+    the start of each iteration: staleness=0 samples iteration k with the weights of k; staleness=1
+    samples k + 1 with those of k (during k's update) and the first iteration with its own. The loss
+    then sees ρ = π_θ/π_old ≠ 1 from the first step of every later iteration: π_old is the sampler's."""
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
+    at_start, sampled = {}, []
+    batches, rollout_shard = grpo.batches, grpo.rollout_shard
+
+    def recorded_batches(run, it):
+        at_start[it] = weights_hash(run.raw_model)
+        return batches(run, it)
+
+    def recorded_shard(run, model, it, shard):
+        sampled.append((it, weights_hash(model)))  # (list.append is atomic: the sampler thread may call it)
+        return rollout_shard(run, model, it, shard)
+
+    monkeypatch.setattr(grpo, "batches", recorded_batches)
+    monkeypatch.setattr(grpo, "rollout_shard", recorded_shard)
+    out = tmp_path / "run"
+    T.train(dict(TINY, **SMALL, max_iters=4, learning_rate=1e-3, staleness=staleness, out_dir=str(out)))
+    assert len(set(at_start.values())) == 4  # the weights moved at every update
+    sampler_iter = [0, 0, 1, 2] if staleness else [0, 1, 2, 3]
+    assert sorted(sampled) == sorted((it, at_start[k]) for it, k in enumerate(sampler_iter))
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl") if "loss" in line]
+    assert rows[0]["ratio_dev"] < 1e-4
+    assert all((r["ratio_dev"] > 1e-3) == bool(staleness) for r in rows[1:])
+    assert [r.get("staleness", 0) for r in rows] == [0] + [staleness] * 3
+
+
+def test_staleness_1_resumes_exactly_with_lora_and_enforces_its_bound(tmp_path, monkeypatch):
+    """The checkpoint holds the sampler's weights, so 2 iterations + resume to 4 equal 4 straight
+    (bit for bit); a rollout batch more than one update old is an error, and so is staleness=2."""
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
+    cfg = dict(TINY, **dict(SMALL, checkpoint=True), learning_rate=1e-3, staleness=1, lora_rank=2)
+    straight = T.train(dict(cfg, max_iters=4, out_dir=str(tmp_path / "straight")))
+    T.train(dict(cfg, max_iters=2, out_dir=str(tmp_path / "resumed")))
+    resumed = T.train(dict(algo="grpo", init_from="resume", max_iters=4, out_dir=str(tmp_path / "resumed")))
+    assert weights_hash(resumed.raw_model) == weights_hash(straight.raw_model)
+    resumed.sampler_iter = 2
+    with pytest.raises(RuntimeError, match="staleness 2 > 1"):
+        grpo.batches(resumed, 4)
+    with pytest.raises(ValueError, match="staleness=2"):
+        T.train(dict(cfg, staleness=2, max_iters=1, out_dir=str(tmp_path / "bad")))
 
 
 @pytest.mark.parametrize("recipe", ["grpo", "dapo", "dr_grpo", "rloo"])
