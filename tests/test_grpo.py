@@ -474,7 +474,7 @@ def test_staleness_0_is_the_synchronous_loop(tmp_path, monkeypatch):
     rows = [json.loads(line) for line in open(tmp_path / "sync" / "metrics.jsonl")]
     assert [r["loss"] for r in rows if "loss" in r] == pytest.approx(BASE_LOSSES, rel=1e-4)
     sumsq = sum(float((v.double() ** 2).sum()) for v in run.raw_model.state_dict().values())
-    assert sumsq == pytest.approx(BASE_SUMSQ, rel=1e-9, abs=0)
+    assert sumsq == pytest.approx(BASE_SUMSQ, rel=1e-7, abs=0)  # a changed rollout or step moves it by ~1e-4
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
