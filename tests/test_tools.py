@@ -9,9 +9,11 @@ import torch
 import torch.nn as nn
 
 import common as C
+import dpo
 import envs
 import grpo
 import opd
+import pairs
 import ppo
 import train as T
 from conftest import SFT_DATA, TINY
@@ -194,3 +196,24 @@ def test_ppo_and_sft_and_opd_give_tool_tokens_no_weight(tmp_path):
     seq = run.tok.prompt_ids(opd.teacher_prompt(run, roll["problems"][i])) + roll["responses"][i][:k + 1]
     expected = torch.log_softmax(run.teacher(torch.tensor([seq[:-1]]))[0, -1], -1)
     torch.testing.assert_close(logprobs[i, col], expected, atol=1e-5, rtol=0)
+
+
+def test_preference_pairs_give_tool_results_no_weight(tmp_path):
+    # RM and DPO on tool transcripts: the style pairs of --env=calculator hold the tool's results
+    # (as tags in the demonstration); they are context, not something either answer is credited for
+    run = T.train(dict(TINY, algo="dpo", env="calculator", env_direct_frac=0.0, pairs="style", train_prompts=6,
+                       heldout_prompts=2, max_iters=0, checkpoint=False, out_dir=str(tmp_path / "dpo")))
+    batch = pairs.collate(run, run.train_examples[:4])
+    results = (batch["mask"] == 0) & (batch["ids"][:, 1:] != run.tok.pad) & (batch["mask"].cumsum(1) > 0)
+    assert results.any()
+    assert bool((batch["ids"][:, 1:][results] != run.tok.special["tool_call"]).all())  # calls are the model's
+    open_tag, close_tag = run.tok.special["tool_result"], run.tok.special["/tool_result"]
+    for ex in run.train_examples[:4]:
+        for ids, mask in zip(ex["responses"], ex["masks"]):
+            expected, inside = [], False
+            for token in ids:  # 0 from each opening result tag through its closing tag
+                inside = inside or token == open_tag
+                expected.append(0 if inside else 1)
+                inside = inside and token != close_tag
+            assert mask == expected and 0 in mask
+    assert_forced_weightless(lambda: dpo.loss(run, run.model, batch), run.raw_model, [run.raw_model.lm_head], results)
