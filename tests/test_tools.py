@@ -150,8 +150,10 @@ def tool_run(tmp_path, **cfg):
 
 
 def test_grpo_rollouts_mask_tool_tokens_and_they_carry_no_weight(tmp_path):
+    # share_prompt=False: the perturbation below addresses logits by their position in ids, which a
+    # shared-prompt forward does not keep (tests/test_grpo.py shows both forwards give equal losses)
     run, policy = tool_run(tmp_path, algo="grpo", prompts_per_iter=2, group_size=4, kl="k3_loss",
-                           reward_mode="process", learning_rate=1e-3)
+                           reward_mode="process", learning_rate=1e-3, share_prompt=False)
     roll = C.rollouts(run, policy, run.env.problems("train", 2), 4, seed=0)
     assert roll["forced"].sum() > 0 and not bool((roll["forced"] * roll["mask"]).any())
     assert bool(((roll["forced"] > 0) <= (roll["old_logprobs"] == 0)).all())
@@ -202,7 +204,8 @@ def test_preference_pairs_give_tool_results_no_weight(tmp_path):
     # RM and DPO on tool transcripts: the style pairs of --env=calculator hold the tool's results
     # (as tags in the demonstration); they are context, not something either answer is credited for
     run = T.train(dict(TINY, algo="dpo", env="calculator", env_direct_frac=0.0, pairs="style", train_prompts=6,
-                       heldout_prompts=2, max_iters=0, checkpoint=False, out_dir=str(tmp_path / "dpo")))
+                       heldout_prompts=2, max_iters=0, checkpoint=False, share_prompt=False,  # (as above)
+                       out_dir=str(tmp_path / "dpo")))
     batch = pairs.collate(run, run.train_examples[:4])
     results = (batch["mask"] == 0) & (batch["ids"][:, 1:] != run.tok.pad) & (batch["mask"].cumsum(1) > 0)
     assert results.any()
