@@ -518,6 +518,13 @@ REWARD_KEYS = dict(reward_mode="outcome", rlvp_beta=0.5, rlvp_penalty=1.0, rlvp_
 REWARD_MODES = ("outcome", "process", "rlvp", "path")
 
 
+# Best-of-N by the verifier beside every RL result (grpo.py, ppo.py evaluate; SPEC §3 Best-of-N): the
+# held-out accuracy of the best of eval_best_of_n samples (at the training temperature) on
+# eval_best_of_n_problems prompts, logged as heldout_best_of_N: the upper-bound estimate of what
+# selecting among the policy's own samples can reach. 0 turns it off.
+BEST_OF_N_KEYS = dict(eval_best_of_n=8, eval_best_of_n_problems=64)
+
+
 def check_reward_mode(cfg, env):
     """The reward keys against the environment. RLVP's second rule, the outcome stays the main driver,
     is checked here: both channels are normalised to the same scale, so β ≤ 1 keeps the path's
