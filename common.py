@@ -525,6 +525,12 @@ REWARD_MODES = ("outcome", "process", "rlvp", "path")
 BEST_OF_N_KEYS = dict(eval_best_of_n=8, eval_best_of_n_problems=64)
 
 
+def best_of_n_problems(cfg):
+    """Best-of-N's prompts: eval_best_of_n_problems, never more than the evaluation's eval_problems
+    (a run that evaluates on few problems to be quick keeps Best-of-N as quick)."""
+    return min(cfg["eval_best_of_n_problems"], cfg["eval_problems"])
+
+
 def check_reward_mode(cfg, env):
     """The reward keys against the environment. RLVP's second rule, the outcome stays the main driver,
     is checked here: both channels are normalised to the same scale, so β ≤ 1 keeps the path's

@@ -593,7 +593,7 @@ def evaluate(run, it):
         transcripts += [t.replace("[heldout]", f"[heldout, T={cfg['temperature']}]") for t in sampled_transcripts[:2]]
     metrics["heldout_kl_ref"] = C.sampled_reference_kl(run, model, run.ref_model, cfg["temperature"])["kl_ref"]
     if cfg["eval_best_of_n"] >= 1:  # the upper-bound estimate beside the result (C.BEST_OF_N_KEYS)
-        metrics.update(C.best_of_n(run, model, "heldout", cfg["eval_best_of_n_problems"], cfg["eval_best_of_n"],
+        metrics.update(C.best_of_n(run, model, "heldout", C.best_of_n_problems(cfg), cfg["eval_best_of_n"],
                                    temperature=cfg["temperature"]))
     C.write_samples(run, it, transcripts)
     model.train(was_training)

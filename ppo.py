@@ -403,7 +403,7 @@ def evaluate(run, it):
     sampled = C.sampled_reference_kl(run, run.raw_model.policy, run.ref_model, run.cfg["temperature"])
     metrics.update(heldout_kl_ref=sampled["kl_ref"], heldout_sampled_acc=sampled["sampled_acc"])
     if run.cfg["eval_best_of_n"] >= 1:  # the upper-bound estimate beside the result (C.BEST_OF_N_KEYS)
-        metrics.update(C.best_of_n(run, run.raw_model.policy, "heldout", run.cfg["eval_best_of_n_problems"],
+        metrics.update(C.best_of_n(run, run.raw_model.policy, "heldout", C.best_of_n_problems(run.cfg),
                                    run.cfg["eval_best_of_n"], temperature=run.cfg["temperature"]))
     return metrics
 
