@@ -158,6 +158,7 @@ defaults = dict(
 )
 
 defaults.update(C.REWARD_KEYS)  # reward_mode and RLVP's β, λ, μ: one definition for grpo.py and ppo.py
+defaults.update(C.BEST_OF_N_KEYS)  # the Best-of-N figure every evaluation logs
 
 CHOICES = dict(estimator=("reinforce", "rloo", "grpo", "dr_grpo"),
                loss_agg=("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"),
@@ -649,7 +650,8 @@ def loss(run, model, batch):
 @torch.no_grad()
 def evaluate(run, it):
     """Held-out accuracy (greedy) and pass@k (k samples at the training temperature), OOD accuracy,
-    KL to π_ref on sampled held-out answers, and a few trajectories to read in samples.txt."""
+    KL to π_ref on sampled held-out answers, Best-of-N by the verifier, and a few trajectories to
+    read in samples.txt."""
     model, cfg = run.raw_model, run.cfg
     was_training = model.training
     model.eval()
@@ -664,6 +666,9 @@ def evaluate(run, it):
         metrics["heldout_sampled_acc"] = sampled["heldout_acc"]
         transcripts += [t.replace("[heldout]", f"[heldout, T={cfg['temperature']}]") for t in sampled_transcripts[:2]]
     metrics["heldout_kl_ref"] = C.sampled_reference_kl(run, model, run.ref_model, cfg["temperature"])["kl_ref"]
+    if cfg["eval_best_of_n"] >= 1:  # the upper-bound estimate beside the result (C.BEST_OF_N_KEYS)
+        metrics.update(C.best_of_n(run, model, "heldout", C.best_of_n_problems(cfg), cfg["eval_best_of_n"],
+                                   temperature=cfg["temperature"]))
     C.write_samples(run, it, transcripts)
     model.train(was_training)
     return metrics

@@ -38,9 +38,9 @@ def fake_run(trigger, opener=None, tool=envs.calculator, limit=2):
     tok.special = dict(tok.special, **{"/tool_call": trigger, "tool_call": opener or tok.special["tool_call"]})
     calls = []
 
-    def counted(expr):
-        calls.append(expr)
-        return tool(expr)
+    def counted(call, prompt, earlier):
+        calls.append(call)
+        return tool(call)
     return SimpleNamespace(tok=tok, env=SimpleNamespace(tool=counted), cfg={"max_tool_calls": limit}), calls
 
 
@@ -48,7 +48,7 @@ def test_rows_pause_independently_and_equal_the_same_row_alone(model):
     free = sample(model, PROMPTS, 40, temperature=0)[0]
     trigger = max(set(free[0]), key=free[0].count)  # a token row 0 writes, others at other steps or never
     run, calls = fake_run(trigger, opener=free[0][0])
-    hook = C.tool_hook(run)
+    hook = C.tool_hook(run, PROMPTS)
     tokens, logprobs, forced = sample(model, PROMPTS, 40, temperature=0, tool_hook=hook)
     assert any(forced) and len({tuple(f) for f in forced}) > 1  # rows paused at different steps
     for i, prompt in enumerate(PROMPTS):
@@ -64,7 +64,7 @@ def test_rows_pause_independently_and_equal_the_same_row_alone(model):
 
 def test_call_bound_and_hook_output():
     run, calls = fake_run(TOK.special["/tool_call"], limit=2)
-    hook, s = C.tool_hook(run), TOK.special
+    hook, s = C.tool_hook(run, PROMPTS), TOK.special
     call = [s["tool_call"], *TOK.encode("347*28"), s["/tool_call"]]
     result = [s["tool_result"], *TOK.encode("9716"), s["/tool_result"]]
     assert hook(0, call[:-1]) is None
@@ -74,14 +74,14 @@ def test_call_bound_and_hook_output():
                                                               s["/tool_result"]]
     assert len(calls) == 2  # the call past the bound never ran
     assert TOK.decode(hook(0, TOK.encode("1+1") + [s["/tool_call"]])[1:-1]).startswith("error:")
-    assert C.tool_hook(SimpleNamespace(env=envs.Arithmetic(), tok=TOK, cfg={})) is None  # no tool: no hook
+    assert C.tool_hook(SimpleNamespace(env=envs.Arithmetic(), tok=TOK, cfg={}), PROMPTS) is None  # no tool: no hook
 
 
 def test_sampled_logprobs_equal_a_training_forward_across_turns(model):
     """Tokens in = tokens out: the ids the sampler returns, tool results included, scored in one
     training forward give the sampler's log-probs on every sampled token (temperature 0.8)."""
     model, (run, _) = calling_model(model), fake_run(TOK.special["/tool_call"])
-    tokens, logprobs, forced = sample(model, PROMPTS, 40, temperature=0.8, seed=1, tool_hook=C.tool_hook(run))
+    tokens, logprobs, forced = sample(model, PROMPTS, 40, temperature=0.8, seed=1, tool_hook=C.tool_hook(run, PROMPTS))
     assert sum(map(sum, forced)) > 0
     for prompt, toks, lps, f in zip(PROMPTS, tokens, logprobs, forced):
         full = sequence_logprobs(model, torch.tensor([prompt + toks]), 0.8)[0, len(prompt) - 1:]
