@@ -7,6 +7,8 @@ a summary table (figure, value, target, met?); every row also goes into one JSON
     python bench.py --device=cuda        # on a GPU (default: cpu)
     python bench.py --out=FILE           # where the JSON file goes (default: out/bench.json)
     python bench.py --tiny               # every benchmark at a tiny size: checks they run, figures mean nothing
+    python bench.py --init_from=out/sft  # the RL benchmarks start from this checkpoint (default: a random
+                                         # model, whose responses all run to max_new_tokens)
 
 Every ratio compares two things measured side by side in this one process: same model, same
 inputs, warm-up first, then the median of several repeats. On a CPU that other jobs share, run
@@ -379,7 +381,7 @@ def rl_rollout(args):
     out_dir = tempfile.mkdtemp(prefix="bench_rl_")
     run = T.train(dict(algo="grpo", max_iters=0, eval_interval=0, checkpoint=False, device=args["device"],
                        prompts_per_iter=RL_PROMPTS, group_size=RL_GROUP, max_new_tokens=RL_NEW_TOKENS,
-                       out_dir=out_dir))
+                       out_dir=out_dir, init_from=args["init_from"]))
     optimizer = torch.optim.AdamW(run.raw_model.parameters(), lr=run.cfg["learning_rate"])
     calls, original = [], C.rollouts
 
@@ -430,12 +432,69 @@ def rl_rollout(args):
         [figure(f"rl step: {k} share of the GRPO step (kl {run.cfg['kl']}), %", v) for k, v in split_pct.items()]
 
 
+SHARED_REPEATS, STALE_ITERS, STALE_WARMUP = 5, 5, 1
+GRPO_SIZES = {}  # the default grpo config (16 prompts × 16 responses, 64 new tokens); --tiny shrinks it
+
+
+@benchmark
+def rl_shared_prompt(args):
+    """What a GRPO iteration spends outside the sampler, π_ref scoring plus the update (forward,
+    backward, AdamW), with share_prompt on and off: the default grpo config (16 prompts × 16
+    responses), the same rollouts and weights for both (restored before every call), alternating."""
+    import grpo
+    run = T.train(dict(algo="grpo", max_iters=0, eval_interval=0, checkpoint=False, device=args["device"],
+                       out_dir=tempfile.mkdtemp(prefix="bench_shared_"), init_from=args["init_from"], **GRPO_SIZES))
+    steps = grpo.batches(run, 0)
+    rows = grpo.concat_rows([mb for step in steps for mb in step], run.tok.pad)
+    start = {k: v.clone() for k, v in run.raw_model.state_dict().items()}
+    optimizer = torch.optim.AdamW(run.raw_model.parameters(), lr=run.cfg["learning_rate"])
+
+    def iteration(share):
+        def fn():
+            run.cfg["share_prompt"] = share
+            run.raw_model.load_state_dict(start)
+            grpo.score(run, run.ref_model, rows["ids"], rows["prompt_len"])
+            rl_update(run, optimizer, steps)
+        return fn
+
+    times = alternating_medians(dict(shared=iteration(True), unshared=iteration(False)), run.device, SHARED_REPEATS)
+    (shared, cpu_shared), (unshared, cpu_unshared) = times["shared"], times["unshared"]
+    prompt, length = float(rows["prompt_len"].float().mean()), float(rows["lengths"].float().mean())
+    report(bench="rl_shared_prompt", responses=len(rows["ids"]), mean_prompt_tokens=round(prompt, 1),
+           mean_response_tokens=round(length, 1), shared_ms=round(1000 * shared, 1),
+           unshared_ms=round(1000 * unshared, 1), speedup=round(unshared / shared, 3),
+           cpu_speedup=round(cpu_unshared / cpu_shared, 3))
+    return [figure("grpo scoring + update, share_prompt off / on (same rollouts), ×", unshared / shared)]
+
+
+@benchmark
+def rl_staleness(args):
+    """The default grpo config through train.train for STALE_ITERS iterations with staleness 0 and 1:
+    median wall time per iteration after the first STALE_WARMUP (the first staleness-1 iteration
+    waits for its rollouts). With one torch thread per Python thread, staleness 1 can use a second
+    core that the synchronous loop leaves idle: compare with the thread count the real runs use."""
+    import grpo
+    seconds = {}
+    for staleness in (0, 1):
+        out_dir = tempfile.mkdtemp(prefix="bench_stale_")
+        T.train(dict(algo="grpo", max_iters=STALE_ITERS, eval_interval=0, checkpoint=False, plot=False,
+                     device=args["device"], out_dir=out_dir, init_from=args["init_from"], staleness=staleness,
+                     **GRPO_SIZES))
+        rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
+        seconds[staleness] = statistics.median(r["iter_time"] for r in rows if "iter_time" in r and r["iter"] > STALE_WARMUP)
+    report(bench="rl_staleness", iterations_timed=STALE_ITERS - STALE_WARMUP, threads=torch.get_num_threads(),
+           sync_iter_s=round(seconds[0], 3), one_step_off_iter_s=round(seconds[1], 3),
+           speedup=round(seconds[0] / seconds[1], 3))
+    return [figure("grpo iteration time, staleness 0 / 1, ×", seconds[0] / seconds[1])]
+
+
 # ----------------------------------------------------------------------------------------------
 
 # Sizes small enough that every benchmark runs in seconds (--tiny): a check that they run, not figures
 TINY_SIZES = dict(PROMPT_LEN=8, NEW_TOKENS=8, SAMPLER_BATCHES=(1, 2), ATTENTION_BATCH=2, ATTENTION_KEYS=(8, 12),
                   ATTENTION_REPEATS=2, TRAIN_ITERS=4, TRAIN_WARMUP=1, TRAIN_REPEATS=1, DPO_PAIRS=2, DPO_REPEATS=1,
-                  RL_ITERS=2, RL_PROMPTS=2, RL_GROUP=2, RL_NEW_TOKENS=8)
+                  RL_ITERS=2, RL_PROMPTS=2, RL_GROUP=2, RL_NEW_TOKENS=8, SHARED_REPEATS=1, STALE_ITERS=3,
+                  GRPO_SIZES=dict(prompts_per_iter=2, group_size=2, max_new_tokens=8))
 
 
 def summary_table(rows):
@@ -449,10 +508,10 @@ def summary_table(rows):
 
 
 def main(argv):
-    args = dict(device="cpu", out=os.path.join("out", "bench.json"))
+    args = dict(device="cpu", out=os.path.join("out", "bench.json"), init_from="scratch")
     names = []
     for arg in argv:
-        if arg.startswith(("--device=", "--out=")):
+        if arg.startswith(("--device=", "--out=", "--init_from=")):
             key, value = arg[2:].split("=", 1)
             args[key] = value
         elif arg == "--tiny":
@@ -460,7 +519,8 @@ def main(argv):
         elif arg in BENCHMARKS:
             names.append(arg)
         else:
-            sys.exit(f"unknown argument {arg!r}: benchmarks are {list(BENCHMARKS)}, options --device=, --out=, --tiny")
+            sys.exit(f"unknown argument {arg!r}: benchmarks are {list(BENCHMARKS)}, options --device=, --out=, "
+                     f"--init_from=, --tiny")
     machine = report(torch=torch.__version__, threads=torch.get_num_threads(), device=args["device"],
                      cpu_count=os.cpu_count(), tiny="--tiny" in argv)
     summary, seconds = [], {}

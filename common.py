@@ -283,14 +283,16 @@ def save_checkpoint(run, optimizer, it):
 # ----------------------------------------------------------------------------------------------
 # Sampling, rollouts and evaluation
 
-def tool_hook(run):
+def tool_hook(run, prompts):
     """The sampler's tool hook for the run's environment, or None when it has no tool (SPEC §4,
-    multi-turn tool environment). When a row writes the closing call tag, the text since its last
-    opening tag is the call: the environment's tool runs it, and the result comes back between
-    result tags as ids the sampler feeds to that row as forced tokens while the other rows keep
-    sampling. Only the call's own ids are decoded (to run it); the trajectory stays token ids. A
-    response's calls past max_tool_calls are not run: the result says so. The hook keeps no state,
-    each row is judged by its own ids alone, so rows pause and resume independently."""
+    multi-turn tool environment). When a row writes the closing call tag, the text between it and
+    the opening tag before it is the call: the environment's tool runs it, given the row's prompt
+    (`prompts`, the sampler's prompt ids by row) and its earlier calls (a game replays them: its
+    state is the transcript), and the result comes back between result tags as ids the sampler feeds
+    to that row as forced tokens while the other rows keep sampling. Only the prompt and the calls
+    are decoded (to run the call); the trajectory stays token ids. A response's calls past
+    max_tool_calls are not run: the result says so. The hook keeps no state, each row is judged by
+    its own ids alone, so rows pause and resume independently."""
     tool = getattr(run.env, "tool", None)
     if tool is None:
         return None
@@ -299,13 +301,20 @@ def tool_hook(run):
     def hook(row, generated):
         if generated[-1] != special["/tool_call"]:
             return None
+        spans, opened = [], None  # (first, end) ids of every call's text that has both tags, in order
+        for k, t in enumerate(generated):
+            if t == special["tool_call"]:
+                opened = k + 1
+            elif t == special["/tool_call"] and opened is not None:
+                spans.append((opened, k))
+                opened = None
         if generated.count(special["/tool_call"]) > limit:
             result = f"error: at most {limit} calls"
-        elif special["tool_call"] not in generated:
+        elif not spans or spans[-1][1] != len(generated) - 1:
             result = "error: no opening tag"
         else:
-            start = len(generated) - generated[::-1].index(special["tool_call"])
-            result = tool(run.tok.decode(generated[start:-1]))
+            calls = [run.tok.decode(generated[first:end]) for first, end in spans]
+            result = tool(calls[-1], run.tok.decode(prompts[row]), calls[:-1])
         return [special["tool_result"]] + run.tok.encode(result) + [special["/tool_result"]]
     return hook
 
@@ -320,7 +329,7 @@ def generate(run, model, prompts, max_new_tokens=None, temperature=0.0, seed=Non
         for i, chunk in enumerate(chunks(prompts, batch_size)):
             t, lp, f = sample(model, chunk, max_new_tokens, temperature=temperature, stop_tokens=(run.tok.eos,),
                               pad_id=run.tok.pad, seed=None if seed is None else seed + i * batch_size,
-                              tool_hook=tool_hook(run), **kw)
+                              tool_hook=tool_hook(run, chunk), **kw)
             tokens += t
             logprobs += lp
             forced += f
@@ -505,6 +514,19 @@ def token_rewards(run, roll, signals):
 # path = Φ alone, the inaction trap the chapter warns of, kept for the experiment)
 REWARD_KEYS = dict(reward_mode="outcome", rlvp_beta=0.5, rlvp_penalty=1.0, rlvp_bonus=1.0)
 REWARD_MODES = ("outcome", "process", "rlvp", "path")
+
+
+# Best-of-N by the verifier beside every RL result (grpo.py, ppo.py evaluate; SPEC §3 Best-of-N): the
+# held-out accuracy of the best of eval_best_of_n samples (at the training temperature) on
+# eval_best_of_n_problems prompts, logged as heldout_best_of_N: the upper-bound estimate of what
+# selecting among the policy's own samples can reach. 0 turns it off.
+BEST_OF_N_KEYS = dict(eval_best_of_n=8, eval_best_of_n_problems=64)
+
+
+def best_of_n_problems(cfg):
+    """Best-of-N's prompts: eval_best_of_n_problems, never more than the evaluation's eval_problems
+    (a run that evaluates on few problems to be quick keeps Best-of-N as quick)."""
+    return min(cfg["eval_best_of_n_problems"], cfg["eval_problems"])
 
 
 def check_reward_mode(cfg, env):

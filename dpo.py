@@ -44,6 +44,7 @@ defaults = dict(
     orpo_lambda=0.1,             # ORPO: weight λ of the odds-ratio term next to the NLL
     kto_desirable_weight=1.0,    # KTO λ_D
     kto_undesirable_weight=1.0,  # KTO λ_U
+    share_prompt=True,           # run each prompt once for both responses (model.SharedPrompts); False: one row each
     **pairs.PAIR_DEFAULTS,
     # common keys: one pass over a small fixed pair set at a gentle lr, far below SFT's (at 1e-4
     # DPO's KL to the reference grew to ~5 nats and held-out accuracy fell further)
@@ -102,10 +103,12 @@ def orpo_loss(mean_lp_w, mean_lp_l, lam):
 # ----------------------------------------------------------------------------------------------
 # Sequence log-probs and the reference cache
 
-def sequence_sums(model, batch):
+def sequence_sums(run, model, batch):
     """One forward over the batch's rows: (log-prob sums, response lengths), each split into the
-    examples' first and second responses."""
-    token_lp = sequence_logprobs(model, batch["ids"]) * batch["mask"]
+    examples' first and second responses. With share_prompt the two rows of an example run their
+    common prompt once."""
+    prompt_lens = batch["prompt_lens"] if run.cfg["share_prompt"] else None
+    token_lp = sequence_logprobs(model, batch["ids"], prompt_lens=prompt_lens) * batch["mask"]
     sums, lengths = token_lp.sum(1), batch["mask"].sum(1)
     return sums.chunk(2), lengths.chunk(2)
 
@@ -133,7 +136,7 @@ def reference_logprobs(run, reference, examples):
     out = []
     with run.autocast:
         for chunk in C.chunks(examples, run.cfg["eval_batch_size"]):
-            (a, b), _ = sequence_sums(reference, pairs.collate(run, chunk))
+            (a, b), _ = sequence_sums(run, reference, pairs.collate(run, chunk))
             out.append(torch.stack([a, b], 1).float().cpu())
     return torch.cat(out)
 
@@ -237,7 +240,7 @@ def batches(run, it):
 
 
 def loss(run, model, batch):
-    sums, lengths = sequence_sums(model, batch)
+    sums, lengths = sequence_sums(run, model, batch)
     z_ref = None
     if run.cfg["loss"] == "kto":  # the KL estimate of the whole step batch, over all ranks
         kl_sum, kl_count = C.all_reduce_sum(mismatched_kl(batch, sums), run)
@@ -261,7 +264,7 @@ def evaluate(run, it):
     with run.autocast:
         for chunk in C.chunks(run.heldout_examples[run.rank::run.world_size], run.cfg["eval_batch_size"]):
             batch = pairs.collate(run, chunk)
-            sums, lengths = sequence_sums(model, batch)
+            sums, lengths = sequence_sums(run, model, batch)
             z_ref = None
             if run.cfg["loss"] == "kto":  # this chunk's own estimate: ranks may hold different chunk counts
                 kl_sum, kl_count = mismatched_kl(batch, sums)

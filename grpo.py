@@ -6,7 +6,7 @@ reports, its passport), §7 (rollouts dominate the cost); seed M14 §9–§13.
     python train.py --algo grpo --init_from=out/sft                 # GRPO from an SFT checkpoint
     python train.py --algo grpo config/dapo.py --init_from=out/sft  # a recipe: config/{grpo,dapo,dr_grpo,rloo}.py
 
-One iteration (synchronous, on-policy):
+One iteration (synchronous, on-policy; staleness below):
   1. rollouts: prompts_per_iter prompts × group_size responses sampled from the current policy
      (π_old) with the KV-cache sampler, tokens in / tokens out; rewards from the verifier;
   2. one advantage A_i per response, shared by all its tokens;
@@ -82,6 +82,19 @@ old_logprobs — where π_old comes from: "sampler" (the log-probs the sampler d
   on a GPU, or a separate inference engine), or "auto" (recompute under autocast, else sampler).
   π_old stays fixed for all inner epochs: it is the policy that sampled, not the current one.
 
+share_prompt — the G responses of a prompt share it: with True, every forward outside the sampler
+  (π_ref and π_old scoring, the loss) runs each distinct prompt once and lets its rows attend to
+  its keys and values (model.SharedPrompts); the gradient of the prompt's part is the sum over its
+  rows, as in G separate forwards. Same numbers up to fp32 rounding (tested); False: one full row each.
+
+staleness — 0: the loop above. 1: one-step-off rollouts: while iteration k updates, the rollouts of
+  k + 1 are sampled by the weights of k in a second thread (one_step_off_rollouts), so k + 1 trains
+  on samples of a policy one update behind. π_old is then that behaviour policy: the sampler's own
+  log-probs (or a recompute with the sampler's copy of the weights), so ρ = π_θ/π_old corrects
+  for the lag and the clip bounds it; ρ ≠ 1 from the first step. The first iteration (and the first
+  after a resume, which samples with the checkpoint's sampler weights) waits for its rollouts;
+  logged: staleness (0 or 1) and time_wait_rollouts (the sampling the update did not hide).
+
 Rollouts are sampled in shards of rollout_prompts prompts, shard s of iteration it seeded by
 (seed, it, s); rank r takes shards r, r + world_size, ...; minibatch m is slice m of every shard.
 So a run's batches do not depend on how many processes share them: two ranks take the same steps
@@ -107,13 +120,14 @@ ids and have mask 0, so the surrogate and the KL term never train on them (commo
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 import common as C
-from model import kl_estimate, masked_entropy_sum, sequence_logprobs, token_logprobs
+from model import SharedPrompts, kl_estimate, masked_entropy_sum, sequence_logprobs, token_logprobs
 
 starts_from = "sft"  # RL selects among what a trained policy does: no random start (train.check_start)
 defaults = dict(
@@ -134,6 +148,8 @@ defaults = dict(
     dynamic_sampling_rounds=0, # DAPO: extra rollouts to refill informative groups (0 = off)
     overlong_cache=0,          # DAPO: soft length penalty over the last L_cache tokens (0 = off)
     old_logprobs="auto",       # auto | sampler | recompute
+    share_prompt=True,         # run each prompt once for its G responses, in scoring and in the loss
+    staleness=0,               # 0: synchronous; 1: the next rollouts are sampled during the update (see above)
     eval_pass_k=4,             # pass@k on the held-out split at the sampling temperature (< 2: off)
     # common keys with RL values: 20x below SFT's lr, constant after a short warm-up (Adam's first
     # steps are sign steps). At 1e-4 the policy switches to worked answers within about 10
@@ -142,6 +158,7 @@ defaults = dict(
 )
 
 defaults.update(C.REWARD_KEYS)  # reward_mode and RLVP's β, λ, μ: one definition for grpo.py and ppo.py
+defaults.update(C.BEST_OF_N_KEYS)  # the Best-of-N figure every evaluation logs
 
 CHOICES = dict(estimator=("reinforce", "rloo", "grpo", "dr_grpo"),
                loss_agg=("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"),
@@ -281,15 +298,17 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, ref_logp=None):
 
 PER_TOKEN = ("mask", "old_logprobs", "ref_logprobs")  # (N, T-1), aligned with ids[:, 1:]; no ref with kl=off
 TOKEN_KEYS = PER_TOKEN + ("step_advantages",)  # and with reward_mode=process, one advantage per token
-PER_ROW = ("rewards", "reward", "advantages", "lengths", "truncated", "seq_len", "keep")  # (N,)
+PER_ROW = ("rewards", "reward", "advantages", "lengths", "truncated", "seq_len", "keep", "prompt_len")  # (N,)
 
 
 @torch.no_grad()
-def score(run, model, ids):
-    """Per-token log-probs of ids[:, 1:] at the sampling temperature, no gradient, in chunks."""
+def score(run, model, ids, prompt_lens):
+    """Per-token log-probs of ids[:, 1:] at the sampling temperature, no gradient, in chunks; with
+    share_prompt each distinct prompt of a chunk runs once (model.SharedPrompts)."""
+    size, share = run.cfg["batch_size"], run.cfg["share_prompt"]
     with run.autocast:
-        return torch.cat([sequence_logprobs(model, chunk, run.cfg["temperature"]).float()
-                          for chunk in C.chunks(ids, run.cfg["batch_size"])])
+        return torch.cat([sequence_logprobs(model, chunk, run.cfg["temperature"], lens if share else None).float()
+                          for chunk, lens in zip(C.chunks(ids, size), C.chunks(prompt_lens, size))])
 
 
 def select_rows(batch, rows):
@@ -317,19 +336,20 @@ def concat_rows(parts, pad_id):
     return out
 
 
-def sample_round(run, it, shard, round_):
-    """One rollout of a shard: fresh train problems, G responses each, scored and rewarded."""
+def sample_round(run, model, it, shard, round_):
+    """One rollout of a shard by `model` (π_old): fresh train problems, G responses each, scored and rewarded."""
     cfg, G = run.cfg, run.cfg["group_size"]
     rng = C.seeded_rng(run, it, shard, round_)
     problems = run.env.problems("train", C.shard_size(run), seed=int(rng.integers(2 ** 31)))
-    ro = C.rollouts(run, run.raw_model, problems, G, temperature=cfg["temperature"],
+    ro = C.rollouts(run, model, problems, G, temperature=cfg["temperature"],
                     max_new_tokens=cfg["max_new_tokens"], seed=int(rng.integers(2 ** 31)))
+    ro["prompt_len"] = torch.tensor(ro["prompt_lens"], device=ro["ids"].device)
     t0 = time.time()
-    run.raw_model.eval()  # the sampler restored train mode; score (and later train) with dropout off
+    model.eval()  # the sampler restored train mode; score (and later train) with dropout off
     if run.old_logprobs_mode == "recompute":
-        ro["old_logprobs"] = score(run, run.raw_model, ro["ids"]) * ro["mask"]
+        ro["old_logprobs"] = score(run, model, ro["ids"], ro["prompt_len"]) * ro["mask"]
     if cfg["kl"] != "off":  # with kl=off nothing reads π_ref: no forward (evaluation logs the KL)
-        ro["ref_logprobs"] = score(run, run.ref_model, ro["ids"]) * ro["mask"]
+        ro["ref_logprobs"] = score(run, run.ref_model, ro["ids"], ro["prompt_len"]) * ro["mask"]
     ro["time_score"] = time.time() - t0
     ro["seq_len"] = C.last_response_column(ro["mask"]) + 2  # index of the last response token + 1
     # the sampler stops earlier than max_new_tokens when the longest prompt leaves less room
@@ -360,11 +380,11 @@ def sample_round(run, it, shard, round_):
     return ro
 
 
-def rollout_shard(run, it, shard):
-    """A shard's training rows: C.shard_size(run) groups, with keep = 0 on rows that must not train
-    (dropped degenerate groups), plus the shard's counts for the logs."""
+def rollout_shard(run, model, it, shard):
+    """A shard's training rows sampled by `model`: C.shard_size(run) groups, with keep = 0 on rows
+    that must not train (dropped degenerate groups), plus the shard's counts for the logs."""
     cfg, G, n = run.cfg, run.cfg["group_size"], C.shard_size(run)
-    first = sample_round(run, it, shard, 0)
+    first = sample_round(run, model, it, shard, 0)
     if first["degenerate"].any() and cfg["on_degenerate"] == "raise" and cfg["estimator"] != "reinforce":
         raise ValueError(f"iteration {it}: {int(first['degenerate'].sum())} of {n} groups have all rewards "
                          f"equal (on_degenerate='raise'); choose drop or zeros")
@@ -372,7 +392,7 @@ def rollout_shard(run, it, shard):
     informative = lambda ro: [g for g in range(n) if not ro["degenerate"][g]]
     found = len(informative(first))
     while found < n and len(rounds) <= cfg["dynamic_sampling_rounds"]:
-        rounds.append(sample_round(run, it, shard, len(rounds)))
+        rounds.append(sample_round(run, model, it, shard, len(rounds)))
         found += len(informative(rounds[-1]))
     drop = cfg["on_degenerate"] == "drop" and cfg["estimator"] != "reinforce"
     parts, taken = [], 0
@@ -426,6 +446,8 @@ def check_config(cfg, world_size):
         raise ValueError("dynamic sampling refills dropped groups: it needs on_degenerate='drop' and a group estimator")
     if not (0 <= cfg["eps_low"] < 1 and cfg["eps_high"] >= 0):
         raise ValueError("clip range needs 0 <= eps_low < 1 and eps_high >= 0")
+    if cfg["staleness"] not in (0, 1):
+        raise ValueError(f"staleness={cfg['staleness']}: choose 0 (synchronous) or 1 (one-step-off rollouts)")
     if cfg["overlong_cache"] >= cfg["max_new_tokens"]:
         raise ValueError(f"overlong_cache={cfg['overlong_cache']} must be below max_new_tokens={cfg['max_new_tokens']}")
     if cfg["reward_mode"] != "outcome" and cfg["estimator"] == "reinforce":
@@ -458,6 +480,9 @@ def passport(run):
         degenerate += f"; dynamic sampling refills them with up to {c['dynamic_sampling_rounds']} extra rollouts per shard"
     overlong = (f"soft penalty over the last {c['overlong_cache']} tokens before the limit" if c["overlong_cache"]
                 else "no penalty (a truncated answer simply fails the verifier)")
+    sync = ("one-step-off (staleness 1): the rollouts of iteration k + 1 are sampled by the weights of k, in a second "
+            "thread, while k updates; the loss's ratio is against the sampler's log-probs" if c["staleness"]
+            else "synchronous (staleness 0)")
     return f"""# Post-training passport: {c['out_dir']}
 
 algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation **{c['loss_agg']}**, started from `{c['init_from']}`
@@ -483,7 +508,7 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
 - degenerate (all-equal-reward) groups: {degenerate}
 
 ## Infrastructure
-- generation and training on the same device(s): {run.device} × {run.world_size}, synchronous (staleness 0)
+- generation and training on the same device(s): {run.device} × {run.world_size}, {sync}
 - rollouts in shards of {shard} prompts (sampler batch {shard * G}), micro-batches of {c['batch_size']} responses
 - time split per iteration in metrics.jsonl: time_decode, time_verify, time_score (π_ref/π_old forwards), time_update
 """
@@ -495,6 +520,9 @@ def setup(run):
     run.ref_model = C.load_reference(run)
     mode = run.cfg["old_logprobs"]
     run.old_logprobs_mode = mode if mode != "auto" else ("recompute" if run.device.startswith("cuda") else "sampler")
+    if run.cfg["staleness"]:  # one_step_off_rollouts: the sampler's own weights, and its thread
+        run.sampler, run.sampler_iter, run.pending = C.frozen(run.raw_model), None, None
+        run.sampling_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-sampler")
     if run.master:
         if run.cfg["init_from"] == "scratch":
             print("grpo: init_from=scratch: a random policy rarely earns a reward; start from an SFT checkpoint")
@@ -502,16 +530,56 @@ def setup(run):
             f.write(passport(run))
 
 
+def rollout_shards(run, model, it):
+    """This rank's shards of iteration `it`, sampled by `model`: a list of (rows, counts)."""
+    n_shards = run.cfg["prompts_per_iter"] // C.shard_size(run)
+    return [rollout_shard(run, model, it, s) for s in range(run.rank, n_shards, run.world_size)]
+
+
+def one_step_off_rollouts(run, it):
+    """staleness=1: return the rollouts of iteration `it`, sampled by the weights of it − 1 while
+    the update of it − 1 ran, and start sampling those of it + 1 with the weights of it, to run
+    while the loop updates.
+
+    The design: a second thread with its own copy of the weights (run.sampler, refreshed here,
+    between two updates, while the thread is idle). Torch releases the GIL inside its ops, so on a
+    CPU the sampler's decode and the update's forward/backward run on different cores at once. The
+    thread runs rollout_shards only: no collective (the DDP all-reduces stay on the main thread, in
+    the same order on every rank) and no global RNG (each shard's sampler has its own seeded
+    generator), so the rollouts of `it` depend on (seed, it) and the sampler's weights alone, as in
+    the synchronous loop. On a GPU it shares the default stream, so only the host-side work (the
+    Python of the decode loop, the verifier) overlaps. The checkpoint holds the sampler's weights:
+    after a resume the first iteration samples with them what the uninterrupted run sampled in the
+    background (and the very first iteration samples with the initial weights: staleness 0)."""
+    if run.pending is None:
+        rollouts = rollout_shards(run, run.sampler, it)
+    else:
+        rollouts = run.pending.result()
+    # how many updates behind the trained weights the rollouts' sampler is (None: it holds them)
+    lag = 0 if run.sampler_iter is None else it - run.sampler_iter
+    if not 0 <= lag <= run.cfg["staleness"]:
+        raise RuntimeError(f"iteration {it} would train on rollouts of the weights of iteration {run.sampler_iter}: "
+                           f"staleness {lag} > {run.cfg['staleness']}")
+    run.stats["staleness"] = lag
+    run.sampler.load_state_dict(run.raw_model.state_dict())
+    run.sampler_iter = it
+    last = it + 1 >= run.cfg["max_iters"]
+    run.pending = None if last else run.sampling_thread.submit(rollout_shards, run, run.sampler, it + 1)
+    return rollouts
+
+
 def batches(run, it):
     """Rollouts of this rank's shards, advantages, figures for the log, then the optimizer steps:
     inner_epochs × minibatches, each a list of micro-batches of at most batch_size responses."""
     cfg, G = run.cfg, run.cfg["group_size"]
-    n_shards = cfg["prompts_per_iter"] // C.shard_size(run)
-    shards, counts = [], []
-    for s in range(run.rank, n_shards, run.world_size):
-        batch, c = rollout_shard(run, it, s)
-        shards.append(batch)
-        counts.append(c)
+    if cfg["staleness"]:
+        t0 = time.time()
+        rollouts = one_step_off_rollouts(run, it)
+        run.stats["time_wait_rollouts"] = time.time() - t0  # what the overlap did not hide
+    else:
+        rollouts = rollout_shards(run, run.raw_model, it)
+    run.raw_model.eval()  # score and train with dropout off: the function that sampled
+    shards, counts = [r for r, _ in rollouts], [c for _, c in rollouts]
     rewards = torch.cat([b["reward"] for b in shards])
     kept = torch.cat([b["mask"].sum(1) > 0 for b in shards])
     if cfg["estimator"] == "reinforce":  # A = r − mean of the whole global batch
@@ -562,20 +630,28 @@ def batches(run, it):
 def loss(run, model, batch):
     """One micro-batch: π_θ log-probs at the sampler's temperature, the clipped surrogate, and the
     policy's entropy on its own samples."""
-    ids, mask = batch["ids"], batch["mask"]
-    logits = model(ids[:, :-1])
-    logp = token_logprobs(logits, ids[:, 1:], run.cfg["temperature"])
+    ids, mask, temperature = batch["ids"], batch["mask"], run.cfg["temperature"]
+    if run.cfg["share_prompt"]:  # each distinct prompt runs once, its keys and values shared by its rows
+        shared = SharedPrompts(ids, batch["prompt_len"])
+        logits = model(shared.inputs, prompts=shared)
+        logp = shared.to_rows(token_logprobs(logits, shared.targets, temperature))
+        entropy = masked_entropy_sum(logits, shared.from_rows(mask), temperature)
+    else:
+        logits = model(ids[:, :-1])
+        logp = token_logprobs(logits, ids[:, 1:], temperature)
+        entropy = masked_entropy_sum(logits, mask, temperature)
     advantages = batch["step_advantages"] if "step_advantages" in batch else batch["advantages"]
     loss_sum, count, metrics = policy_loss(logp, batch["old_logprobs"], advantages, mask, run.cfg,
                                            ref_logp=batch.get("ref_logprobs"))
-    metrics["entropy"] = float(masked_entropy_sum(logits, mask, run.cfg["temperature"]) / mask.sum().clamp(min=1))
+    metrics["entropy"] = float(entropy / mask.sum().clamp(min=1))
     return loss_sum, count, {**metrics, "tokens": float(mask.sum())}
 
 
 @torch.no_grad()
 def evaluate(run, it):
     """Held-out accuracy (greedy) and pass@k (k samples at the training temperature), OOD accuracy,
-    KL to π_ref on sampled held-out answers, and a few trajectories to read in samples.txt."""
+    KL to π_ref on sampled held-out answers, Best-of-N by the verifier, and a few trajectories to
+    read in samples.txt."""
     model, cfg = run.raw_model, run.cfg
     was_training = model.training
     model.eval()
@@ -590,6 +666,20 @@ def evaluate(run, it):
         metrics["heldout_sampled_acc"] = sampled["heldout_acc"]
         transcripts += [t.replace("[heldout]", f"[heldout, T={cfg['temperature']}]") for t in sampled_transcripts[:2]]
     metrics["heldout_kl_ref"] = C.sampled_reference_kl(run, model, run.ref_model, cfg["temperature"])["kl_ref"]
+    if cfg["eval_best_of_n"] >= 1:  # the upper-bound estimate beside the result (C.BEST_OF_N_KEYS)
+        metrics.update(C.best_of_n(run, model, "heldout", C.best_of_n_problems(cfg), cfg["eval_best_of_n"],
+                                   temperature=cfg["temperature"]))
     C.write_samples(run, it, transcripts)
     model.train(was_training)
     return metrics
+
+
+def state_dict(run):
+    """staleness=1: the weights that sample the next iteration's rollouts (one_step_off_rollouts)."""
+    return {"sampler": run.sampler.state_dict(), "sampler_iter": run.sampler_iter} if run.cfg["staleness"] else None
+
+
+def load_state_dict(run, state):
+    if run.cfg["staleness"]:
+        run.sampler.load_state_dict(state["sampler"])
+        run.sampler_iter = state["sampler_iter"]

@@ -1,7 +1,8 @@
 """
-The post-training ladder in one command: pretrain → SFT → RM → DPO → PPO → GRPO, each stage a plain
-`python train.py ...` run (printed, so you can type it yourself) from the right checkpoint, then an
-evaluation of every stage and one report, OUT_ROOT/report.md.
+The post-training ladder in one command: pretrain → SFT → RM, DPO, PPO, GRPO, RFT, OPD, OPSD, and
+the agentic branch (SFT then GRPO with a calculator tool), each stage a plain `python train.py ...`
+run (printed, so you can type it yourself) from the right checkpoint, then an evaluation of every
+stage and one report, OUT_ROOT/report.md.
 
     python ladder.py                                   # everything, into out/pretrain, out/sft, ...
     python ladder.py --out_root=runs/a --device=cuda   # any --key=value goes to every stage
@@ -17,8 +18,9 @@ A stage that fails stops the ladder with its error; every finished stage is kept
 
 Every language-model stage is evaluated on the environment after the runs (cached in
 OUT_ROOT/STAGE/ladder_eval.json until the stage or the SFT stage is redone or the settings change):
-greedy and sampled (T = 1) held-out accuracy, pass@k, OOD accuracy, sampled length, the share of
-answers that show their work, and the KL to the SFT model on the stage's own samples. The reward
+greedy and sampled (T = 1) held-out accuracy, pass@k (Best-of-k by the verifier), OOD accuracy,
+sampled length, the share of answers that show their work, and the KL to the SFT model of the
+stage's task (sft, or calc_sft for the calculator branch) on the stage's own samples. The reward
 model reports its held-out pair accuracy from its metrics.jsonl.
 """
 
@@ -39,6 +41,7 @@ from tokenizer import Tokenizer
 
 # The ladder, in order: (stage = its directory under OUT_ROOT, train.py arguments beyond the
 # algorithm's own defaults, the stage whose checkpoint it starts from). Add a stage with one line.
+# "{out_root}" in a string argument is the ladder's --out_root (a stage named there must run first).
 STAGES = [
     ("pretrain", dict(algo="pretrain", max_iters=200), None),  # short: the task is learnt in SFT (README)
     ("sft", dict(algo="sft", eval_interval=250), "pretrain"),  # fewer in-run evals: the ladder evaluates at the end
@@ -46,6 +49,13 @@ STAGES = [
     ("dpo", dict(algo="dpo"), "sft"),
     ("ppo", dict(algo="ppo", reward="verifier"), "sft"),
     ("grpo", dict(algo="grpo", eval_interval=10), "sft"),
+    ("rft", dict(algo="rft"), "sft"),
+    # the GRPO stage as the teacher: how fast a dense per-token signal gets the SFT model there
+    ("opd", dict(algo="opd", teacher="{out_root}/grpo"), "sft"),
+    ("opsd", dict(algo="opd", teacher="self"), "sft"),  # its own weights, shown the answer
+    # the agentic branch: the calculator task (numbers too large to add in the head) with tool calls
+    ("calc_sft", dict(algo="sft", env="calculator", eval_interval=250), "pretrain"),
+    ("calc_grpo", dict(algo="grpo", env="calculator", reward_mode="rlvp", eval_interval=10), "calc_sft"),
 ]
 
 # train.py arguments every stage gets (the task, e.g. env_direct_frac=0.5), before the stage's own
@@ -61,7 +71,7 @@ OPTIONS = dict(
     eval_pass_n=200,     # held-out problems for pass@k ...
     eval_pass_k=8,       # ... with k samples each at T = 1
 )
-KL_REFERENCE = "sft"     # the stage every KL in the report is measured to
+KL_REFERENCES = ("sft", "calc_sft")  # the SFT stages a KL in the report is measured to (the stage's task's)
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 
 
@@ -99,7 +109,23 @@ def stage_arguments(root, name, args, start, wide, own):
     """What the stage's train.py gets: ladder defaults, the stage's arguments, its start checkpoint,
     the command line's arguments for every stage, then its own (which may even change init_from)."""
     begin = dict(init_from=os.path.join(root, start)) if start else {}
+    args = {k: v.replace("{out_root}", root) if isinstance(v, str) else v for k, v in args.items()}
     return {**LADDER_DEFAULTS, **args, **begin, **wide, **own, "out_dir": os.path.join(root, name)}
+
+
+def prerequisites(name):
+    """The stages a stage needs done first: its start and any stage named by "{out_root}/STAGE"."""
+    args, start = next((args, start) for n, args, start in STAGES if n == name)
+    named = [v.split("{out_root}/", 1)[1] for v in args.values() if isinstance(v, str) and "{out_root}/" in v]
+    return [start] * bool(start) + named
+
+
+def kl_reference(name):
+    """The SFT stage of the stage's task: the nearest of KL_REFERENCES among it and its starts."""
+    starts = {n: start for n, _, start in STAGES}
+    while name and name not in KL_REFERENCES:
+        name = starts[name]
+    return name or KL_REFERENCES[0]
 
 
 def command_line(args):
@@ -222,7 +248,7 @@ def evaluate_stage(stage_dir, reference_dir, options, device):
 def evaluation(root, name, options, device):
     """The stage's figures, from ladder_eval.json while the stage, the SFT stage and the settings
     are those it was computed with; else computed now and cached."""
-    stage_dir, reference_dir = os.path.join(root, name), os.path.join(root, KL_REFERENCE)
+    stage_dir, reference_dir = os.path.join(root, name), os.path.join(root, kl_reference(name))
     reference = done(reference_dir)
     key = dict({k: v for k, v in options.items() if k.startswith("eval_")},
                stage_finished=done(stage_dir)["finished"], reference_finished=reference and reference["finished"])
@@ -312,11 +338,14 @@ def write_report(root, results, options):
              f"Held-out accuracy on {options['eval_n']} problems (greedy, and one sample at T = 1), pass@{k} on "
              f"{options['eval_pass_n']}, OOD greedy on {options['eval_ood_n']}; ± is the 95% binomial half-width "
              f"1.96·sqrt(p(1−p)/n). Length (tokens) and work share (answers that write a step before the answer) "
-             f"are of the T = 1 samples; KL to {KL_REFERENCE}: mean over the stage's own T = 1 samples of "
-             f"Σ_t log π_stage − log π_{KL_REFERENCE} (nats per answer). Tokens: target tokens with loss weight, "
+             f"are of the T = 1 samples; KL to SFT: mean over the stage's own T = 1 samples of "
+             f"Σ_t log π_stage − log π_SFT (nats per answer), π_SFT the SFT stage of its task "
+             f"({' or '.join(KL_REFERENCES)}). "
+             f"pass@{k} is Best-of-{k} by the verifier: the ceiling of reranking the stage's own samples. "
+             f"Tokens: target tokens with loss weight, "
              f"summed over the run's optimizer steps. Wall time: the stage's train.py run.", "",
              f"| stage | starts from | held-out greedy | sampled | pass@{k} | OOD greedy | length | shows work "
-             f"| KL to {KL_REFERENCE} | tokens trained on | wall time |",
+             f"| KL to SFT | tokens trained on | wall time |",
              "|---" * 11 + "|"]
     points, minutes, sections = [], 0.0, []
     for name, record, figures in results:
@@ -352,9 +381,10 @@ def main(argv):
             T.make_config(args)
         except ValueError as e:
             raise ValueError(f"stage {name}: {e}") from None
-        if start and args["init_from"] == os.path.join(root, start) and start not in plan \
-                and not done(os.path.join(root, start)):
-            raise ValueError(f"stage {name} starts from {start}, which has not run: add it to --stages")
+        for need in prerequisites(name):
+            path = os.path.join(root, need)
+            if path in (args["init_from"], args.get("teacher")) and need not in plan and not done(path):
+                raise ValueError(f"stage {name} needs {need}, which has not run: add it to --stages")
 
     failure = None
     for name, (args, start) in plan.items():

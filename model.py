@@ -38,7 +38,9 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
 
-    def forward(self, x, attn_mask=None, cache=None, layer=0):
+    def forward(self, x, attn_mask=None, cache=None, layer=0, prefix=None, record=None):
+        """prefix: (k, v) of shared prompts, one row per row of x, put in front of its own keys and
+        values; record: a list that gets this layer's (k, v) (a shared prompt's own pass)."""
         B, T, C = x.shape
         # (B, T, 3C) -> q, k, v, each (B, n_head, T, head_size)
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
@@ -47,6 +49,10 @@ class CausalSelfAttention(nn.Module):
         else:  # training, scoring, or a prompt's prefill (which fills the cache)
             if cache is not None:
                 cache.write_prompt(layer, k, v)
+            if record is not None:
+                record.append((k, v))
+            if prefix is not None:
+                k, v = torch.cat([prefix[0], k], 2), torch.cat([prefix[1], v], 2)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                                dropout_p=self.dropout if self.training else 0.0,
                                                is_causal=attn_mask is None and T > 1)
@@ -74,8 +80,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, attn_mask=None, cache=None, layer=0):
-        x = x + self.attn(self.ln_1(x), attn_mask, cache, layer)
+    def forward(self, x, attn_mask=None, cache=None, layer=0, prefix=None, record=None):
+        x = x + self.attn(self.ln_1(x), attn_mask, cache, layer, prefix, record)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -188,8 +194,11 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def hidden(self, idx, pos=None, attn_mask=None, cache=None):
-        """Final-LayerNorm hidden states (B, T, n_embd). pos: (B, T) position ids (ragged rows)."""
+    def hidden(self, idx, pos=None, attn_mask=None, cache=None, prompts=None):
+        """Final-LayerNorm hidden states (B, T, n_embd). pos: (B, T) position ids (ragged rows).
+        prompts: a SharedPrompts whose continuations idx are (its positions and mask are used)."""
+        if prompts is not None:
+            return self._after_prompts(idx, prompts)
         T = idx.size(1)
         if pos is None:  # (the sampler passes its own positions and keeps them in range)
             if T > self.config.block_size:
@@ -200,8 +209,24 @@ class GPT(nn.Module):
             x = block(x, attn_mask, cache, layer)
         return self.transformer.ln_f(x)
 
-    def forward(self, idx, pos=None, attn_mask=None, cache=None):
-        return self.lm_head(self.hidden(idx, pos, attn_mask, cache))
+    def _after_prompts(self, idx, prompts):
+        """Each distinct prompt runs once (causal, right-padded: no mask needed) and every layer's
+        keys and values are kept; each continuation row then attends to its prompt's, picked by
+        index_select, whose backward sums the gradients of all rows sharing a prompt into it."""
+        kv = []
+        x = self.transformer.wte(prompts.prefix_ids) + self.transformer.wpe(prompts.prefix_pos)
+        x = dropout(x, self.config.dropout, self.training)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, layer=layer, record=kv)
+        x = dropout(self.transformer.wte(idx) + self.transformer.wpe(prompts.pos), self.config.dropout, self.training)
+        for layer, block in enumerate(self.transformer.h):
+            k, v = kv[layer]
+            x = block(x, prompts.attn_mask, layer=layer, prefix=(k.index_select(0, prompts.rows),
+                                                                  v.index_select(0, prompts.rows)))
+        return self.transformer.ln_f(x)
+
+    def forward(self, idx, pos=None, attn_mask=None, cache=None, prompts=None):
+        return self.lm_head(self.hidden(idx, pos, attn_mask, cache, prompts))
 
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
@@ -293,10 +318,55 @@ def token_logprobs(logits, targets, temperature=1.0):
     return -F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
 
 
-def sequence_logprobs(model, ids, temperature=1.0):
+def sequence_logprobs(model, ids, temperature=1.0, prompt_lens=None):
     """Per-token log-probs of ids[:, 1:] given their prefixes: (B, T-1). Right padding is harmless
-    (causal attention never looks ahead); the caller masks padded and prompt positions."""
-    return token_logprobs(model(ids[:, :-1]), ids[:, 1:], temperature)
+    (causal attention never looks ahead); the caller masks padded and prompt positions. With
+    prompt_lens (B,), rows that share a prompt run it once (SharedPrompts): the same log-probs from
+    the last prompt token on, 0 before it."""
+    if prompt_lens is None:
+        return token_logprobs(model(ids[:, :-1]), ids[:, 1:], temperature)
+    shared = SharedPrompts(ids, prompt_lens)
+    return shared.to_rows(token_logprobs(model(shared.inputs, prompts=shared), shared.targets, temperature))
+
+
+class SharedPrompts:
+    """Rows of prompt + continuation laid out so that each distinct prompt runs once: GRPO's G
+    responses of a prompt, a DPO pair's two answers. model(shared.inputs, prompts=shared) gives the
+    logits of shared.targets; to_rows / from_rows move per-token values between this layout (N, S)
+    and the rows' (N, T-1), aligned with ids[:, 1:] as in sequence_logprobs.
+
+    ids (N, T) right-padded rows, prompt_lens (N,) each row's prompt length L ≥ 1. A row's prefix is
+    its prompt without the last token, ids[:L-1]; rows with equal prefixes share one, found by
+    torch.unique over the rows. The continuation input is ids[L-1 : T-1], left-aligned and
+    right-padded to S = T − min L columns, at positions L-1, L, ...: it starts with the last prompt
+    token, so every response token, the first one too, is predicted inside the continuation, whose
+    keys are the prefix's (masked to its length) and its own (causal)."""
+
+    def __init__(self, ids, prompt_lens):
+        N, T = ids.shape
+        device = ids.device
+        start = prompt_lens.to(device=device, dtype=torch.long) - 1  # (N,) column of the last prompt token
+        P = max(int(start.max()), 1)  # prefix columns (one masked column if every prompt is a single token)
+        keyed = torch.where(torch.arange(P, device=device) < start[:, None], ids[:, :P], -1)
+        unique, self.rows = torch.unique(keyed, dim=0, return_inverse=True)  # rows: (N,) its prefix's row
+        self.prefix_ids, self.prefix_pos = unique.clamp(min=0), torch.arange(P, device=device)[None]
+        S = T - 1 - int(start.min())
+        self.start, self.width = start, T - 1
+        src = (start[:, None] + torch.arange(S, device=device)).clamp(max=T - 2)  # (N, S) column of each input
+        self.inputs, self.targets, self.pos = ids.gather(1, src), ids.gather(1, src + 1), src
+        causal = torch.ones(S, S, dtype=torch.bool, device=device).tril()
+        prefix_valid = (unique >= 0)[self.rows]  # (N, P)
+        self.attn_mask = torch.cat([prefix_valid[:, None, :].expand(N, S, P), causal.expand(N, S, S)], 2)[:, None]
+
+    def to_rows(self, x):
+        """(N, S) values of the continuation -> (N, T-1) aligned with ids[:, 1:], 0 before the last prompt token."""
+        col = torch.arange(self.width, device=x.device) - self.start[:, None]  # (N, T-1) continuation column
+        return torch.where(col >= 0, x.gather(1, col.clamp(min=0)), 0.0)
+
+    def from_rows(self, x):
+        """(N, T-1) values aligned with ids[:, 1:] -> (N, S) on the continuation, 0 on its padding."""
+        col = self.start[:, None] + torch.arange(self.inputs.size(1), device=x.device)
+        return torch.where(col < self.width, x.gather(1, col.clamp(max=self.width - 1)), 0)
 
 
 def kl_estimate(logprobs, ref_logprobs, estimator="k1"):

@@ -18,8 +18,9 @@ SPEC §3 "Reward model", "DPO"; M14 §3–5.
   or a one-message list [{"role": "assistant", "content": ...}]. The last rows (a tenth of the
   file, at least 2, at most heldout_prompts) are held out.
 
-An example is a dict: prompt ids, two responses and a label. Pairs: responses (chosen, rejected),
-label 1. Single examples (KTO): responses (its own completion, a mismatched completion of another
+An example is a dict: prompt ids, two responses with their loss masks and a label (a response's
+mask is 0 on tool results, which are context, never a target, and 1 elsewhere). Pairs: responses
+(chosen, rejected), label 1. Single examples (KTO): responses (its own completion, a mismatched completion of another
 prompt, for KTO's KL reference point), label 1 = desirable, 0 = undesirable.
 """
 
@@ -80,27 +81,27 @@ def encode_row(run, row):
     row = {k: v for k, v in row.items() if v is not None}  # datasets fills absent columns with None
     prompt = _prompt_ids(run, row)
     if "completion" in row or "label" in row:  # KTO's single labelled example
-        completion = run.tok.response_ids(_response_text(row, "completion"))
+        completion, mask = run.tok.assistant_ids(_response_text(row, "completion"))
         label = C.require(row, "label", bool)
         _check_length(run, prompt, completion, "completion")
-        return "single", dict(prompt=prompt, responses=(completion, None), label=float(label))
+        return "single", dict(prompt=prompt, responses=(completion, None), masks=(mask, None), label=float(label))
     chosen_text, rejected_text = _response_text(row, "chosen"), _response_text(row, "rejected")
     if chosen_text == rejected_text:
         raise C.RowError("rejected", "identical to chosen")
-    chosen, rejected = run.tok.response_ids(chosen_text), run.tok.response_ids(rejected_text)
+    (chosen, chosen_mask), (rejected, rejected_mask) = map(run.tok.assistant_ids, (chosen_text, rejected_text))
     _check_length(run, prompt, chosen, "chosen")
     _check_length(run, prompt, rejected, "rejected")
-    return "pair", dict(prompt=prompt, responses=(chosen, rejected), label=1.0)
+    return "pair", dict(prompt=prompt, responses=(chosen, rejected), masks=(chosen_mask, rejected_mask), label=1.0)
 
 
 # ----------------------------------------------------------------------------------------------
 # Built from the environment
 
 def padded_answer(demonstration, rng, n_fillers=2):
-    """The same worked answer with filler sentences around the steps: longer, equally correct."""
-    body, answer = demonstration.rsplit(" Answer:", 1)
+    """The same answer with filler sentences around the steps (if any): longer, equally correct."""
+    body, answer = demonstration.rsplit("Answer:", 1)
     fillers = rng.sample(FILLER, n_fillers)
-    return " ".join(fillers[:1] + [body] + fillers[1:]) + " Answer:" + answer
+    return " ".join(fillers[:1] + [body.strip()] * bool(body.strip()) + fillers[1:]) + " Answer:" + answer
 
 
 def builtin_pairs(run, sampler, split, n_prompts, seed):
@@ -113,22 +114,24 @@ def builtin_pairs(run, sampler, split, n_prompts, seed):
     k = cfg["samples_per_prompt"]
     samples = [[]] * len(problems)
     if cfg["pairs"] in ("verifier", "both"):
-        tokens = C.generate(run, sampler, [p for p in prompts for _ in range(k)],
-                            temperature=cfg["pair_temperature"], seed=seed)[0]
-        samples = [tokens[i * k:(i + 1) * k] for i in range(len(problems))]
+        tokens, _, forced = C.generate(run, sampler, [p for p in prompts for _ in range(k)],
+                                       temperature=cfg["pair_temperature"], seed=seed)
+        answers = [(t, [1 - f for f in tool]) for t, tool in zip(tokens, forced)]  # (ids, loss mask)
+        samples = [answers[i * k:(i + 1) * k] for i in range(len(problems))]
     rng = random.Random(seed)
     pairs, counts = [], dict(verifier=0, demo_chosen=0, all_correct=0, style=0, too_long=0)
     for problem, prompt, answers in zip(problems, prompts, samples):
         demo = env.solve(problem)
         if cfg["pairs"] in ("verifier", "both"):
-            verdicts = [env.verify(problem, C.response_text(run, a)) for a in answers]
+            verdicts = [env.verify(problem, C.response_text(run, ids)) for ids, _ in answers]
             correct = [a for a, v in zip(answers, verdicts) if v == 1.0]
             wrong = [a for a, v in zip(answers, verdicts) if v == 0.0]
-            chosen = correct[0] if correct else tok.response_ids(demo)
-            if wrong and len(prompt) + len(chosen) > cfg["block_size"]:
+            chosen = correct[0] if correct else tok.assistant_ids(demo)
+            if wrong and len(prompt) + len(chosen[0]) > cfg["block_size"]:
                 counts["too_long"] += 1  # (sampled answers always fit; a demonstration may not)
             elif wrong:
-                pairs.append(dict(prompt=prompt, responses=(chosen, wrong[0]), label=1.0))
+                pairs.append(dict(prompt=prompt, responses=(chosen[0], wrong[0][0]), masks=(chosen[1], wrong[0][1]),
+                                  label=1.0))
                 counts["verifier"] += 1
                 counts["demo_chosen"] += not correct
             else:
@@ -136,10 +139,11 @@ def builtin_pairs(run, sampler, split, n_prompts, seed):
         if cfg["pairs"] in ("style", "both"):
             for n_fillers in (2, 1):  # the longest padding that still fits block_size
                 padded = padded_answer(demo, rng, n_fillers)
-                rejected = tok.response_ids(padded)
+                (chosen, chosen_mask), (rejected, rejected_mask) = tok.assistant_ids(demo), tok.assistant_ids(padded)
                 if len(prompt) + len(rejected) <= cfg["block_size"]:
                     assert env.verify(problem, padded) == 1.0, padded
-                    pairs.append(dict(prompt=prompt, responses=(tok.response_ids(demo), rejected), label=1.0))
+                    pairs.append(dict(prompt=prompt, responses=(chosen, rejected), masks=(chosen_mask, rejected_mask),
+                                      label=1.0))
                     counts["style"] += 1
                     break
             else:
@@ -152,7 +156,7 @@ def builtin_pairs(run, sampler, split, n_prompts, seed):
 
 def to_singles(pairs):
     """KTO from pairs: the chosen answer is a desirable example, the rejected one undesirable."""
-    return [dict(prompt=p["prompt"], responses=(p["responses"][j], None), label=1.0 - j)
+    return [dict(prompt=p["prompt"], responses=(p["responses"][j], None), masks=(p["masks"][j], None), label=1.0 - j)
             for p in pairs for j in (0, 1)]
 
 
@@ -162,10 +166,10 @@ def add_mismatched(run, singles):
     n = len(singles)
     for i, ex in enumerate(singles):
         for shift in range(1, n):
-            other = singles[(i + shift) % n]["responses"][0]
-            if singles[(i + shift) % n]["prompt"] != ex["prompt"] and \
-                    len(ex["prompt"]) + len(other) <= run.cfg["block_size"]:
-                ex["responses"] = (ex["responses"][0], other)
+            other = singles[(i + shift) % n]
+            if other["prompt"] != ex["prompt"] and len(ex["prompt"]) + len(other["responses"][0]) <= run.cfg["block_size"]:
+                ex["responses"] = (ex["responses"][0], other["responses"][0])
+                ex["masks"] = (ex["masks"][0], other["masks"][0])
                 break
         else:
             raise ValueError("KTO needs examples of at least two different prompts (for its mismatched-pair KL)")
@@ -219,12 +223,14 @@ def describe(run, ex, single):
 def collate(run, examples):
     """Both responses of every example in one batch, so one forward scores them: rows
     [prompt + responses[0] for each example] + [prompt + responses[1] for each example].
-    Returns ids (2B, T), mask (2B, T-1) aligned with ids[:, 1:] (1 on response tokens), label (B,)
-    and, when the examples carry cached reference log-probs, ref (B, 2)."""
-    rows = [(ex["prompt"] + ex["responses"][j], [0] * len(ex["prompt"]) + [1] * len(ex["responses"][j]))
+    Returns ids (2B, T), mask (2B, T-1) aligned with ids[:, 1:] (1 on response tokens the model
+    wrote, 0 on the prompt, tool results and padding), prompt_lens (2B,), label (B,) and, when the
+    examples carry cached reference log-probs, ref (B, 2)."""
+    rows = [(ex["prompt"] + ex["responses"][j], [0] * len(ex["prompt"]) + ex["masks"][j])
             for j in (0, 1) for ex in examples]
     ids, mask = C.collate(rows, run.tok.pad, run.device)
-    batch = dict(ids=ids, mask=mask[:, 1:], label=torch.tensor([ex["label"] for ex in examples], device=run.device))
+    batch = dict(ids=ids, mask=mask[:, 1:], label=torch.tensor([ex["label"] for ex in examples], device=run.device),
+                 prompt_lens=torch.tensor([len(ex["prompt"]) for _ in (0, 1) for ex in examples], device=run.device))
     if "ref" in examples[0]:
         batch["ref"] = torch.tensor([ex["ref"] for ex in examples], dtype=torch.float32, device=run.device)
     return batch

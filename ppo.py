@@ -96,6 +96,7 @@ defaults = dict(
 )
 
 defaults.update(C.REWARD_KEYS)  # reward_mode and RLVP's β, λ, μ: one definition for grpo.py and ppo.py
+defaults.update(C.BEST_OF_N_KEYS)  # the Best-of-N figure every evaluation logs
 
 
 # ----------------------------------------------------------------------------------------------
@@ -393,7 +394,7 @@ def loss(run, model, batch):
 def evaluate(run, it):
     """Greedy exact-match accuracy of the policy on held-out and OOD problems (the true task metric,
     whatever the training reward), and on held-out answers sampled at the training temperature their
-    accuracy and the KL to π_ref."""
+    accuracy, the KL to π_ref and Best-of-N by the verifier."""
     metrics = {}
     for split in ("heldout", "ood"):
         m, transcripts = C.env_accuracy(run, run.raw_model.policy, split, run.cfg["eval_problems"])
@@ -401,6 +402,9 @@ def evaluate(run, it):
         C.write_samples(run, it, transcripts)
     sampled = C.sampled_reference_kl(run, run.raw_model.policy, run.ref_model, run.cfg["temperature"])
     metrics.update(heldout_kl_ref=sampled["kl_ref"], heldout_sampled_acc=sampled["sampled_acc"])
+    if run.cfg["eval_best_of_n"] >= 1:  # the upper-bound estimate beside the result (C.BEST_OF_N_KEYS)
+        metrics.update(C.best_of_n(run, run.raw_model.policy, "heldout", C.best_of_n_problems(run.cfg),
+                                   run.cfg["eval_best_of_n"], temperature=run.cfg["temperature"]))
     return metrics
 
 

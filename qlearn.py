@@ -1,29 +1,14 @@
 """
-The treasure hunt and a tabular Q-learning agent: the classical RL baseline of the chapter.
+Tabular Q-learning on the treasure hunt: the classical RL baseline of the chapter.
 SPEC §3 "Q-learning", §4 (the treasure-hunt game); Ch7 Exp 7-1.
 
     python qlearn.py                      # 10,000 episodes; prints episodes to first win, to a winning
     python qlearn.py --episodes=2000      #   greedy policy and to an optimal one, Q-table size, wall time
 
-The game (deterministic, sparse reward): six rooms. A red key lies in the hall, a sword in the
-armory; the red door from the armory opens the forge, where ore lies and the sword can be crafted
-into a great sword. Only the great sword beats the guardian of the lair (fighting it with less is
-death: the episode ends with reward 0); the beaten guardian drops the blue key of the vault, whose
-chest is the treasure: reward 1 for opening it, 0 for everything else. The library is a dead end.
-
-    hall ── armory ══red door══ forge
-     │  ╲                         │
-  library  ╲──── lair ────────────┘
-                  ║ blue door
-                vault (chest)
-
-The shortest win is 11 actions (take key, go armory, take sword, go forge, take ore, craft, go
-lair, fight, take key, go vault, open chest); `shortest_solution` proves it by breadth-first search
-over every reachable state, and the tests check it.
-
-The game is written as text in, text out, so that it can become a multi-turn environment for a
-language-model agent unchanged: `describe(state)` is the observation a player reads, ACTIONS are
-the commands it may write, and `step(state, action) -> (state, reward, done, observation_text)`.
+The game, the treasure hunt, lives in envs.py (ROOMS, step, shortest_solution), where the
+language-model agent plays it too (--env=treasure): six rooms, keys and doors, a sword to craft into
+a great sword, a guardian that only the great sword beats, a chest worth reward 1; everything else
+is worth 0. The shortest win is 11 actions, proved by breadth-first search.
 
 Q-learning (Watkins), for the transition s --a--> s' with reward r:
 
@@ -34,105 +19,13 @@ so the greedy policy prefers the shortest win. Behaviour is ε-greedy: a random 
 probability ε, else the best one (ties broken at random, so an all-zero table explores).
 """
 
-import collections
 import random
 import sys
 import time
 
-ROOMS = ("hall", "armory", "library", "forge", "lair", "vault")
-EXITS = {"hall": ("armory", "library", "lair"), "armory": ("hall", "forge"), "library": ("hall",),
-         "forge": ("armory", "lair"), "lair": ("hall", "forge", "vault"), "vault": ("lair",)}
-DOORS = {frozenset(("armory", "forge")): "red_key", frozenset(("lair", "vault")): "blue_key"}  # key needed
-ITEMS = {"hall": "red_key", "armory": "sword", "forge": "ore"}  # the lair's blue key appears when the guardian falls
-ACTIONS = tuple(f"go {room}" for room in ROOMS) + ("take", "craft", "fight", "open chest")
-WEAPONS = ("no weapon", "a sword", "a great sword")
+from envs import START, actions, shortest_solution, step
 
-
-# A state is immutable and hashable (a Q-table key): where the player is, what it carries, what is done.
-State = collections.namedtuple("State", "room red_key weapon ore guardian_down blue_key")
-START = State(room="hall", red_key=False, weapon=0, ore=False, guardian_down=False, blue_key=False)
-
-
-def item_here(state):
-    """The item lying in the player's room, or None (taken items are in the inventory)."""
-    if state.room == "lair":
-        return "blue_key" if state.guardian_down and not state.blue_key else None
-    item = ITEMS.get(state.room)
-    taken = {None: True, "red_key": state.red_key, "sword": state.weapon > 0, "ore": state.ore or state.weapon == 2}
-    return None if taken[item] else item
-
-
-def describe(state):
-    """The observation text a player reads in `state`."""
-    carried = [name.replace("_", " ") for name in ("red_key", "ore", "blue_key") if getattr(state, name)]
-    item = item_here(state)
-    lines = [f"You are in the {state.room}. Exits: {', '.join(EXITS[state.room])}.",
-             f"You carry {WEAPONS[state.weapon]}" + "".join(f", a {c}" for c in carried) + "."]
-    if item:
-        lines.append(f"There is a {item.replace('_', ' ')} here.")
-    if state.room == "lair" and not state.guardian_down:
-        lines.append("A guardian blocks the way to the vault.")
-    if state.room == "vault":
-        lines.append("A chest stands in the middle of the room.")
-    return " ".join(lines)
-
-
-def step(state, action):
-    """(next state, reward, done, observation text). An action that cannot be done here changes
-    nothing (the turn is spent); fighting the guardian without the great sword ends the game."""
-    if action.startswith("go "):
-        room = action[3:]
-        if room not in EXITS[state.room]:
-            return state, 0.0, False, f"You cannot go to the {room} from here. " + describe(state)
-        key = DOORS.get(frozenset((state.room, room)))
-        if key and not getattr(state, key):
-            return state, 0.0, False, f"The door is locked: it needs the {key.replace('_', ' ')}. " + describe(state)
-        state = state._replace(room=room)
-        return state, 0.0, False, describe(state)
-    if action == "take":
-        item = item_here(state)
-        if item is None:
-            return state, 0.0, False, "There is nothing to take. " + describe(state)
-        state = state._replace(weapon=1) if item == "sword" else state._replace(**{item: True})
-        return state, 0.0, False, f"You take the {item.replace('_', ' ')}. " + describe(state)
-    if action == "craft":
-        if state.room != "forge" or state.weapon != 1 or not state.ore:
-            return state, 0.0, False, "You need the sword and the ore at the forge to craft. " + describe(state)
-        state = state._replace(weapon=2, ore=False)
-        return state, 0.0, False, "You forge a great sword. " + describe(state)
-    if action == "fight":
-        if state.room != "lair" or state.guardian_down:
-            return state, 0.0, False, "There is nothing to fight here. " + describe(state)
-        if state.weapon < 2:
-            return state, 0.0, True, f"You attack the guardian with {WEAPONS[state.weapon]} and fall. Game over."
-        state = state._replace(guardian_down=True)
-        return state, 0.0, False, "The guardian falls and drops a blue key. " + describe(state)
-    if action == "open chest":
-        if state.room != "vault":
-            return state, 0.0, False, "There is no chest here. " + describe(state)
-        return state, 1.0, True, "You open the chest: the treasure is yours. You win!"
-    raise ValueError(f"unknown action {action!r}; choose from {ACTIONS}")
-
-
-def shortest_solution(start=START):
-    """The shortest winning action sequence, by breadth-first search over every reachable state
-    (so its length is the optimum: no shorter win exists)."""
-    parent = {start: None}
-    queue = collections.deque([start])
-    while queue:
-        state = queue.popleft()
-        for action in ACTIONS:
-            nxt, reward, done, _ = step(state, action)
-            if reward > 0:  # the first win found by BFS is a shortest one
-                path = [action]
-                while parent[state] is not None:
-                    state, previous_action = parent[state]
-                    path.append(previous_action)
-                return path[::-1]
-            if not done and nxt not in parent:
-                parent[nxt] = (state, action)
-                queue.append(nxt)
-    return None
+ACTIONS = actions()  # the commands, rooms called by their role: Q-table column a is ACTIONS[a]
 
 
 # ----------------------------------------------------------------------------------------------

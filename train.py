@@ -56,6 +56,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common as C
+from envs import ENVS
 from model import GPT, apply_lora, count_parameters
 from tokenizer import Tokenizer
 
@@ -82,7 +83,7 @@ DEFAULTS = dict(
     # evaluation and logging
     eval_interval=100, eval_problems=200, eval_batch_size=100, log_interval=10,
     max_new_tokens=64,          # response length limit for sampling (evaluation and rollouts)
-    max_tool_calls=6,           # tool environments (--env=calculator): calls run per response; later ones get an error back
+    max_tool_calls=6,           # tool environments (--env=calculator, treasure): calls run per response; later ones get an error back
     checkpoint=True, plot=True,  # checkpoint / metrics.png at every eval and at the end
     seed=1337, device="auto",
     compile=False,              # torch.compile the training forward and backward (sampling stays eager)
@@ -146,6 +147,8 @@ def make_config(overrides):
         if key in DEFAULTS:
             _coerce(f"{module.__name__}.defaults[{key!r}]", value, DEFAULTS[key])
         defaults[key] = value
+    # an environment may change common defaults too (the treasure hunt's long transcripts need a longer block_size)
+    defaults.update(getattr(ENVS.get(overrides.get("env", defaults["env"])), "train_defaults", {}))
     cfg = dict(defaults)
     for key, value in overrides.items():
         if key not in defaults:

@@ -76,7 +76,7 @@ def test_sequence_logprob_counts_response_tokens_only(tiny):
     model = run.raw_model
     examples = run.train_examples[:3]
     batch = pairs.collate(run, examples)
-    (lp_w, lp_l), (len_w, len_l) = dpo.sequence_sums(model, batch)
+    (lp_w, lp_l), (len_w, len_l) = dpo.sequence_sums(run, model, batch)
     for i, ex in enumerate(examples):  # each row alone, no padding: sum log π(response token | prefix)
         for j, total in ((0, lp_w), (1, lp_l)):
             ids = torch.tensor([ex["prompt"] + ex["responses"][j]])
@@ -87,13 +87,38 @@ def test_sequence_logprob_counts_response_tokens_only(tiny):
     # padding ids are irrelevant: replace them and nothing changes
     changed = dict(batch, ids=batch["ids"].masked_fill(batch["ids"] == run.tok.pad, 7))
     assert (changed["ids"] != batch["ids"]).any()
-    (lp_w2, lp_l2), _ = dpo.sequence_sums(model, changed)
+    (lp_w2, lp_l2), _ = dpo.sequence_sums(run, model, changed)
     assert torch.allclose(lp_w2, lp_w, atol=1e-6) and torch.allclose(lp_l2, lp_l, atol=1e-6)
     # prompt-token targets and padding get no gradient: ∂(Σ m·log p)/∂logits is zero outside responses
     logits = model(batch["ids"][:, :-1]).detach().requires_grad_()
     (token_logprobs(logits, batch["ids"][:, 1:]) * batch["mask"]).sum().backward()
     touched = logits.grad.abs().sum(-1) > 0
     assert torch.equal(touched, batch["mask"] > 0)
+
+
+@pytest.mark.parametrize("loss", ["dpo", "kto"])
+def test_shared_prompts_give_the_same_loss_and_gradients(tiny, loss):
+    """share_prompt runs each example's prompt once for its two rows: the same loss, metrics and
+    gradient of every parameter as one full row each, on ragged prompts with padding (the policy
+    moved off the reference first, so that the loss has a gradient beyond its value at z = 0)."""
+    run = T.train(dpo_config(tiny, max_iters=0, loss=loss, pairs="style", train_prompts=8, heldout_prompts=2))
+    batch = pairs.collate(run, run.train_examples[:6])
+    assert len(set(batch["prompt_lens"].tolist())) > 1 and (batch["ids"] == run.tok.pad).any()
+    with torch.no_grad():
+        for p in run.raw_model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.02)
+    params = [p for p in run.raw_model.parameters() if p.requires_grad]
+    results = []
+    for share in (False, True):
+        run.cfg = dict(run.cfg, share_prompt=share)
+        loss_sum, count, metrics = dpo.loss(run, run.raw_model, batch)
+        results.append((float(loss_sum.detach()), count, metrics, torch.autograd.grad(loss_sum, params)))
+    (full, n_full, m_full, g_full), (shared, n_shared, m_shared, g_shared) = results
+    assert n_full == n_shared and shared == pytest.approx(full, rel=1e-5)
+    assert all(m_shared[k] == pytest.approx(v, rel=1e-4, abs=1e-5) for k, v in m_full.items())
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(g_full, g_shared))
+    position_0 = g_shared[[p is run.raw_model.transformer.wpe.weight for p in params].index(True)][0]
+    assert position_0.abs().sum() > 0  # a prompt-only position: its gradient came through the shared keys and values
 
 
 def test_reference_cache_equals_recomputed_and_key_tracks_the_reference(tiny):
@@ -140,7 +165,7 @@ def test_each_loss_orders_a_toy_pair(tiny, tmp_path, loss):
     run = T.train(dpo_config(tiny, data=path, loss=loss, max_iters=12, batch_size=2, learning_rate=3e-3))
     batch = pairs.collate(run, run.train_examples[:4])  # (both toy pairs, or KTO: their four answers)
     with torch.no_grad():
-        sums, lengths = dpo.sequence_sums(run.raw_model, batch)
+        sums, lengths = dpo.sequence_sums(run, run.raw_model, batch)
         z_ref = max(dpo.mismatched_kl(batch, sums)[0] / len(sums[0]), 0.0) if loss == "kto" else None
         _, reward_a, reward_b = dpo.preference_terms(run, batch, sums, lengths, z_ref)
     if loss == "kto":  # desirable examples rise above the reference, undesirable ones fall below it
@@ -179,8 +204,8 @@ def test_dpo_with_lora(tiny, tmp_path):
     loaded = C.load_model(run.cfg["out_dir"])  # merged: the same log-probs as the LoRA model
     batch = pairs.collate(run, run.train_examples)
     with torch.no_grad():
-        assert torch.allclose(torch.cat(dpo.sequence_sums(loaded, batch)[0]),
-                              torch.cat(dpo.sequence_sums(run.raw_model, batch)[0]), atol=1e-4)
+        assert torch.allclose(torch.cat(dpo.sequence_sums(run, loaded, batch)[0]),
+                              torch.cat(dpo.sequence_sums(run, run.raw_model, batch)[0]), atol=1e-4)
 
 
 def test_builtin_run_logs_env_and_kl(tiny):

@@ -1,6 +1,11 @@
-"""GeneralPoints: solver, verifier, rule variant, splits, demonstrations that fit the context."""
+"""GeneralPoints: solver, verifier, rule variant, splits, demonstrations that fit the context; the SFT vs
+RL experiment script at toy size."""
 
 import itertools
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -98,3 +103,20 @@ def test_demonstrations_worked_or_direct_and_env_knobs():
         make_env("generalpoints", digits=2, n_ops=3)
     with pytest.raises(ValueError, match="split"):
         GeneralPoints().problems("test", 1)
+
+
+def test_sft_vs_rl_experiment_runs_at_toy_size_with_sft_matched_to_rl_time(tmp_path):
+    """experiments/generalpoints.py --quick end to end: both arms from one SFT start, evaluated at
+    the start and the end, SFT given round(RL's training seconds / SFT's seconds per iteration)
+    iterations, the table and the plot written."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, os.path.join(root, "experiments", "generalpoints.py"), "--quick",
+                           f"--out={tmp_path}"], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.load(open(tmp_path / "results.json"))
+    rl, sft = results["arms"]["rl"], results["arms"]["sft"]
+    assert [p["iter"] for p in rl] == [0, 2] and rl[0]["ood_acc"] == sft[0]["ood_acc"]  # one start
+    times = [json.loads(line)["iter_time"] for line in open(tmp_path / "init" / "metrics.jsonl") if '"loss"' in line]
+    assert sft[-1]["iter"] == max(1, round(rl[-1]["seconds"] / (sum(times) / len(times))))
+    assert "| sft |" in (tmp_path / "generalpoints.md").read_text() and (tmp_path / "generalpoints.png").exists()

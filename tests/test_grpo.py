@@ -2,6 +2,7 @@
 degenerate groups, dynamic sampling, the KL term, the sampler/trainer traps, DDP, the recipes."""
 
 import contextlib
+import hashlib
 import itertools
 import json
 import math
@@ -264,11 +265,39 @@ def test_ratio_is_one_on_the_first_step_tokens_in_tokens_out(tmp_path):
         assert first_step_ratio_dev(run)[0] < 1e-5
 
 
+def test_shared_prompts_give_the_same_scores_loss_and_gradients(run):
+    """share_prompt: π_ref's scores, the loss, its figures and the gradient of every parameter equal
+    one full row per response, on a micro-batch of three groups with prompts of different lengths,
+    extra padding columns and off-policy π_old (so that some ratios are clipped)."""
+    with patched(run, kl="k3_loss", kl_coef=0.1):
+        mb = grpo.concat_rows([row for mbs in grpo.batches(run, 0) for row in mbs][:3], run.tok.pad)
+        full = sequence_logprobs(run.ref_model, mb["ids"]) * mb["mask"]
+        assert torch.allclose(grpo.score(run, run.ref_model, mb["ids"], mb["prompt_len"]) * mb["mask"], full, atol=1e-5)
+    assert len(set(mb["prompt_len"].tolist())) > 1
+    mb = dict(mb, ids=torch.cat([mb["ids"], torch.full((len(mb["ids"]), 3), run.tok.pad)], 1),
+              old_logprobs=mb["old_logprobs"] + 0.3 * torch.randn(mb["mask"].shape, generator=torch.Generator().manual_seed(0)),
+              advantages=torch.randn(len(mb["ids"]), generator=torch.Generator().manual_seed(1)))
+    for k in grpo.PER_TOKEN:
+        mb[k] = torch.cat([mb[k], torch.zeros(len(mb[k]), 3)], 1)
+    params = [p for p in run.raw_model.parameters() if p.requires_grad]
+    results = []
+    for share in (False, True):
+        with patched(run, kl="k3_loss", kl_coef=0.1, share_prompt=share):
+            loss_sum, count, metrics = grpo.loss(run, run.model, mb)
+        results.append((float(loss_sum.detach()), int(count), metrics, torch.autograd.grad(loss_sum, params)))
+    (full, n_full, m_full, g_full), (shared, n_shared, m_shared, g_shared) = results
+    assert m_full["clip_frac"] > 0 and n_shared == n_full and shared == pytest.approx(full, rel=1e-5)
+    assert all(m_shared[k] == pytest.approx(v, rel=1e-4, abs=1e-6) for k, v in m_full.items())
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(g_full, g_shared))
+    position_0 = g_shared[[p is run.raw_model.transformer.wpe.weight for p in params].index(True)][0]
+    assert position_0.abs().sum() > 0  # a prompt-only position: its gradient came through the shared keys and values
+
+
 def test_degenerate_groups_drop_or_zeros(run):
     """drop: a degenerate group's rows are masked out of every sum and count (the loss equals the loss
     without them); zeros: they stay in the count with A = 0."""
     with patched(run, some_degenerate_reward, on_degenerate="drop"):
-        batch, counts = grpo.rollout_shard(run, 7, 0)
+        batch, counts = grpo.rollout_shard(run, run.raw_model, 7, 0)
     G = run.cfg["group_size"]
     degenerate = grpo.degenerate_groups(batch["reward"].view(-1, G)).repeat_interleave(G)
     assert 0 < degenerate.sum() < len(degenerate)
@@ -282,28 +311,28 @@ def test_degenerate_groups_drop_or_zeros(run):
         (s_all, n_all, _), (s_kept, n_kept, _) = surrogate(batch, cfg), surrogate(kept, cfg)
         assert int(n_all) == int(n_kept) and float(s_all) == pytest.approx(float(s_kept), abs=1e-6)
     with patched(run, some_degenerate_reward, on_degenerate="zeros"):
-        zeros, _ = grpo.rollout_shard(run, 7, 0)
+        zeros, _ = grpo.rollout_shard(run, run.raw_model, 7, 0)
     degenerate = grpo.degenerate_groups(zeros["reward"].view(-1, G)).repeat_interleave(G)
     assert torch.equal(zeros["keep"], torch.ones(len(degenerate)))
     assert torch.equal(zeros["advantages"][degenerate], torch.zeros(int(degenerate.sum())))
     n_zeros = grpo.aggregate(zeros["mask"], zeros["mask"], "seq_mean_token_mean", 16)[1]
     assert int(n_zeros) == len(degenerate)  # every response counts, degenerate ones included
     with patched(run, some_degenerate_reward, on_degenerate="raise"), pytest.raises(ValueError, match="raise"):
-        grpo.rollout_shard(run, 7, 0)
+        grpo.rollout_shard(run, run.raw_model, 7, 0)
 
 
 def test_dynamic_sampling_refills_and_never_trains_on_degenerate_groups(run):
     rare = lambda p, text: coin_reward(p, text) if p["start"] % 4 == 0 else 0.0  # most groups all-wrong
     G, n = run.cfg["group_size"], run.cfg["prompts_per_iter"]
     with patched(run, rare, on_degenerate="drop", dynamic_sampling_rounds=6):
-        batch, counts = grpo.rollout_shard(run, 11, 0)
+        batch, counts = grpo.rollout_shard(run, run.raw_model, 11, 0)
         steps = list(grpo.batches(run, 11))
     kept = batch["keep"] > 0
     assert kept.any() and counts["extra_rollouts"] > 0 and counts["extra_rollouts"] % (n * G) == 0
     assert not grpo.degenerate_groups(batch["reward"][kept].view(-1, G)).any()
     assert run.stats["extra_rollouts"] == counts["extra_rollouts"]
     with patched(run, lambda p, text: 1.0, on_degenerate="drop", dynamic_sampling_rounds=3):
-        solved, counts = grpo.rollout_shard(run, 11, 0)
+        solved, counts = grpo.rollout_shard(run, run.raw_model, 11, 0)
         solved_steps = list(grpo.batches(run, 11))
     assert counts["extra_rollouts"] == 3 * n * G and not (solved["keep"] > 0).any()
     assert float(solved["mask"].sum()) == 0.0  # nothing to learn from, and nothing learnt from it
@@ -394,11 +423,14 @@ def train_and_report(overrides):
     return shapes, {k: v.detach().numpy().copy() for k, v in run.raw_model.state_dict().items()}
 
 
-def test_ddp_two_ranks_equal_one_process_on_the_same_global_batch(tmp_path):
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_ddp_two_ranks_equal_one_process_on_the_same_global_batch(tmp_path, staleness):
     """Each rank samples one shard of 2 prompts; one process samples both shards: the same global
-    batch, then 2 epochs x 2 minibatches with uneven micro-batches (3 + 1 per rank, 3 + 3 + 2 alone)."""
-    (shapes0, w0), (shapes1, w1) = run_ddp(train_and_report, dict(DDP_RUN, out_dir=str(tmp_path / "ddp")))
-    single_shapes, single = train_and_report(dict(DDP_RUN, out_dir=str(tmp_path / "one")))
+    batch, then 2 epochs x 2 minibatches with uneven micro-batches (3 + 1 per rank, 3 + 3 + 2 alone).
+    With staleness=1 each rank's sampler thread runs beside the update's all-reduces."""
+    cfg = dict(DDP_RUN, staleness=staleness)
+    (shapes0, w0), (shapes1, w1) = run_ddp(train_and_report, dict(cfg, out_dir=str(tmp_path / "ddp")))
+    single_shapes, single = train_and_report(dict(cfg, out_dir=str(tmp_path / "one")))
     assert shapes0 == shapes1 == [[2, 2, 2, 2]] * 2 and single_shapes == [[3, 3, 3, 3]] * 2
     assert all((w0[k] == w1[k]).all() for k in w0)
     cfg = T.make_config(DDP_RUN)
@@ -407,6 +439,89 @@ def test_ddp_two_ranks_equal_one_process_on_the_same_global_batch(tmp_path):
     # equal up to rounding: the two summation orders differ in the last bits, and Adam's normalisation
     # turns that into ~1e-6 steps at lr 1e-3 (most on the attention key bias, whose true gradient is 0)
     assert all(torch.allclose(torch.from_numpy(w0[k]), torch.from_numpy(single[k]), atol=1e-5) for k in w0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Staleness: one-step-off rollouts
+
+def weights_hash(model):
+    h = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        h.update(tensor.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError("staleness=0 must not reach the one-step-off machinery")
+
+
+# The synchronous loop before staleness and shared prompts existed (commit 802fc68) on the config of
+# the test below: its per-iteration losses and the sum of squares of its final weights
+BASE_LOSSES = [0.00044630467891693115, -0.00028141481379861943, 0.001088026911020279]
+BASE_SUMSQ = 176.6546686754634
+
+
+def test_staleness_0_is_the_synchronous_loop(tmp_path, monkeypatch):
+    """staleness=0 with share_prompt=False never reaches the one-step-off code and trains as the loop
+    did before it existed. The weights were bit-identical to commit 802fc68's on the machine that
+    recorded the figures; they are compared within rounding, as another CPU may round differently,
+    which is still far tighter than any change of which rollouts train which weights."""
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
+    monkeypatch.setattr(grpo, "one_step_off_rollouts", refuse)
+    monkeypatch.setattr(grpo, "ThreadPoolExecutor", refuse)
+    run = T.train(dict(TINY, **SMALL, max_iters=3, learning_rate=1e-3, minibatches=2, share_prompt=False,
+                       out_dir=str(tmp_path / "sync")))
+    rows = [json.loads(line) for line in open(tmp_path / "sync" / "metrics.jsonl")]
+    assert [r["loss"] for r in rows if "loss" in r] == pytest.approx(BASE_LOSSES, rel=1e-4)
+    sumsq = sum(float((v.double() ** 2).sum()) for v in run.raw_model.state_dict().values())
+    assert sumsq == pytest.approx(BASE_SUMSQ, rel=1e-7, abs=0)  # a changed rollout or step moves it by ~1e-4
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_rollouts_of_each_iteration_come_from_the_right_weights(staleness, tmp_path, monkeypatch):
+    """A hash of the sampling weights, taken with every rollout shard, against the trained weights at
+    the start of each iteration: staleness=0 samples iteration k with the weights of k; staleness=1
+    samples k + 1 with those of k (during k's update) and the first iteration with its own. The loss
+    then sees ρ = π_θ/π_old ≠ 1 from the first step of every later iteration: π_old is the sampler's."""
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
+    at_start, sampled = {}, []
+    batches, rollout_shard = grpo.batches, grpo.rollout_shard
+
+    def recorded_batches(run, it):
+        at_start[it] = weights_hash(run.raw_model)
+        return batches(run, it)
+
+    def recorded_shard(run, model, it, shard):
+        sampled.append((it, weights_hash(model)))  # (list.append is atomic: the sampler thread may call it)
+        return rollout_shard(run, model, it, shard)
+
+    monkeypatch.setattr(grpo, "batches", recorded_batches)
+    monkeypatch.setattr(grpo, "rollout_shard", recorded_shard)
+    out = tmp_path / "run"
+    T.train(dict(TINY, **SMALL, max_iters=4, learning_rate=1e-3, staleness=staleness, out_dir=str(out)))
+    assert len(set(at_start.values())) == 4  # the weights moved at every update
+    sampler_iter = [0, 0, 1, 2] if staleness else [0, 1, 2, 3]
+    assert sorted(sampled) == sorted((it, at_start[k]) for it, k in enumerate(sampler_iter))
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl") if "loss" in line]
+    assert rows[0]["ratio_dev"] < 1e-4
+    assert all((r["ratio_dev"] > 1e-3) == bool(staleness) for r in rows[1:])
+    assert [r.get("staleness", 0) for r in rows] == [0] + [staleness] * 3
+
+
+def test_staleness_1_resumes_exactly_with_lora_and_enforces_its_bound(tmp_path, monkeypatch):
+    """The checkpoint holds the sampler's weights, so 2 iterations + resume to 4 equal 4 straight
+    (bit for bit); a rollout batch more than one update old is an error, and so is staleness=2."""
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
+    cfg = dict(TINY, **dict(SMALL, checkpoint=True), learning_rate=1e-3, staleness=1, lora_rank=2)
+    straight = T.train(dict(cfg, max_iters=4, out_dir=str(tmp_path / "straight")))
+    T.train(dict(cfg, max_iters=2, out_dir=str(tmp_path / "resumed")))
+    resumed = T.train(dict(algo="grpo", init_from="resume", max_iters=4, out_dir=str(tmp_path / "resumed")))
+    assert weights_hash(resumed.raw_model) == weights_hash(straight.raw_model)
+    resumed.sampler_iter = 2
+    with pytest.raises(RuntimeError, match="staleness 2 > 1"):
+        grpo.batches(resumed, 4)
+    with pytest.raises(ValueError, match="staleness=2"):
+        T.train(dict(cfg, staleness=2, max_iters=1, out_dir=str(tmp_path / "bad")))
 
 
 @pytest.mark.parametrize("recipe", ["grpo", "dapo", "dr_grpo", "rloo"])

@@ -17,8 +17,14 @@ TINY_LADDER = ladder.command_line(dict(TINY, max_iters=2)) + [
     "--rm.train_prompts=8", "--rm.heldout_prompts=4", "--rm.eval_interval=2",  # (an evaluation: its pair accuracy)
     "--dpo.train_prompts=8", "--dpo.heldout_prompts=4", "--ppo.prompts_pool=64", "--ppo.max_new_tokens=8",
     "--grpo.prompts_per_iter=4", "--grpo.group_size=2", "--grpo.max_new_tokens=8",
+    "--opd.prompts_per_iter=4", "--opd.max_new_tokens=8", "--opsd.prompts_per_iter=4", "--opsd.max_new_tokens=8",
+    "--calc_sft.train_problems=64", "--calc_sft.val_examples=8",
+    "--calc_grpo.prompts_per_iter=4", "--calc_grpo.group_size=2", "--calc_grpo.max_new_tokens=8",
     "--eval_n=8", "--eval_ood_n=4", "--eval_pass_n=4", "--eval_pass_k=2"]
-NAMES = [name for name, _, _ in ladder.STAGES]
+# every stage but rft, which refuses a policy that verifies nothing (as a 2-iteration tiny model is;
+# tests/test_rft.py runs it)
+NAMES = [name for name, _, _ in ladder.STAGES if name != "rft"]
+TINY_LADDER.append("--stages=" + ",".join(NAMES))
 
 
 def checkpoint_times(root):
@@ -68,6 +74,19 @@ def test_a_failing_stage_stops_the_ladder_and_keeps_the_others(ladder_root):
     assert not os.path.exists(os.path.join(ladder_root, "grpo", "ladder.json"))  # not done: rerun next time
     report = open(os.path.join(ladder_root, "report.md")).read()
     assert "| sft |" in report and "| grpo |" not in report
+
+
+def test_a_stage_needs_its_start_and_teacher(tmp_path):
+    """OPD distils the GRPO stage: asking for it without GRPO is an error before anything runs."""
+    root = str(tmp_path / "ladder")
+    with pytest.raises(ValueError, match="stage opd needs grpo, which has not run"):
+        ladder.main(TINY_LADDER + [f"--out_root={root}", "--stages=pretrain,sft,opd"])
+    with pytest.raises(ValueError, match="stage calc_grpo needs calc_sft, which has not run"):
+        ladder.main(TINY_LADDER + [f"--out_root={root}", "--stages=calc_grpo"])
+    assert not os.path.exists(os.path.join(root, "pretrain"))
+    assert ladder.kl_reference("calc_grpo") == "calc_sft" and ladder.kl_reference("opd") == "sft"
+    assert ladder.stage_arguments(root, "opd", dict(teacher="{out_root}/grpo"), "sft", {}, {})["teacher"] == \
+        os.path.join(root, "grpo")
 
 
 def test_missing_start_checkpoint_names_the_command(tmp_path):

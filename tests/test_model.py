@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from model import (GPT, GPTConfig, ScalarHeadGPT, _filter_logits, apply_lora, count_parameters, entropy_from_logits,
-                   masked_entropy_sum, merge_lora, sample, sequence_logprobs)
+from model import (GPT, GPTConfig, ScalarHeadGPT, SharedPrompts, _filter_logits, apply_lora, count_parameters,
+                   entropy_from_logits, masked_entropy_sum, merge_lora, sample, sequence_logprobs)
 
 CFG = GPTConfig(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32)
 RAGGED = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
@@ -65,6 +65,50 @@ def test_sampler_logprobs_equal_training_forward(model, temperature, top_k, top_
     for prompt, toks, lps in zip(RAGGED, tokens, logprobs):
         lp = sequence_logprobs(model, torch.tensor([prompt + toks]), temperature)[0, len(prompt) - 1:]
         torch.testing.assert_close(lp, torch.tensor(lps), atol=1e-5, rtol=0)
+
+
+def shared_prompt_rows():
+    """Right-padded rows of ragged prompts and responses: three rows share the prefix [1, 2, 3, 4] (one
+    with another last prompt token), two share [6], one prompt is a single token (no prefix).
+    Returns (ids, prompt_lens, response mask aligned with ids[:, 1:])."""
+    prompts = [[1, 2, 3, 4, 5], [6, 7], [1, 2, 3, 4, 5], [8], [6, 7], [1, 2, 3, 4, 9]]
+    responses = [[10, 11, 12], [13], [14, 15, 16, 17, 18, 19], [20, 21], [22, 23, 24], [25]]
+    T = max(len(p) + len(r) for p, r in zip(prompts, responses))
+    ids = torch.zeros(len(prompts), T, dtype=torch.long)
+    mask = torch.zeros(len(prompts), T - 1)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        ids[i, :len(p) + len(r)] = torch.tensor(p + r)
+        mask[i, len(p) - 1:len(p) - 1 + len(r)] = 1
+    return ids, torch.tensor([len(p) for p in prompts]), mask
+
+
+def test_shared_prompts_give_the_same_logprobs_and_gradients(model):
+    """Each distinct prefix runs once (3 for 6 rows), and the response log-probs and the gradient of
+    every parameter (through the prompts' keys and values, summed over the rows that share them)
+    equal one full forward per row; with LoRA too."""
+    ids, lens, mask = shared_prompt_rows()
+    assert SharedPrompts(ids, lens).prefix_ids.size(0) == 3
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(0)) * mask
+    for lora in (False, True):
+        if lora:
+            apply_lora(model, 2, 4)
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    torch.nn.init.normal_(p, std=0.1)  # B = 0 at init would leave A without gradient
+        params = [p for p in model.parameters() if p.requires_grad]
+        results = []
+        for shared_lens in (None, lens):
+            logp = sequence_logprobs(model, ids, temperature=0.7, prompt_lens=shared_lens)
+            grads = torch.autograd.grad((logp * weights).sum(), params)
+            results.append((logp.detach() * mask, grads))
+        (full, full_grads), (shared, shared_grads) = results
+        assert torch.allclose(shared, full, atol=1e-5) and (full != 0).sum() == mask.sum()
+        for p, a, b in zip(params, full_grads, shared_grads):
+            assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), p.shape
+        if not lora:  # position 0 is in prompts only: its gradient came through the shared keys and values
+            assert shared_grads[[p is model.transformer.wpe.weight for p in params].index(True)][0].abs().sum() > 0
+        else:
+            assert all(float(g.abs().sum()) > 0 for g in shared_grads)  # every adapter
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

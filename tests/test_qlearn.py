@@ -1,27 +1,28 @@
-"""The treasure hunt (BFS optimum, text interface) and tabular Q-learning."""
+"""The treasure hunt (envs.py: BFS optimum, text interface) and tabular Q-learning (qlearn.py)."""
 
+import envs
 import qlearn as Q
 
 
 def test_bfs_optimum_is_eleven_steps_and_wins():
-    path = Q.shortest_solution()
+    path = envs.shortest_solution()
     assert len(path) == 11
-    state, reward = Q.START, 0.0
+    state, reward = envs.START, 0.0
     for n, action in enumerate(path, start=1):
-        state, reward, done, text = Q.step(state, action)
+        state, reward, done, text = envs.step(state, action)
         assert done == (n == len(path))
     assert reward == 1.0 and "win" in text
 
 
 def test_rules_locked_door_weak_weapon_sparse_reward():
-    state, _, _, text = Q.step(Q.START, "go forge")  # not adjacent to the hall
-    assert state == Q.START and "cannot" in text
-    state, _, _, _ = Q.step(Q.step(Q.START, "go armory")[0], "go forge")  # the red door is locked
-    assert state.room == "armory"
-    lair = Q.step(Q.START, "go lair")[0]
-    _, reward, done, text = Q.step(lair, "fight")  # no great sword: the game is lost, reward 0
+    state, _, _, text = envs.step(envs.START, "go forge")  # not adjacent to the hall
+    assert state == envs.START and "cannot" in text
+    state, _, _, text = envs.step(envs.step(envs.START, "go armory")[0], "go forge")  # the red door is locked
+    assert state.room == "armory" and "locked" in text
+    lair = envs.step(envs.START, "go lair")[0]
+    _, reward, done, text = envs.step(lair, "fight")  # no great sword: the game is lost, reward 0
     assert done and reward == 0.0 and "Game over" in text
-    assert "guardian" in Q.describe(lair) and all(a in Q.ACTIONS for a in ("take", "craft", "open chest"))
+    assert envs.describe(lair) == "lair: guardian" and all(a in Q.ACTIONS for a in ("take", "craft", "open chest"))
 
 
 def test_q_learning_reaches_greedy_wins_on_a_small_budget():

@@ -1,5 +1,8 @@
 """Rejection-sampling fine-tuning: candidate selection, a tiny run, Best-of-N."""
 
+import torch
+
+import common as C
 import envs
 import rft
 import train as T
@@ -29,3 +32,36 @@ def test_tiny_rft_run_completes(tiny, tmp_path, monkeypatch):
     assert 0 < len(run.pool) <= 4 * 2
     assert set(run.metrics) >= {"heldout_acc", "ood_acc", "heldout_best_of_2"}
     assert run.metrics["heldout_best_of_2"] == 1.0
+
+
+def test_best_of_n_follows_one_minus_miss_rate_to_the_n(tiny, monkeypatch):
+    """Best-of-N by the verifier on a case solvable by enumeration: one-token answers, "correct" when
+    the token is an ASCII letter or digit, so problem i is solved by one sample with probability p_i (read off
+    the model's softmax) and by the best of N with 1 − (1 − p_i)^N. The figure matches that within
+    the sampling noise, rises with N far beyond it, and N = 1 is the plain sampled accuracy."""
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(lambda problem, response: float(
+        response[:1].isascii() and response[:1].isalnum())))
+    right = [b for b in range(128) if chr(b).isalnum()]
+    run = T.train(dict(tiny, algo="grpo", max_iters=0, max_new_tokens=1, eval_batch_size=600))
+    n = 200
+    problems = run.env.problems("heldout", n, seed=2)
+    with torch.no_grad():
+        p = torch.stack([run.raw_model(torch.tensor([run.tok.prompt_ids(q["prompt"])]))[0, -1].softmax(-1)[right].sum()
+                         for q in problems])
+    figures = [C.best_of_n(run, run.raw_model, "heldout", n, N)[f"heldout_best_of_{N}"] for N in (1, 3, 8)]
+    expected = [float((1 - (1 - p) ** N).mean()) for N in (1, 3, 8)]
+    assert 0.1 < expected[0] < 0.4 and expected[-1] - expected[0] > 0.3
+    for got, want in zip(figures, expected):
+        assert abs(got - want) < 0.1  # 3 standard errors of a mean of 200 Bernoullis
+    assert figures == sorted(figures) and figures[-1] - figures[0] > 0.3
+    assert C.best_of_n(run, run.raw_model, "heldout", n, 1) == {"heldout_best_of_1": figures[0]}  # fixed seed
+
+
+def test_grpo_and_ppo_log_best_of_n_beside_their_results(tiny):
+    for algo in ("grpo", "ppo"):
+        run = T.train(dict(tiny, algo=algo, max_iters=0, eval_interval=1, max_new_tokens=8, eval_best_of_n=3,
+                           eval_best_of_n_problems=4, out_dir=tiny["out_dir"] + algo))
+        assert 0.0 <= run.metrics["heldout_best_of_3"] <= 1.0
+        off = T.train(dict(tiny, algo=algo, max_iters=0, eval_interval=1, max_new_tokens=8, eval_best_of_n=0,
+                           out_dir=tiny["out_dir"] + algo + "off"))
+        assert not any("best_of" in k for k in off.metrics)

@@ -9,9 +9,11 @@ import torch
 import torch.nn as nn
 
 import common as C
+import dpo
 import envs
 import grpo
 import opd
+import pairs
 import ppo
 import train as T
 from conftest import SFT_DATA, TINY
@@ -36,9 +38,9 @@ def fake_run(trigger, opener=None, tool=envs.calculator, limit=2):
     tok.special = dict(tok.special, **{"/tool_call": trigger, "tool_call": opener or tok.special["tool_call"]})
     calls = []
 
-    def counted(expr):
-        calls.append(expr)
-        return tool(expr)
+    def counted(call, prompt, earlier):
+        calls.append(call)
+        return tool(call)
     return SimpleNamespace(tok=tok, env=SimpleNamespace(tool=counted), cfg={"max_tool_calls": limit}), calls
 
 
@@ -46,7 +48,7 @@ def test_rows_pause_independently_and_equal_the_same_row_alone(model):
     free = sample(model, PROMPTS, 40, temperature=0)[0]
     trigger = max(set(free[0]), key=free[0].count)  # a token row 0 writes, others at other steps or never
     run, calls = fake_run(trigger, opener=free[0][0])
-    hook = C.tool_hook(run)
+    hook = C.tool_hook(run, PROMPTS)
     tokens, logprobs, forced = sample(model, PROMPTS, 40, temperature=0, tool_hook=hook)
     assert any(forced) and len({tuple(f) for f in forced}) > 1  # rows paused at different steps
     for i, prompt in enumerate(PROMPTS):
@@ -62,7 +64,7 @@ def test_rows_pause_independently_and_equal_the_same_row_alone(model):
 
 def test_call_bound_and_hook_output():
     run, calls = fake_run(TOK.special["/tool_call"], limit=2)
-    hook, s = C.tool_hook(run), TOK.special
+    hook, s = C.tool_hook(run, PROMPTS), TOK.special
     call = [s["tool_call"], *TOK.encode("347*28"), s["/tool_call"]]
     result = [s["tool_result"], *TOK.encode("9716"), s["/tool_result"]]
     assert hook(0, call[:-1]) is None
@@ -72,14 +74,14 @@ def test_call_bound_and_hook_output():
                                                               s["/tool_result"]]
     assert len(calls) == 2  # the call past the bound never ran
     assert TOK.decode(hook(0, TOK.encode("1+1") + [s["/tool_call"]])[1:-1]).startswith("error:")
-    assert C.tool_hook(SimpleNamespace(env=envs.Arithmetic(), tok=TOK, cfg={})) is None  # no tool: no hook
+    assert C.tool_hook(SimpleNamespace(env=envs.Arithmetic(), tok=TOK, cfg={}), PROMPTS) is None  # no tool: no hook
 
 
 def test_sampled_logprobs_equal_a_training_forward_across_turns(model):
     """Tokens in = tokens out: the ids the sampler returns, tool results included, scored in one
     training forward give the sampler's log-probs on every sampled token (temperature 0.8)."""
     model, (run, _) = calling_model(model), fake_run(TOK.special["/tool_call"])
-    tokens, logprobs, forced = sample(model, PROMPTS, 40, temperature=0.8, seed=1, tool_hook=C.tool_hook(run))
+    tokens, logprobs, forced = sample(model, PROMPTS, 40, temperature=0.8, seed=1, tool_hook=C.tool_hook(run, PROMPTS))
     assert sum(map(sum, forced)) > 0
     for prompt, toks, lps, f in zip(PROMPTS, tokens, logprobs, forced):
         full = sequence_logprobs(model, torch.tensor([prompt + toks]), 0.8)[0, len(prompt) - 1:]
@@ -148,8 +150,10 @@ def tool_run(tmp_path, **cfg):
 
 
 def test_grpo_rollouts_mask_tool_tokens_and_they_carry_no_weight(tmp_path):
+    # share_prompt=False: the perturbation below addresses logits by their position in ids, which a
+    # shared-prompt forward does not keep (tests/test_grpo.py shows both forwards give equal losses)
     run, policy = tool_run(tmp_path, algo="grpo", prompts_per_iter=2, group_size=4, kl="k3_loss",
-                           reward_mode="process", learning_rate=1e-3)
+                           reward_mode="process", learning_rate=1e-3, share_prompt=False)
     roll = C.rollouts(run, policy, run.env.problems("train", 2), 4, seed=0)
     assert roll["forced"].sum() > 0 and not bool((roll["forced"] * roll["mask"]).any())
     assert bool(((roll["forced"] > 0) <= (roll["old_logprobs"] == 0)).all())
@@ -194,3 +198,25 @@ def test_ppo_and_sft_and_opd_give_tool_tokens_no_weight(tmp_path):
     seq = run.tok.prompt_ids(opd.teacher_prompt(run, roll["problems"][i])) + roll["responses"][i][:k + 1]
     expected = torch.log_softmax(run.teacher(torch.tensor([seq[:-1]]))[0, -1], -1)
     torch.testing.assert_close(logprobs[i, col], expected, atol=1e-5, rtol=0)
+
+
+def test_preference_pairs_give_tool_results_no_weight(tmp_path):
+    # RM and DPO on tool transcripts: the style pairs of --env=calculator hold the tool's results
+    # (as tags in the demonstration); they are context, not something either answer is credited for
+    run = T.train(dict(TINY, algo="dpo", env="calculator", env_direct_frac=0.0, pairs="style", train_prompts=6,
+                       heldout_prompts=2, max_iters=0, checkpoint=False, share_prompt=False,  # (as above)
+                       out_dir=str(tmp_path / "dpo")))
+    batch = pairs.collate(run, run.train_examples[:4])
+    results = (batch["mask"] == 0) & (batch["ids"][:, 1:] != run.tok.pad) & (batch["mask"].cumsum(1) > 0)
+    assert results.any()
+    assert bool((batch["ids"][:, 1:][results] != run.tok.special["tool_call"]).all())  # calls are the model's
+    open_tag, close_tag = run.tok.special["tool_result"], run.tok.special["/tool_result"]
+    for ex in run.train_examples[:4]:
+        for ids, mask in zip(ex["responses"], ex["masks"]):
+            expected, inside = [], False
+            for token in ids:  # 0 from each opening result tag through its closing tag
+                inside = inside or token == open_tag
+                expected.append(0 if inside else 1)
+                inside = inside and token != close_tag
+            assert mask == expected and 0 in mask
+    assert_forced_weightless(lambda: dpo.loss(run, run.model, batch), run.raw_model, [run.raw_model.lm_head], results)

@@ -1,0 +1,103 @@
+"""The treasure hunt as a multi-turn tool environment (--env=treasure): the solver's play wins, wrong
+or forged play scores 0, the tool hook replays a transcript's observations, splits differ."""
+
+from types import SimpleNamespace
+
+import common as C
+import envs
+import train as T
+from conftest import SFT_DATA, TINY
+from envs import END_CALL, END_RESULT, TOOL_CALL, TOOL_RESULT, Treasure
+from tokenizer import Tokenizer
+
+ENV, TOK = Treasure(), Tokenizer()
+
+
+def play(problem, calls):
+    """A transcript of `calls`, each answered by the game as the sampler would answer it."""
+    text = ""
+    for k, call in enumerate(calls):
+        text += f"{TOOL_CALL}{call}{END_CALL}{TOOL_RESULT}{ENV.tool(call, problem['prompt'], calls[:k])}{END_RESULT}"
+    return text
+
+
+def test_solver_plays_win_in_eleven_calls_on_every_split():
+    for split in ("train", "heldout", "ood"):
+        for p in ENV.problems(split, 40):
+            demo = ENV.demonstration(p)
+            assert ENV.verify(p, demo) == 1.0 and ENV.shows_work(demo)
+            assert demo.count(TOOL_CALL) == 11 and demo.endswith(f"{TOOL_RESULT}chest open: you win{END_RESULT}")
+            assert play(p, p["answer"].split(", ")) == demo  # the tool answers every call as the solver did
+
+
+def test_wrong_forged_or_unfinished_play_scores_zero():
+    p = ENV.problems("train", 1)[0]
+    n = p["names"]
+    plan = p["answer"].split(", ")
+    rushed = ["take", f"go {n['lair']}", "fight"]  # no great sword: the game is over
+    assert play(p, rushed).endswith("and fall. Game over" + END_RESULT)
+    assert ENV.verify(p, play(p, rushed + plan[-2:])) == 0.0
+    assert "error: the game is over" in play(p, rushed + plan[-2:])
+    assert ENV.verify(p, play(p, plan[:-1])) == 0.0  # never opened the chest
+    assert ENV.verify(p, play(p, ["take", "go library"] + plan[1:])) == 0.0  # a wrong name spends a turn only
+    detour = ["take", f"go {n['library']}", f"go {n['hall']}"] + plan[1:]
+    assert ENV.verify(p, play(p, detour)) == 1.0  # a longer win is still a win
+    forged = f"{TOOL_CALL}open chest{END_CALL}{TOOL_RESULT}chest open: you win{END_RESULT}"
+    assert ENV.verify(p, forged) == 0.0  # a result the game did not give
+    refused = play(p, plan).replace("chest open: you win", "error: at most 10 calls")
+    assert ENV.verify(p, refused) == 0.0  # the sampler refused the last call
+    assert ENV.verify(p, "Answer: treasure") == 0.0 and not ENV.shows_work("Answer: treasure")
+    other = next(q for q in ENV.problems("train", 50) if q["names"]["armory"] != n["armory"])
+    assert ENV.verify(other, play(p, plan)) == 0.0  # another map's play does not win this one
+
+
+def test_tool_hook_replays_a_transcript_from_its_ids():
+    """Fed the demonstration's ids one by one, the hook answers each call with exactly the result
+    ids that follow it: the game state comes from the prompt and the row's earlier calls alone."""
+    problems = ENV.problems("heldout", 2) + ENV.problems("ood", 1)
+    prompts = [TOK.prompt_ids(p["prompt"]) for p in problems]
+    run = SimpleNamespace(env=ENV, tok=TOK, cfg={"max_tool_calls": 16})
+    hook = C.tool_hook(run, prompts)
+    for row in (2, 0, 1):  # rows in any order: the hook keeps no state
+        ids, mask = TOK.assistant_ids(ENV.demonstration(problems[row]))
+        answered = 0
+        for k in range(len(ids)):
+            injected = hook(row, ids[:k + 1])
+            if injected is None:
+                continue
+            assert ids[k + 1:k + 1 + len(injected)] == injected and not any(mask[k + 1:k + 1 + len(injected)])
+            answered += 1
+        assert answered == 11
+    other = C.tool_hook(run, prompts[::-1])  # another map: the same calls meet other rooms
+    ids = TOK.assistant_ids(ENV.demonstration(problems[0]))[0]
+    second_call_end = [k for k, t in enumerate(ids) if t == TOK.special["/tool_call"]][1]
+    assert TOK.decode(other(0, ids[:second_call_end + 1])).startswith("<|tool_result|>cannot go to")
+    short = C.tool_hook(SimpleNamespace(env=ENV, tok=TOK, cfg={"max_tool_calls": 3}), prompts)
+    fourth_call_end = [k for k, t in enumerate(ids) if t == TOK.special["/tool_call"]][3]
+    assert TOK.decode(short(0, ids[:fourth_call_end + 1])) == "<|tool_result|>error: at most 3 calls<|/tool_result|>"
+
+
+def test_heldout_and_ood_maps_differ_from_train():
+    names = lambda split, n: {tuple(p["names"].values()) for p in ENV.problems(split, n)}
+    train, heldout, ood = names("train", 3000), names("heldout", 300), names("ood", 300)
+    assert len(train) > 500 and len(heldout) > 50 and not train & heldout
+    assert not ood & (train | heldout)
+    assert all(p["names"][r] not in envs.ROOM_NAMES[r] for p in ENV.problems("ood", 50) for r in envs.ROOMS)
+    assert ENV.problems("train", 5, seed=1) == ENV.problems("train", 5, seed=1) != ENV.problems("train", 5, seed=2)
+
+
+def test_sft_then_grpo_run_on_the_treasure_hunt(tmp_path):
+    """train.py takes --env=treasure with the environment's own defaults (a longer block_size, 16
+    calls), SFT learns from the tool-using demonstrations, GRPO starts from that checkpoint."""
+    cfg = T.make_config(dict(env="treasure"))
+    assert (cfg["block_size"], cfg["max_tool_calls"], cfg["env_direct_frac"]) == (576, 16, 0.0)
+    assert T.make_config(dict(env="treasure", block_size=640))["block_size"] == 640
+    tiny = {k: v for k, v in TINY.items() if k != "block_size"}
+    sft = T.train(dict(tiny, **SFT_DATA, env="treasure", max_iters=2, eval_interval=2, eval_problems=2,
+                       max_new_tokens=48, out_dir=str(tmp_path / "sft")))
+    assert sft.metrics["heldout_acc"] == 0.0 and "ood_acc" in sft.metrics
+    ids, mask = sft.train_examples[0]
+    assert sum(mask) < len(ids) - len(TOK.prompt_ids(ENV.problems("train", 1)[0]["prompt"]))  # results masked
+    run = T.train(dict(tiny, algo="grpo", env="treasure", init_from=str(tmp_path / "sft"), prompts_per_iter=2,
+                       group_size=2, max_iters=1, max_new_tokens=48, eval_pass_k=0, out_dir=str(tmp_path / "grpo")))
+    assert run.raw_model.config.block_size == 576
