@@ -1,10 +1,14 @@
-# A teacher for on-policy distillation (opd.py): twice as deep and wide as the default student
-# (8 layers × 256 vs 4 × 128), SFT on the same task with the same byte tokenizer, then GRPO:
-#   python train.py config/teacher.py
-#   python train.py --algo grpo config/grpo.py --init_from=out/teacher_sft --out_dir=out/teacher --max_iters=100
-# Untuned guesses (a larger model, a lower lr, more steps); check heldout_acc is clearly above the student's.
+# A teacher for on-policy distillation (opd.py): a larger model than the default student (6 layers ×
+# 192 vs 4 × 128: 2.8 M vs 0.85 M parameters), the same byte tokenizer, SFT from scratch on worked
+# demonstrations only (env_direct_frac=0: every demonstration writes its steps), then GRPO:
+#   python train.py config/teacher.py                                                    # 28 min on 1 busy core
+#   python train.py --algo grpo --init_from=out/teacher_sft --out_dir=out/teacher --max_iters=10 --eval_interval=5
+# Measured (README, "On-policy distillation"): greedy held-out accuracy 0.97 after SFT, 0.96 after
+# the 10 GRPO iterations (200 problems, ± 3): saturated; the student starts at 0.29.
 algo = "sft"
-n_layer, n_head, n_embd = 8, 8, 256
-max_iters = 1500
+n_layer, n_head, n_embd = 6, 6, 192
+env_direct_frac = 0.0
+max_iters = 1000
 learning_rate, min_lr = 1e-3, 1e-4
+eval_interval = 250
 out_dir = "out/teacher_sft"
