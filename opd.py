@@ -79,6 +79,7 @@ wide as the default student, SFT then GRPO; the student is the default `python t
     python experiments/opd_vs_grpo.py --student=out/sft --teacher=out/teacher  # OPD × 3, OPSD, GRPO side by side
 """
 
+import os
 import time
 
 import numpy as np
@@ -216,16 +217,50 @@ def setup(run):
                          f"number per each of {run.world_size} ranks; samples_per_prompt and kl_topk must be >= 1")
     if cfg["teacher"] == "self":
         run.teacher = run.raw_model  # OPSD: the current weights, read under no_grad
-        return
-    run.teacher = C.frozen(C.load_model(cfg["teacher"])).to(run.device)
-    teacher_vocab, student_vocab = run.teacher.config.vocab_size, run.raw_model.config.vocab_size
-    if teacher_vocab != student_vocab:
-        raise ValueError(f"teacher {cfg['teacher']} has a vocabulary of {teacher_vocab} tokens, the student "
-                         f"{student_vocab}: distillation compares their distributions token by token, so they "
-                         f"must share the tokenizer")
-    if C.load_tokenizer(cfg["teacher"]).name != run.tok.name:
-        raise ValueError(f"teacher {cfg['teacher']} uses tokenizer {C.load_tokenizer(cfg['teacher']).name!r}, "
-                         f"the student {run.tok.name!r}: they must share it")
+    else:
+        run.teacher = C.frozen(C.load_model(cfg["teacher"])).to(run.device)
+        teacher_vocab, student_vocab = run.teacher.config.vocab_size, run.raw_model.config.vocab_size
+        if teacher_vocab != student_vocab:
+            raise ValueError(f"teacher {cfg['teacher']} has a vocabulary of {teacher_vocab} tokens, the student "
+                             f"{student_vocab}: distillation compares their distributions token by token, so they "
+                             f"must share the tokenizer")
+        if C.load_tokenizer(cfg["teacher"]).name != run.tok.name:
+            raise ValueError(f"teacher {cfg['teacher']} uses tokenizer {C.load_tokenizer(cfg['teacher']).name!r}, "
+                             f"the student {run.tok.name!r}: they must share it")
+    if run.master:
+        with open(os.path.join(cfg["out_dir"], "passport.md"), "w") as f:
+            f.write(passport(run))
+
+
+def passport(run):
+    """The run's post-training passport (SPEC §6) as markdown."""
+    c = run.cfg
+    if c["teacher"] == "self":
+        teacher = (f"the student's own current weights (OPSD), detached, reading a privileged prompt: "
+                   f"`{PRIVILEGED[c['privileged']]!r}`")
+    else:
+        t = run.teacher.config
+        teacher = (f"`{c['teacher']}`, frozen, {t.n_layer} layers × {t.n_embd} "
+                   f"({sum(p.numel() for p in run.teacher.parameters()):,} parameters)")
+    return f"""# Post-training passport: {c['out_dir']}
+
+algorithm: `--algo opd`, on-policy distillation, started from `{c['init_from']}`
+
+## Data and mode
+- online: {c['prompts_per_iter']} prompts × {c['samples_per_prompt']} answers per iteration sampled by the current student
+  at temperature {c['temperature']}, {c['max_iters']} iterations, one optimizer step per batch
+- prompts: the `{c['env']}` environment's *train* split; evaluation on *heldout* and *ood*
+- the verifier's reward is logged, never trained on
+
+## Signal
+- teacher: {teacher}
+- loss: per-token reverse KL(π_student ‖ π_teacher) on the student's sampled positions, estimator
+  **{c['kl_estimator']}**{f" (k = {c['kl_topk']})" if c['kl_estimator'] == 'topk' else ''}; both at temperature {c['temperature']}
+- no reward model, no critic, no KL to a reference beyond the teacher itself
+
+## Infrastructure
+- {run.device} × {run.world_size}; rollouts in shards of {C.shard_size(run)} prompts, micro-batches of {c['batch_size']}
+"""
 
 
 def batches(run, it):

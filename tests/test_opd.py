@@ -213,6 +213,9 @@ def test_trains_logs_and_evaluates(models, tmp_path, estimator, extra):
         assert all(key in r for r in train_rows), key
     assert train_rows[0]["reverse_kl"] > 0
     assert {"heldout_acc", "heldout_sampled_acc", "heldout_pass@2", "ood_acc"} <= set(run.metrics)
+    passport = open(tmp_path / "run" / "passport.md").read()  # what the ladder's report links
+    assert f"**{estimator}**" in passport
+    assert ("OPSD" in passport) == (extra.get("teacher") == "self")
 
 
 def test_resume_continues_exactly(models, tmp_path):
