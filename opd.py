@@ -87,6 +87,7 @@ import torch
 import torch.nn.functional as F
 
 import common as C
+from model import count_parameters
 
 starts_from = "sft"  # distillation refines a policy that can already answer
 
@@ -241,7 +242,7 @@ def passport(run):
     else:
         t = run.teacher.config
         teacher = (f"`{c['teacher']}`, frozen, {t.n_layer} layers × {t.n_embd} "
-                   f"({sum(p.numel() for p in run.teacher.parameters()):,} parameters)")
+                   f"({count_parameters(run.teacher)[1]:,} parameters)")
     return f"""# Post-training passport: {c['out_dir']}
 
 algorithm: `--algo opd`, on-policy distillation, started from `{c['init_from']}`

@@ -100,8 +100,9 @@ def encode_row(run, row):
 def padded_answer(demonstration, rng, n_fillers=2):
     """The same answer with filler sentences around the steps (if any): longer, equally correct."""
     body, answer = demonstration.rsplit("Answer:", 1)
+    steps = [body.strip()] if body.strip() else []  # a bare answer has no steps to pad around
     fillers = rng.sample(FILLER, n_fillers)
-    return " ".join(fillers[:1] + [body.strip()] * bool(body.strip()) + fillers[1:]) + " Answer:" + answer
+    return " ".join(fillers[:1] + steps + fillers[1:]) + " Answer:" + answer
 
 
 def builtin_pairs(run, sampler, split, n_prompts, seed):
