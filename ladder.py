@@ -383,7 +383,7 @@ def main(argv):
             raise ValueError(f"stage {name}: {e}") from None
         for need in prerequisites(name):
             path = os.path.join(root, need)
-            if path in (args["init_from"], args.get("teacher")) and need not in plan and not done(path):
+            if path in args.values() and need not in plan and not done(path):  # (unless overridden away)
                 raise ValueError(f"stage {name} needs {need}, which has not run: add it to --stages")
 
     failure = None
