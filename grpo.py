@@ -127,7 +127,7 @@ import torch
 import torch.nn.functional as F
 
 import common as C
-from model import SharedPrompts, kl_estimate, masked_entropy_sum, sequence_logprobs, token_logprobs
+from model import SharedPrompts, kl_estimate, sequence_logprobs, token_logprobs_and_entropy
 
 starts_from = "sft"  # RL selects among what a trained policy does: no random start (train.check_start)
 defaults = dict(
@@ -633,17 +633,14 @@ def loss(run, model, batch):
     ids, mask, temperature = batch["ids"], batch["mask"], run.cfg["temperature"]
     if run.cfg["share_prompt"]:  # each distinct prompt runs once, its keys and values shared by its rows
         shared = SharedPrompts(ids, batch["prompt_len"])
-        logits = model(shared.inputs, prompts=shared)
-        logp = shared.to_rows(token_logprobs(logits, shared.targets, temperature))
-        entropy = masked_entropy_sum(logits, shared.from_rows(mask), temperature)
+        logp, entropy = token_logprobs_and_entropy(model(shared.inputs, prompts=shared), shared.targets, temperature)
+        logp, entropy = shared.to_rows(logp), shared.to_rows(entropy)
     else:
-        logits = model(ids[:, :-1])
-        logp = token_logprobs(logits, ids[:, 1:], temperature)
-        entropy = masked_entropy_sum(logits, mask, temperature)
+        logp, entropy = token_logprobs_and_entropy(model(ids[:, :-1]), ids[:, 1:], temperature)
     advantages = batch["step_advantages"] if "step_advantages" in batch else batch["advantages"]
     loss_sum, count, metrics = policy_loss(logp, batch["old_logprobs"], advantages, mask, run.cfg,
                                            ref_logp=batch.get("ref_logprobs"))
-    metrics["entropy"] = float(entropy / mask.sum().clamp(min=1))
+    metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
     return loss_sum, count, {**metrics, "tokens": float(mask.sum())}
 
 

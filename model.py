@@ -53,11 +53,28 @@ class CausalSelfAttention(nn.Module):
                 record.append((k, v))
             if prefix is not None:
                 k, v = torch.cat([prefix[0], k], 2), torch.cat([prefix[1], v], 2)
+            if attn_mask is not None and attn_mask.dtype != q.dtype:  # (an fp32 bias under bf16 autocast)
+                attn_mask = attn_mask.to(q.dtype)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                                dropout_p=self.dropout if self.training else 0.0,
                                                is_causal=attn_mask is None and T > 1)
         y = y.transpose(1, 2).reshape(B, T, C)
         return dropout(self.c_proj(y), self.dropout, self.training)
+
+
+GELU_C = 2 * math.sqrt(2 / math.pi)
+
+
+def gelu(x):
+    """GPT-2's tanh-GELU, ½·x·(1 + tanh u) with u = √(2/π)·(x + 0.044715·x³). Without autograd, on a
+    CPU and from 16 rows of 512 on, it is evaluated as x·σ(2u), the same function (½(1 + tanh u) =
+    σ(2u)): PyTorch's CPU tanh kernel is slow, and this is twice as fast there (below that size its 6
+    calls cost more than the arithmetic). Sampling and scoring gain; training keeps F.gelu, whose
+    fused backward is faster than autograd through 6 calls."""
+    if torch.is_grad_enabled() or x.device.type != "cpu" or x.numel() < 8192:
+        return F.gelu(x, approximate="tanh")
+    two_u = x * x
+    return x * two_u.mul_(GELU_C * 0.044715).add_(GELU_C).mul_(x).sigmoid_()
 
 
 class MLP(nn.Module):
@@ -68,7 +85,7 @@ class MLP(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(self, x):
-        x = F.gelu(self.c_fc(x), approximate="tanh")  # GPT-2's "gelu_new"
+        x = gelu(self.c_fc(x))  # GPT-2's "gelu_new"
         return dropout(self.c_proj(x), self.dropout, self.training)
 
 
@@ -85,14 +102,19 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def additive_mask(allowed):
+    """A bool attention mask as SDPA's additive float one (0 where allowed, −inf elsewhere): on a
+    CPU its fused attention is ~17% faster on the float form (forward and backward at GRPO's
+    128 × 64 tokens with a 31-token shared prompt: 54 vs 65 ms a layer)."""
+    return torch.zeros(allowed.shape, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
 def widen(t, dim, extra, fill):
-    """A copy of t with `extra` more entries along `dim`, set to `fill` (F.pad would fill all of it first)."""
+    """t with `extra` more entries along `dim`, set to `fill`. One torch.cat: on a CPU, copying t
+    into a slice of a fresh buffer measured 2.6× slower (9.8 vs 3.7 ms for a 21 MB cache)."""
     shape = list(t.shape)
-    shape[dim] += extra
-    out = t.new_empty(shape)
-    out.narrow(dim, 0, t.size(dim)).copy_(t)
-    out.narrow(dim, t.size(dim), extra).fill_(fill)
-    return out
+    shape[dim] = extra
+    return torch.cat([t, t.new_full(shape, fill)], dim)
 
 
 class KVCache:
@@ -151,8 +173,11 @@ class KVCache:
         self.bias = widen(self.bias, 3, extra, float("-inf"))
         self._make_views()
 
-    def keep_rows(self, rows):
-        self.k, self.v, self.bias = self.k[:, rows], self.v[:, rows], self.bias[rows]
+    def select_rows(self, rows):
+        """Keep these rows, in this order (a row may be repeated: a shared prefill fans out)."""
+        # index_select: 4× faster than advanced indexing on CPU for these 5-D buffers
+        self.k, self.v = self.k.index_select(1, rows), self.v.index_select(1, rows)
+        self.bias = self.bias.index_select(0, rows)
         self._make_views()
 
     def _make_views(self):
@@ -318,6 +343,23 @@ def token_logprobs(logits, targets, temperature=1.0):
     return -F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
 
 
+def token_logprobs_and_entropy(logits, targets, temperature=1.0, max_elements=2 ** 22):
+    """token_logprobs, and without gradient the entropy (nats) of each position's distribution:
+    (B, T, V), (B, T) -> (B, T), (B, T). One log_softmax serves both (computed apart, the two cost 2.3×
+    as much on CPU); the entropy −Σ p log p is taken a few rows at a time (at most 16 MB of fp32 per
+    chunk), so a logged figure never makes fp32 copies of the whole (B, T, V)."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = F.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        rows = logp_all.detach().flatten(0, -2)
+        chunks = rows.split(max(1, max_elements // rows.size(-1)))
+        entropy = torch.cat([-(c.exp() * c).sum(-1) for c in chunks]).view(targets.shape)
+    return logp, entropy
+
+
 def sequence_logprobs(model, ids, temperature=1.0, prompt_lens=None):
     """Per-token log-probs of ids[:, 1:] given their prefixes: (B, T-1). Right padding is harmless
     (causal attention never looks ahead); the caller masks padded and prompt positions. With
@@ -332,8 +374,8 @@ def sequence_logprobs(model, ids, temperature=1.0, prompt_lens=None):
 class SharedPrompts:
     """Rows of prompt + continuation laid out so that each distinct prompt runs once: GRPO's G
     responses of a prompt, a DPO pair's two answers. model(shared.inputs, prompts=shared) gives the
-    logits of shared.targets; to_rows / from_rows move per-token values between this layout (N, S)
-    and the rows' (N, T-1), aligned with ids[:, 1:] as in sequence_logprobs.
+    logits of shared.targets; to_rows moves per-token values from this layout (N, S) to the rows'
+    (N, T-1), aligned with ids[:, 1:] as in sequence_logprobs.
 
     ids (N, T) right-padded rows, prompt_lens (N,) each row's prompt length L ≥ 1. A row's prefix is
     its prompt without the last token, ids[:L-1]; rows with equal prefixes share one, found by
@@ -356,17 +398,13 @@ class SharedPrompts:
         self.inputs, self.targets, self.pos = ids.gather(1, src), ids.gather(1, src + 1), src
         causal = torch.ones(S, S, dtype=torch.bool, device=device).tril()
         prefix_valid = (unique >= 0)[self.rows]  # (N, P)
-        self.attn_mask = torch.cat([prefix_valid[:, None, :].expand(N, S, P), causal.expand(N, S, S)], 2)[:, None]
+        allowed = torch.cat([prefix_valid[:, None, :].expand(N, S, P), causal.expand(N, S, S)], 2)
+        self.attn_mask = additive_mask(allowed[:, None])
 
     def to_rows(self, x):
         """(N, S) values of the continuation -> (N, T-1) aligned with ids[:, 1:], 0 before the last prompt token."""
         col = torch.arange(self.width, device=x.device) - self.start[:, None]  # (N, T-1) continuation column
         return torch.where(col >= 0, x.gather(1, col.clamp(min=0)), 0.0)
-
-    def from_rows(self, x):
-        """(N, T-1) values aligned with ids[:, 1:] -> (N, S) on the continuation, 0 on its padding."""
-        col = self.start[:, None] + torch.arange(self.inputs.size(1), device=x.device)
-        return torch.where(col < self.width, x.gather(1, col.clamp(max=self.width - 1)), 0)
 
 
 def kl_estimate(logprobs, ref_logprobs, estimator="k1"):
@@ -379,23 +417,6 @@ def kl_estimate(logprobs, ref_logprobs, estimator="k1"):
     if estimator == "k3":
         return torch.expm1(-log_ratio) + log_ratio
     raise ValueError(f"kl estimator {estimator!r}: choose k1 or k3")
-
-
-def entropy_from_logits(logits, temperature=1.0):
-    """Entropy (nats) of softmax(logits / temperature) per position, in fp32: (..., V) -> (...)."""
-    logp = F.log_softmax(logits.float() / temperature, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
-@torch.no_grad()
-def masked_entropy_sum(logits, mask, temperature=1.0, max_elements=2 ** 22):
-    """Σ of entropy_from_logits over the positions where mask > 0, without gradient. Only those
-    positions are read, a few rows at a time (at most 16 MB of fp32 per chunk), so a logged figure
-    never makes fp32 copies of the whole (B, T, V) logits."""
-    rows = logits.detach()[mask > 0]  # (response tokens, V)
-    rows_per_chunk = max(1, max_elements // rows.size(-1))
-    return sum((entropy_from_logits(chunk, temperature).sum() for chunk in rows.split(rows_per_chunk)),
-               torch.zeros((), device=logits.device))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -449,15 +470,20 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
         return [], [], []
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    lens = torch.tensor([len(p) for p in prompts], device=device)
+    # rows that ask for the same prompt (GRPO's G samples of one) share its prefill: each distinct
+    # prompt runs once, then its cache row and last logits are copied to every row that asked for it
+    distinct = list(dict.fromkeys(map(tuple, prompts)))
+    of_row = {p: i for i, p in enumerate(distinct)}
+    of_row = torch.tensor([of_row[tuple(p)] for p in prompts], device=device)
+    lens = torch.tensor([len(p) for p in distinct], device=device)
     P = int(lens.max())
     max_new_tokens = min(max_new_tokens, model.config.block_size - P)
     if max_new_tokens <= 0:
         raise ValueError(f"prompt of {P} tokens leaves no room in block_size={model.config.block_size}")
-    idx = torch.full((B, P), pad_id, dtype=torch.long, device=device)
-    for i, p in enumerate(prompts):
+    idx = torch.full((len(distinct), P), pad_id, dtype=torch.long, device=device)
+    for i, p in enumerate(distinct):
         idx[i, P - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
-    pad_len = P - lens                                  # (B,)
+    pad_len = P - lens
     prompt_valid = torch.arange(P, device=device).unsqueeze(0) >= pad_len.unsqueeze(1)  # False on left padding
     ragged = bool((pad_len > 0).any())  # no row padded: no mask at all, SDPA's cheaper unmasked path
     gen = torch.Generator(device=device)
@@ -468,7 +494,10 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
     mask = (causal.unsqueeze(0) & prompt_valid[:, None, :]) | torch.eye(P, dtype=torch.bool, device=device)
     cache = KVCache(model.config, prompt_valid, P + max_new_tokens)
     pos = (torch.arange(P, device=device).unsqueeze(0) - pad_len.unsqueeze(1)).clamp(min=0)
-    logits = model(idx, pos=pos, attn_mask=mask.unsqueeze(1) if ragged else None, cache=cache)[:, -1]
+    logits = model(idx, pos=pos, attn_mask=additive_mask(mask.unsqueeze(1)) if ragged else None, cache=cache)[:, -1]
+    if len(distinct) < B:
+        cache.select_rows(of_row)
+        logits, lens = logits[of_row], lens[of_row]
 
     # what each row generated, kept on the device: no per-row Python work in the decode loop
     out_tok = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -496,7 +525,7 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
             if len(keep_idx) == 0:
                 break
             # drop finished rows from the batch: later steps cost only what is still running
-            cache.keep_rows(keep_idx)
+            cache.select_rows(keep_idx)
             rows, tok, next_pos = rows[keep_idx], tok[keep_idx], next_pos[keep_idx]
         logits = model(tok[:, None], pos=next_pos[:, None], cache=cache)[:, -1]
         next_pos = next_pos + 1

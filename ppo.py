@@ -65,8 +65,8 @@ import torch
 import torch.nn as nn
 
 import common as C
-from model import (GPT, ScalarHeadGPT, count_parameters, kl_estimate, masked_entropy_sum, sequence_logprobs,
-                   token_logprobs)
+from model import (GPT, ScalarHeadGPT, count_parameters, kl_estimate, sequence_logprobs, token_logprobs,
+                   token_logprobs_and_entropy)
 
 starts_from = "sft"  # RL selects among what a trained policy does: no random start (train.check_start)
 defaults = dict(
@@ -377,7 +377,7 @@ def loss(run, model, batch):
     cfg = run.cfg
     ids, mask = batch["ids"], batch["mask"]
     logits, values = model(ids[:, :-1])
-    logprobs = token_logprobs(logits, ids[:, 1:], cfg["temperature"])
+    logprobs, entropy = token_logprobs_and_entropy(logits, ids[:, 1:], cfg["temperature"])
     policy_loss, clipped = clipped_surrogate(logprobs, batch["old_logprobs"], batch["advantages"], cfg["clip_eps"])
     value_loss = clipped_value_loss(values.float(), batch["old_values"], batch["returns"], cfg["value_clip"])
     n = mask.sum()
@@ -387,7 +387,7 @@ def loss(run, model, batch):
         # clip_frac: share of tokens where the clipped term is the active one (no gradient from them)
         metrics = dict(policy_loss=(policy_loss * mask).sum(), value_loss=(value_loss * mask).sum(),
                        clip_frac=(clipped * mask).sum(), approx_kl=approx_kl,
-                       entropy=masked_entropy_sum(logits, mask, cfg["temperature"]))
+                       entropy=(entropy * mask).sum())
     return loss_sum, n, {**{k: float(v / n) for k, v in metrics.items()}, "tokens": float(n)}
 
 

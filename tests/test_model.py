@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import (GPT, GPTConfig, ScalarHeadGPT, SharedPrompts, _filter_logits, apply_lora, count_parameters,
-                   entropy_from_logits, masked_entropy_sum, merge_lora, sample, sequence_logprobs)
+                   gelu, merge_lora, sample, sequence_logprobs, token_logprobs, token_logprobs_and_entropy)
 
 CFG = GPTConfig(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32)
 RAGGED = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
@@ -67,6 +67,25 @@ def test_sampler_logprobs_equal_training_forward(model, temperature, top_k, top_
         torch.testing.assert_close(lp, torch.tensor(lps), atol=1e-5, rtol=0)
 
 
+def test_repeated_prompts_share_one_prefill_and_sample_independently(model):
+    """GRPO asks for G samples of each prompt: the prefill runs once per distinct prompt (its first
+    forward has 4 rows, not 8), yet every row's log-probs are a training forward's, greedy rows
+    equal the prompt alone, and the copies of a prompt draw different samples."""
+    prompts = [RAGGED[1], RAGGED[2], RAGGED[1], RAGGED[0], RAGGED[1], RAGGED[3], RAGGED[2], RAGGED[1]]
+    rows = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, out: rows.append(out.size(0)))
+    tokens, logprobs = model.generate(prompts, 40, temperature=1.0, seed=5)
+    hook.remove()
+    assert rows[0] == 4 and rows[1] == 8
+    for prompt, toks, lps in zip(prompts, tokens, logprobs):
+        lp = sequence_logprobs(model, torch.tensor([prompt + toks]))[0, len(prompt) - 1:]
+        torch.testing.assert_close(lp, torch.tensor(lps), atol=1e-5, rtol=0)
+    assert len({tuple(tokens[i]) for i in (0, 2, 4, 7)}) == 4
+    greedy, _ = model.generate(prompts, 12, temperature=0)
+    for prompt, out in zip(prompts, greedy):
+        assert out == model.generate([prompt], 12, temperature=0)[0][0]
+
+
 def shared_prompt_rows():
     """Right-padded rows of ragged prompts and responses: three rows share the prefix [1, 2, 3, 4] (one
     with another last prompt token), two share [6], one prompt is a single token (no prefix).
@@ -112,16 +131,33 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients(model):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_masked_entropy_sum_equals_the_whole_tensor_computation(temperature):
-    """Only masked positions, a few rows at a time (chunks of 2 rows here), give the sum that the
-    entropy of every position, masked afterwards, gives; and no gradient."""
+def test_token_logprobs_and_entropy_from_one_log_softmax(temperature):
+    """The log-probs and their gradient are token_logprobs'; the entropy, taken a few rows at a time
+    (chunks of 2 rows here), is −Σ p log p of softmax(logits / T) at every position, in float64, and
+    carries no gradient."""
     gen = torch.Generator().manual_seed(0)
     logits = (3 * torch.randn(3, 7, 50, generator=gen)).requires_grad_()
-    mask = (torch.rand(3, 7, generator=gen) > 0.4).float()
-    whole = (entropy_from_logits(logits.detach(), temperature) * mask).sum()
-    chunked = masked_entropy_sum(logits, mask, temperature, max_elements=100)
-    assert float(chunked) == pytest.approx(float(whole), rel=1e-6) and not chunked.requires_grad
-    assert float(masked_entropy_sum(logits, torch.zeros(3, 7), temperature)) == 0.0
+    targets = torch.randint(0, 50, (3, 7), generator=gen)
+    logp, entropy = token_logprobs_and_entropy(logits, targets, temperature, max_elements=100)
+    (grad,) = torch.autograd.grad(logp.sum(), logits)
+    expected = token_logprobs(logits, targets, temperature)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), logits)
+    assert torch.allclose(logp, expected, atol=1e-6) and torch.allclose(grad, expected_grad, atol=1e-6)
+    p = torch.softmax(logits.detach().double() / temperature, -1)
+    assert torch.allclose(entropy.double(), -(p * p.log()).sum(-1), atol=1e-5) and not entropy.requires_grad
+    assert entropy.shape == (3, 7) and float(entropy.min()) > 0
+
+
+def test_gelu_is_gpt2_tanh_gelu_in_either_form():
+    """Without autograd, on 16 rows of 512 or more, gelu takes the x·σ(2u) form: the values of the
+    tanh form to float rounding. With autograd it is F.gelu itself, gradient included."""
+    x = 4 * torch.randn(16, 3, 512, generator=torch.Generator().manual_seed(0), dtype=torch.float64).float()
+    exact = torch.nn.functional.gelu(x.double(), approximate="tanh")
+    with torch.no_grad():
+        assert (gelu(x).double() - exact).abs().max() < 2e-6
+        assert torch.equal(gelu(x[:2]), torch.nn.functional.gelu(x[:2], approximate="tanh"))  # small: F.gelu
+    xg = x.clone().requires_grad_()
+    assert torch.equal(gelu(xg), torch.nn.functional.gelu(x, approximate="tanh"))
 
 
 def test_seed_reproducible_and_stop_tokens_per_row(model):
