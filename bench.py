@@ -233,77 +233,81 @@ def attention(args):
 # ----------------------------------------------------------------------------------------------
 # Training: the shared loop (train.train) vs a bare PyTorch loop on the same batches
 
-TRAIN_ITERS, TRAIN_WARMUP, TRAIN_REPEATS = 10, 2, 4  # 4 × 7 timed iterations each
+# iterations of one shared run, the first TRAIN_WARMUP untimed: a fresh run's first ~6 iterations
+# take minor page faults while the allocator settles (5,000–40,000 each, ~2.5 ms per MB on this VM)
+TRAIN_ITERS, TRAIN_WARMUP = 40, 8
 
 
-def shared_loop_iteration_times(overrides):
-    """Run train.train and return (wall, CPU) seconds of each iteration, measured between
-    consecutive calls of sft.batches (the first thing an iteration does), so everything the loop
-    does per iteration (lr schedule, accumulation, clipping, logging, progress bar) is inside."""
-    stamps = []
+def bare_step(model, optimizer, micro_batches, cfg, autocast):
+    """One optimizer step of the loop a person writes first: the same model, hyperparameters and
+    masked loss, PyTorch's default AdamW on every parameter, mean loss, clipping, no logging."""
+    for ids, mask in micro_batches:
+        with autocast:  # bf16 on CUDA, as in train.train
+            loss_sum, count = C.masked_nll(model, ids, mask)
+        (loss_sum / count / len(micro_batches)).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def interleaved_loop_times(overrides):
+    """train.train with one bare-loop step, on the same batches, run between each two of its
+    iterations: per iteration, ((wall, CPU) seconds of the shared loop's iteration, the same of the
+    bare step), pairs taken moments apart so that a change in machine load hits both alike. A shared
+    iteration is timed from the end of the bare step before it to the start of the one after it, so
+    everything the loop does per iteration (batches, lr schedule, accumulation, clipping, logging,
+    progress bar) is inside."""
+    marks, bare_times, bare = [], [], {}
     original = sft.batches
 
-    def stamped_batches(run, it):
+    def interleaved_batches(run, it):
         sync(run.device)
-        stamps.append(clocks())
+        start = clocks()
+        if not bare:  # (torch's RNG forked: building it leaves the shared run's randomness alone)
+            with torch.random.fork_rng(devices=[]):
+                bare["model"] = C.build_model(run.cfg, run.tok).to(run.device).train()
+            bare["optimizer"] = torch.optim.AdamW(bare["model"].parameters(), lr=run.cfg["learning_rate"],
+                                                  betas=(run.cfg["beta1"], run.cfg["beta2"]),
+                                                  weight_decay=run.cfg["weight_decay"])
+        micro_batches = original(run, it)[0]  # this iteration's batches (they depend only on seed and it)
+        sync(run.device)
+        bare_start = clocks()
+        bare_step(bare["model"], bare["optimizer"], micro_batches, run.cfg, run.autocast)
+        sync(run.device)
+        end = clocks()
+        bare_times.append((end[0] - bare_start[0], end[1] - bare_start[1]))
+        marks.append((start, end))
         return original(run, it)
 
-    sft.batches = stamped_batches
+    sft.batches = interleaved_batches
     try:
         run = T.train(overrides)
     finally:
         sft.batches = original
-    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(stamps, stamps[1:])], run
-
-
-def bare_loop_iteration_times(run, batches):
-    """The same model, hyperparameters and masked loss in the loop a person writes first: PyTorch's
-    default AdamW on every parameter, mean loss, clipping, no logging."""
-    cfg = run.cfg
-    model = C.build_model(cfg, run.tok).to(run.device)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["learning_rate"], betas=(cfg["beta1"], cfg["beta2"]),
-                                  weight_decay=cfg["weight_decay"])
-    times = []
-    for ids, mask in batches:
-        sync(run.device)
-        start = clocks()
-        with run.autocast:  # bf16 on CUDA, as in train.train
-            loss_sum, count = C.masked_nll(model, ids, mask)
-        (loss_sum / count).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync(run.device)
-        end = clocks()
-        times.append((end[0] - start[0], end[1] - start[1]))
-    return times
+    shared = [(b[0][0] - a[1][0], b[0][1] - a[1][1]) for a, b in zip(marks, marks[1:])]
+    return list(zip(shared, bare_times)), run
 
 
 @benchmark
 def train_loop(args):
-    shared, bare = [], []
     with tempfile.TemporaryDirectory(prefix="bench_train_") as out_dir:
         overrides = dict(algo="sft", max_iters=TRAIN_ITERS, eval_interval=0, checkpoint=False, device=args["device"],
                          train_problems=2000, val_examples=16, out_dir=out_dir)  # small pools: short setup
-        for _ in range(TRAIN_REPEATS):  # alternate the two, so a change in machine load hits both alike
-            times, run = shared_loop_iteration_times(overrides)
-            shared += times[TRAIN_WARMUP:]
-            # the very batches the shared loop drew (they depend only on seed and iteration)
-            batches = [mb for it in range(TRAIN_ITERS) for mb in run.algo.batches(run, it)[0]]
-            # the shared loop's intervals end at the start of its last iteration: time the same ones
-            bare += bare_loop_iteration_times(run, batches)[TRAIN_WARMUP:TRAIN_ITERS - 1]
-    tokens = statistics.mean(ids[:, :-1].numel() for ids, _ in batches)  # model input tokens per iteration
-    wall_shared, wall_bare = (statistics.median(t for t, _ in x) for x in (shared, bare))
-    cpu_shared, cpu_bare = (statistics.median(c for _, c in x) for x in (shared, bare))
-    overhead = wall_shared / wall_bare - 1
-    report(bench="train_loop", batch_size=run.cfg["batch_size"], tokens_per_iter=round(tokens),
-           iterations_timed=len(shared), shared_loop_tok_s=round(tokens / wall_shared),
-           bare_loop_tok_s=round(tokens / wall_bare), shared_iter_ms=round(1000 * wall_shared, 2),
-           bare_iter_ms=round(1000 * wall_bare, 2), overhead_pct=round(100 * overhead, 2),
-           cpu_overhead_pct=round(100 * (cpu_shared / cpu_bare - 1), 2))
-    return [target("train loop: train.train throughput vs a bare loop, × (wall clock)", wall_bare / wall_shared, 1.0),
-            figure("train loop: the same in CPU time, ×", cpu_bare / cpu_shared)]
+        pairs, run = interleaved_loop_times(overrides)
+    pairs = pairs[TRAIN_WARMUP:]
+    wall_ratio = statistics.median(b[0] / s[0] for s, b in pairs)  # bare / shared time: shared throughput, ×
+    cpu_ratio = statistics.median(b[1] / s[1] for s, b in pairs)
+    quartiles = statistics.quantiles([b[0] / s[0] for s, b in pairs], n=4)
+    ids = sft.batches(run, 0)[0][0][0]
+    tokens = ids[:, :-1].numel() * run.cfg["gradient_accumulation_steps"]  # model input tokens per iteration
+    wall_shared, wall_bare = (statistics.median(p[k][0] for p in pairs) for k in (0, 1))
+    report(bench="train_loop", batch_size=run.cfg["batch_size"], tokens_per_iter=tokens, pairs_timed=len(pairs),
+           shared_loop_tok_s=round(tokens / wall_shared), bare_loop_tok_s=round(tokens / wall_bare),
+           shared_iter_ms=round(1000 * wall_shared, 2), bare_iter_ms=round(1000 * wall_bare, 2),
+           shared_vs_bare=round(wall_ratio, 4), quartiles=[round(q, 4) for q in (quartiles[0], quartiles[2])],
+           shared_vs_bare_cpu=round(cpu_ratio, 4))
+    return [target("train loop: train.train throughput vs a bare loop, × (wall clock, median of pairs)", wall_ratio, 1.0),
+            figure("train loop: the same in CPU time, ×", cpu_ratio)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -492,7 +496,7 @@ def rl_staleness(args):
 
 # Sizes small enough that every benchmark runs in seconds (--tiny): a check that they run, not figures
 TINY_SIZES = dict(PROMPT_LEN=8, NEW_TOKENS=8, SAMPLER_BATCHES=(1, 2), ATTENTION_BATCH=2, ATTENTION_KEYS=(8, 12),
-                  ATTENTION_REPEATS=2, TRAIN_ITERS=4, TRAIN_WARMUP=1, TRAIN_REPEATS=1, DPO_PAIRS=2, DPO_REPEATS=1,
+                  ATTENTION_REPEATS=2, TRAIN_ITERS=4, TRAIN_WARMUP=1, DPO_PAIRS=2, DPO_REPEATS=1,
                   RL_ITERS=2, RL_PROMPTS=2, RL_GROUP=2, RL_NEW_TOKENS=8, SHARED_REPEATS=1, STALE_ITERS=3,
                   GRPO_SIZES=dict(prompts_per_iter=2, group_size=2, max_new_tokens=8))
 
