@@ -33,7 +33,7 @@ import torch.nn.functional as F
 import common as C
 import sft
 import train as T
-from model import draw
+from model import draw, sample
 from tokenizer import Tokenizer
 
 BENCHMARKS = {}  # name -> function(args) returning its summary rows; main() runs them in order
@@ -468,7 +468,24 @@ def rl_shared_prompt(args):
            mean_response_tokens=round(length, 1), shared_ms=round(1000 * shared, 1),
            unshared_ms=round(1000 * unshared, 1), speedup=round(unshared / shared, 3),
            cpu_speedup=round(cpu_unshared / cpu_shared, 3))
-    return [figure("grpo scoring + update, share_prompt off / on (same rollouts), ×", unshared / shared)]
+
+    # the sampler: the rollouts' prompts, G copies of each (one prefill per distinct prompt), against
+    # as many distinct prompts of the same lengths (their first token made unique: a prefill per row);
+    # exactly max_new_tokens each (no stop token), so the decode steps are the same work
+    prompts = [row[:n].tolist() for row, n in zip(rows["ids"], rows["prompt_len"].tolist())]
+    distinct = [[i % run.raw_model.config.vocab_size] + p[1:] for i, p in enumerate(prompts)]
+    assert len(set(map(tuple, distinct))) == len(distinct) and len(set(map(tuple, prompts))) < len(prompts)
+    new_tokens = run.cfg["max_new_tokens"]
+    sampling = alternating_medians({name: (lambda p=p: sample(run.raw_model, p, new_tokens, seed=0))
+                                    for name, p in (("repeated", prompts), ("distinct", distinct))},
+                                   run.device, SHARED_REPEATS)
+    (repeated, _), (unique, _) = sampling["repeated"], sampling["distinct"]
+    report(bench="rl_shared_prefill", responses=len(prompts), distinct_prompts=len(set(map(tuple, prompts))),
+           new_tokens=new_tokens, repeated_ms=round(1000 * repeated, 1), distinct_ms=round(1000 * unique, 1),
+           speedup=round(unique / repeated, 3))
+    return [figure("grpo scoring + update, share_prompt off / on (same rollouts), ×", unshared / shared),
+            figure("grpo sampling, G copies of each prompt (one prefill each) vs distinct prompts, ×",
+                   unique / repeated)]
 
 
 @benchmark
