@@ -338,19 +338,30 @@ def dpo_step(args):
         (loss_sum / count).backward()
         optimizer.step()
 
-    dpo_fn = lambda: step(lambda: dpo.loss(run, model, batch)[:2])
+    def dpo_fn(share):
+        def fn():
+            run.cfg["share_prompt"] = share
+            step(lambda: dpo.loss(run, model, batch)[:2])
+        return fn
+
     sft_fn = lambda: step(lambda: C.masked_nll(model, batch["ids"], sft_mask))
-    t_dpo, t_sft = [], []
-    for _ in range(3):  # alternate, so a change in machine load hits both alike
-        t_dpo.append(median_seconds(dpo_fn, run.device, DPO_REPEATS))
-        t_sft.append(median_seconds(sft_fn, run.device, DPO_REPEATS))
-    t_dpo, t_sft = statistics.median(t_dpo), statistics.median(t_sft)
+    times = {"dpo": [], "dpo_shared": [], "sft": []}
+    for _ in range(3):  # alternate, so a change in machine load hits all alike
+        for name, fn in (("dpo", dpo_fn(False)), ("dpo_shared", dpo_fn(True)), ("sft", sft_fn)):
+            times[name].append(median_seconds(fn, run.device, DPO_REPEATS))
+    t_dpo, t_shared, t_sft = (statistics.median(times[k]) for k in ("dpo", "dpo_shared", "sft"))
     tokens = batch["ids"][:, :-1].numel()
+    prompt = float(batch["prompt_lens"].float().mean())
     report(bench="dpo_step", pairs=DPO_PAIRS, rows=batch["ids"].size(0), tokens_per_step=tokens,
-           dpo_step_ms=round(1000 * t_dpo, 2), sft_step_ms=round(1000 * t_sft, 2),
-           dpo_tok_s=round(tokens / t_dpo), sft_tok_s=round(tokens / t_sft), dpo_vs_sft=round(t_dpo / t_sft, 3))
+           mean_prompt_tokens=round(prompt, 1), dpo_step_ms=round(1000 * t_dpo, 2),
+           dpo_shared_prompt_step_ms=round(1000 * t_shared, 2), sft_step_ms=round(1000 * t_sft, 2),
+           dpo_tok_s=round(tokens / t_dpo), sft_tok_s=round(tokens / t_sft), dpo_vs_sft=round(t_dpo / t_sft, 3),
+           shared_prompt_speedup=round(t_dpo / t_shared, 3))
+    # the target compares the same forward and backward (share_prompt off); sharing is its own figure
     return [target("dpo step (cached reference) vs sft step on the same tokens, ×", t_dpo / t_sft, 1.15,
-                   higher_is_better=False)]
+                   higher_is_better=False),
+            figure(f"dpo step, share_prompt off / on ({prompt:.0f}-token prompts of {tokens // len(batch['ids'])}), ×",
+                   t_dpo / t_shared)]
 
 
 # ----------------------------------------------------------------------------------------------
