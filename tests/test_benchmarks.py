@@ -54,3 +54,20 @@ def test_peers_project_side_runs_the_peer_workloads(tmp_path):
     assert json.load(open(tmp_path / "out" / "grpo_kl_2x8x32" / "config.json"))["kl"] == "k3_loss"
     assert results["grpo_kl:2x8x32"]["completion_tokens_per_s"] > 0
     assert results["sft"]["tokens_per_s"] > 0 and len(results["sft"]["steady_periods"]) == 3
+
+
+def test_bench_loop_dpo_and_shared_prompt_figures_at_tiny_size(tmp_path):
+    """bench.py's train_loop pairs a bare step with every shared iteration after the warm-up,
+    dpo_step times DPO with and without shared prompts, and rl_shared_prompt samples G copies of
+    each prompt against as many distinct prompts."""
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "train_loop", "dpo_step", "rl_shared_prompt",
+                           "--tiny", f"--out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r["bench"]: r for r in json.load(open(out))["measurements"] if "bench" in r and "seconds" not in r}
+    loop = rows["train_loop"]
+    assert loop["pairs_timed"] == 2 and loop["shared_vs_bare"] > 0 and loop["bare_iter_ms"] > 0  # 4 iterations, 1 warm-up
+    assert rows["dpo_step"]["dpo_shared_prompt_step_ms"] > 0 and rows["dpo_step"]["dpo_vs_sft"] > 0
+    prefill = rows["rl_shared_prefill"]
+    assert prefill["distinct_prompts"] < prefill["responses"] and prefill["repeated_ms"] > 0
