@@ -256,8 +256,8 @@ def interleaved_loop_times(overrides):
     bare step), pairs taken moments apart so that a change in machine load hits both alike. A shared
     iteration is timed from the end of the bare step before it to the start of the one after it, so
     everything the loop does per iteration (batches, lr schedule, accumulation, clipping, logging,
-    progress bar) is inside."""
-    marks, bare_times, bare = [], [], {}
+    progress bar) is inside. Also returns the mean model input tokens of an iteration, and the run."""
+    marks, bare_times, tokens, bare = [], [], [], {}
     original = sft.batches
 
     def interleaved_batches(run, it):
@@ -270,6 +270,7 @@ def interleaved_loop_times(overrides):
                                                   betas=(run.cfg["beta1"], run.cfg["beta2"]),
                                                   weight_decay=run.cfg["weight_decay"])
         micro_batches = original(run, it)[0]  # this iteration's batches (they depend only on seed and it)
+        tokens.append(sum(ids[:, :-1].numel() for ids, _ in micro_batches))  # model input tokens
         sync(run.device)
         bare_start = clocks()
         bare_step(bare["model"], bare["optimizer"], micro_batches, run.cfg, run.autocast)
@@ -285,7 +286,7 @@ def interleaved_loop_times(overrides):
     finally:
         sft.batches = original
     shared = [(b[0][0] - a[1][0], b[0][1] - a[1][1]) for a, b in zip(marks, marks[1:])]
-    return list(zip(shared, bare_times)), run
+    return list(zip(shared, bare_times)), statistics.mean(tokens), run
 
 
 @benchmark
@@ -293,15 +294,13 @@ def train_loop(args):
     with tempfile.TemporaryDirectory(prefix="bench_train_") as out_dir:
         overrides = dict(algo="sft", max_iters=TRAIN_ITERS, eval_interval=0, checkpoint=False, device=args["device"],
                          train_problems=2000, val_examples=16, out_dir=out_dir)  # small pools: short setup
-        pairs, run = interleaved_loop_times(overrides)
+        pairs, tokens, run = interleaved_loop_times(overrides)
     pairs = pairs[TRAIN_WARMUP:]
     wall_ratio = statistics.median(b[0] / s[0] for s, b in pairs)  # bare / shared time: shared throughput, ×
     cpu_ratio = statistics.median(b[1] / s[1] for s, b in pairs)
     quartiles = statistics.quantiles([b[0] / s[0] for s, b in pairs], n=4)
-    ids = sft.batches(run, 0)[0][0][0]
-    tokens = ids[:, :-1].numel() * run.cfg["gradient_accumulation_steps"]  # model input tokens per iteration
     wall_shared, wall_bare = (statistics.median(p[k][0] for p in pairs) for k in (0, 1))
-    report(bench="train_loop", batch_size=run.cfg["batch_size"], tokens_per_iter=tokens, pairs_timed=len(pairs),
+    report(bench="train_loop", batch_size=run.cfg["batch_size"], tokens_per_iter=round(tokens), pairs_timed=len(pairs),
            shared_loop_tok_s=round(tokens / wall_shared), bare_loop_tok_s=round(tokens / wall_bare),
            shared_iter_ms=round(1000 * wall_shared, 2), bare_iter_ms=round(1000 * wall_bare, 2),
            shared_vs_bare=round(wall_ratio, 4), quartiles=[round(q, 4) for q in (quartiles[0], quartiles[2])],
