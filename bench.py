@@ -234,7 +234,7 @@ def attention(args):
 # Training: the shared loop (train.train) vs a bare PyTorch loop on the same batches
 
 # iterations of one shared run, the first TRAIN_WARMUP untimed: a fresh run's first ~6 iterations
-# take minor page faults while the allocator settles (5,000–40,000 each, ~2.5 ms per MB on this VM)
+# take minor page faults while the allocator settles (up to 44,000 in one iteration on this VM)
 TRAIN_ITERS, TRAIN_WARMUP = 40, 8
 
 
