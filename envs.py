@@ -746,6 +746,14 @@ _MAP = _map_pattern(MAP_TEXT)
 
 
 @functools.lru_cache(maxsize=None)
+def actions_to_win(state):
+    """The fewest actions that still win from `state` (BFS over the game; rooms by role, so one table
+    serves every map); None once no win is reachable."""
+    path = shortest_solution(start=state)
+    return None if path is None else len(path)
+
+
+@functools.lru_cache(maxsize=None)
 def optimal_episode(names):
     """[(action, observation)] of the shortest win (BFS), rooms called by `names` (a tuple in ROOMS
     order); cached: a map's solution is searched once."""
@@ -847,6 +855,47 @@ class Treasure:
             if reward > 0:
                 return 1.0
         return 0.0
+
+    # -- the rule engine: step rewards (process) and path signals (RLVP) ---------------------------
+    def judge_calls(self, problem, response):
+        """[(character offset just after the call, +1, 0 or −1)] for every call, the calls replayed
+        from the start (SPEC §3 RLVP, Process vs outcome; each judgement is a fact of the game):
+          +1 progress: an action the game accepts that brings the chest one action nearer (the fewest
+             actions left to win, by BFS, falls by one): taking the red key, the sword, the ore or the
+             blue key, crafting, beating the guardian, each room toward the next goal (through a door
+             once its key is held), opening the chest;
+          −1 a refused action (the game answers "cannot go", "locked", "nothing to take", an error,
+             or a call after the game ended), a result that is not the game's (a call past
+             max_tool_calls), a wasted action (back to a state already visited in this episode: a
+             loop), and the fatal fight without the great sword;
+           0 anything else: an accepted action into a new state that is no nearer (the dead-end
+             library). No call, no judgement: absence of progress is never penalised."""
+        names, state, done, seen, out = problem["names"], START, False, {START}, []
+        for call, result, end in tool_calls(response):
+            after, done_after, observation, reward = self._act(state, done, call, names)
+            if result != observation or after == state and not done_after or done_after and reward == 0 or done:
+                sign = -1.0  # refused, not the game's result, fatal, or after the end (the state is kept)
+            elif reward > 0:
+                sign = 1.0  # the chest
+            elif after in seen:
+                sign = -1.0  # a loop: wasted, even where it undoes a detour
+            else:
+                sign = 1.0 if actions_to_win(after) == actions_to_win(state) - 1 else 0.0
+            if result == observation:
+                state, done = after, done_after
+                seen.add(state)
+            out.append((end, sign))
+        return out
+
+    def step_rewards(self, problem, response):
+        """Process rewards (V-IRL's shape): each call's judgement (+1 progress, −1 refused, wasted or
+        fatal, 0 otherwise), and the verifier's reward at the end of the response."""
+        return self.judge_calls(problem, response) + [(len(response), self.verify(problem, response))]
+
+    def path_signals(self, problem, response):
+        """RLVP's rule engine: the calls judged +1 (verifiable progress, paired with the penalty of
+        its opposite) or −1 (a machine-detectable bad action); the algorithm weighs them +μ / −λ."""
+        return [(end, sign) for end, sign in self.judge_calls(problem, response) if sign != 0]
 
     def corpus(self, n, seed=0):
         """Pre-training text: optimal plays of train maps."""

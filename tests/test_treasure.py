@@ -101,3 +101,41 @@ def test_sft_then_grpo_run_on_the_treasure_hunt(tmp_path):
     run = T.train(dict(tiny, algo="grpo", env="treasure", init_from=str(tmp_path / "sft"), prompts_per_iter=2,
                        group_size=2, max_iters=1, max_new_tokens=48, eval_pass_k=0, out_dir=str(tmp_path / "grpo")))
     assert run.raw_model.config.block_size == 576
+
+
+def test_rule_engine_judges_each_call_of_hand_made_plays():
+    """judge_calls on hand-made transcripts: the optimal play is eleven steps of progress; a refused
+    action, a locked door, a loop back, the fatal fight and calls after the end are −1; a detour into a
+    new room is 0. step_rewards add the verifier at the end; path_signals keep the non-zero ones."""
+    p = ENV.problems("heldout", 1)[0]
+    n, plan = p["names"], p["answer"].split(", ")
+    win = play(p, plan)
+    ends = [end for _, _, end in envs.tool_calls(win)]
+    assert ENV.judge_calls(p, win) == [(end, 1.0) for end in ends]
+    assert ENV.step_rewards(p, win) == [(end, 1.0) for end in ends] + [(len(win), 1.0)]
+    assert ENV.path_signals(p, win) == ENV.judge_calls(p, win)
+    # hall: take the key (+1); library (a detour into a new state, 0), hall (a loop, −1), take again
+    # (refused: nothing left, −1), craft (refused: not at the forge, −1), armory (+1)
+    calls = ["take", f"go {n['library']}", f"go {n['hall']}", "take", "craft", f"go {n['armory']}"]
+    signs = [s for _, s in ENV.judge_calls(p, play(p, calls))]
+    assert signs == [1.0, 0.0, -1.0, -1.0, -1.0, 1.0]
+    # armory before the key (0: no nearer), the red door locked (−1), the sword (+1), back to the
+    # hall (+1), the lair (+1: the forge is reachable from it without the key), the fatal fight (−1), then
+    # the game is over (−1)
+    rushed = [f"go {n['armory']}", f"go {n['forge']}", "take", f"go {n['hall']}", f"go {n['lair']}", "fight",
+              "open chest"]
+    text = play(p, rushed)
+    assert [s for _, s in ENV.judge_calls(p, text)] == [0.0, -1.0, 1.0, 1.0, 1.0, -1.0, -1.0]
+    assert ENV.step_rewards(p, text)[-1] == (len(text), 0.0)
+    assert [s for _, s in ENV.path_signals(p, text)] == [-1.0, 1.0, 1.0, 1.0, -1.0, -1.0]
+    # a result the game did not give (the sampler refused a call past max_tool_calls) is −1 and changes nothing
+    refused = play(p, plan).replace("chest open: you win", "error: at most 10 calls")
+    assert ENV.judge_calls(p, refused)[-1][1] == -1.0 and ENV.judge_calls(p, refused)[:-1] == ENV.judge_calls(p, win)[:-1]
+    assert ENV.judge_calls(p, "no calls at all") == [] and ENV.step_rewards(p, "x") == [(1, 0.0)]
+    assert [envs.actions_to_win(s) for s in (envs.START, envs.START._replace(red_key=True))] == [11, 10]
+
+
+def test_rlvp_and_process_modes_accept_the_treasure_hunt():
+    cfg = T.make_config(dict(algo="grpo", env="treasure", reward_mode="rlvp"))
+    C.check_reward_mode(cfg, ENV)
+    C.check_reward_mode(dict(cfg, reward_mode="process"), ENV)
