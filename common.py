@@ -205,15 +205,24 @@ def build_model(cfg, tok):
                                  bias=cfg["bias"]))
     if os.path.isfile(os.path.join(init, "ckpt.pt")):
         return load_model(init)
-    if init.startswith("gpt2") or os.path.isfile(os.path.join(init, "config.json")):
-        model = GPT.from_pretrained(init, dropout=cfg["dropout"])
-        if cfg["block_size"] > model.config.block_size:
-            raise ValueError(f"block_size={cfg['block_size']} is longer than {init}'s "
-                             f"{model.config.block_size} positions")
-        model.resize_vocab(tok.n_vocab)
-        return model
-    raise ValueError(f"init_from={init!r}: not 'scratch', 'resume', a checkpoint directory "
-                     f"(with ckpt.pt), a GPT-2 name or a transformers GPT-2 directory")
+    if not is_hf_checkpoint(init):
+        raise ValueError(f"init_from={init!r}: not 'scratch', 'resume', a checkpoint directory (with ckpt.pt), "
+                         f"a transformers directory (with config.json) or a hub name (owner/name, gpt2)")
+    model = GPT.from_pretrained(init, dropout=cfg["dropout"])  # its config.json names the architecture
+    if cfg["block_size"] > model.config.block_size:
+        raise ValueError(f"block_size={cfg['block_size']} is longer than {init}'s "
+                         f"{model.config.block_size} positions")
+    model.resize_vocab(tok.n_vocab)
+    return model
+
+
+def is_hf_checkpoint(name):
+    """A transformers directory (config.json), or a name from_pretrained would look up on the hub:
+    GPT-2's names, or owner/name where no such local path exists."""
+    if os.path.isfile(os.path.join(name, "config.json")):
+        return True
+    return name.startswith("gpt2") or (not os.path.exists(name) and name.count("/") == 1
+                                       and not name.startswith((".", "/")))
 
 
 def config_env(cfg):

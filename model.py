@@ -2,8 +2,12 @@
 The model: a GPT-2-style decoder, a scalar-head variant (reward model, critic), the hand-written
 batched KV-cache sampler, per-token log-probs shared by every algorithm, and LoRA.
 
-GPT-2 layout (pre-LayerNorm blocks, tanh-GELU MLP, learned positions, tied embeddings), so that
-GPT-2 checkpoints load and give the same logits as transformers' GPT2LMHeadModel.
+The default is GPT-2's layout (pre-LayerNorm blocks, tanh-GELU MLP, learned positions, tied
+embeddings), so that GPT-2 checkpoints load and give the same logits as transformers'
+GPT2LMHeadModel. Options of the same config give the Llama family's block (Llama, Qwen2, Qwen3,
+SmolLM): RMSNorm, SwiGLU, rotary positions, grouped-query attention, QK-norm, an untied head;
+from_pretrained loads LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM checkpoints with
+them, and to_transformers writes them back.
 """
 
 import math
@@ -23,6 +27,18 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = True
+    # the Llama family's options; every default is GPT-2's block, so the tiny model stays as it was
+    norm: str = "layernorm"   # layernorm (GPT-2) | rmsnorm (Llama)
+    norm_eps: float = 1e-5    # ε inside the norm's square root
+    mlp: str = "gelu"         # gelu (GPT-2: 4·n_embd tanh-GELU) | swiglu (Llama)
+    mlp_hidden: int = 0       # the MLP's inner width; 0 = 4·n_embd
+    pos: str = "learned"      # learned (GPT-2's absolute table) | rope (rotary, Llama)
+    rope_theta: float = 10000.0  # rotary base θ: pair i turns by pos·θ^(−2i/head_dim)
+    n_kv_head: int = 0        # key/value heads; 0 = n_head; fewer = grouped-query attention
+    head_dim: int = 0         # 0 = n_embd // n_head (Qwen3 sets its own)
+    qkv_bias: bool = False    # biases on q, k, v alone, with bias=False (Qwen2)
+    qk_norm: bool = False     # RMSNorm of each head's q and k before rotary (Qwen3)
+    tie_embeddings: bool = True  # lm_head shares wte's weight (GPT-2, small Llamas) or has its own
 
 
 def dropout(x, p, training):
@@ -30,20 +46,68 @@ def dropout(x, p, training):
     return F.dropout(x, p) if training and p > 0 else x
 
 
+class RMSNorm(nn.Module):
+    """y = g · x / √(mean(x²) + ε): LayerNorm without centring or bias (Llama). In fp32, as
+    transformers computes it, then back to the input's dtype before the gain."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        x32 = x.float()
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+def make_norm(cfg, dim):
+    return RMSNorm(dim, cfg.norm_eps) if cfg.norm == "rmsnorm" else nn.LayerNorm(dim, cfg.norm_eps, bias=cfg.bias)
+
+
+def rotary_cos_sin(pos, head_dim, theta, dtype):
+    """cos and sin (B, 1, T, head_dim) of the angles pos·θ_i, θ_i = θ^(−2i/head_dim), i < head_dim/2,
+    each angle written twice (for x_i and its partner x_{i+head_dim/2}). pos: (B, T) or (1, T)."""
+    inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float) / head_dim)
+    angles = pos.float()[..., None] * inv_freq  # (B, T, head_dim/2), in fp32 as transformers does
+    angles = torch.cat([angles, angles], -1)[:, None]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(x, cos, sin):
+    """Rotary embedding: each pair (x_i, x_{i+d/2}) of a head turned by its angle,
+    (x_i, x_{i+d/2}) -> (x_i·cos − x_{i+d/2}·sin, x_{i+d/2}·cos + x_i·sin). Applied to q and k, so
+    q_m·k_n depends on positions only through m − n."""
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        assert cfg.n_embd % cfg.n_head == 0
         self.n_head, self.dropout = cfg.n_head, cfg.dropout
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.n_kv_head = cfg.n_kv_head or cfg.n_head
+        self.head_dim = cfg.head_dim or cfg.n_embd // cfg.n_head
+        assert cfg.head_dim or cfg.n_embd % cfg.n_head == 0
+        assert self.n_head % self.n_kv_head == 0, "n_head must be a multiple of n_kv_head"
+        # q, k, v in one matrix: n_head query heads, n_kv_head key and value heads. Grouped-query
+        # attention: query head h reads key/value head h // (n_head / n_kv_head)
+        widths = [self.n_head * self.head_dim] + 2 * [self.n_kv_head * self.head_dim]
+        self.widths = widths
+        self.c_attn = nn.Linear(cfg.n_embd, sum(widths), bias=cfg.bias or cfg.qkv_bias)
+        self.c_proj = nn.Linear(widths[0], cfg.n_embd, bias=cfg.bias)
+        if cfg.qk_norm:  # q ← RMSNorm(q), k ← RMSNorm(k) per head: bounded logits q·k (Qwen3)
+            self.q_norm, self.k_norm = RMSNorm(self.head_dim, cfg.norm_eps), RMSNorm(self.head_dim, cfg.norm_eps)
 
-    def forward(self, x, attn_mask=None, cache=None, layer=0, prefix=None, record=None):
+    def forward(self, x, attn_mask=None, cache=None, layer=0, prefix=None, record=None, rope=None):
         """prefix: (k, v) of shared prompts, one row per row of x, put in front of its own keys and
-        values; record: a list that gets this layer's (k, v) (a shared prompt's own pass)."""
+        values; record: a list that gets this layer's (k, v) (a shared prompt's own pass);
+        rope: (cos, sin) of the rows' positions (rotary models)."""
         B, T, C = x.shape
-        # (B, T, 3C) -> q, k, v, each (B, n_head, T, head_size)
-        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        # (B, T, widths) -> q (B, n_head, T, head_dim), k and v (B, n_kv_head, T, head_dim)
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in self.c_attn(x).split(self.widths, -1))
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = rotate(q, *rope), rotate(k, *rope)
         if cache is not None and cache.length > 0:  # a decode step: one new token per row
             y = cache.decode_attention(layer, q, k, v)
         else:  # training, scoring, or a prompt's prefill (which fills the cache)
@@ -55,8 +119,9 @@ class CausalSelfAttention(nn.Module):
                 k, v = torch.cat([prefix[0], k], 2), torch.cat([prefix[1], v], 2)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                                dropout_p=self.dropout if self.training else 0.0,
-                                               is_causal=attn_mask is None and T > 1)
-        y = y.transpose(1, 2).reshape(B, T, C)
+                                               is_causal=attn_mask is None and T > 1,
+                                               enable_gqa=self.n_kv_head != self.n_head)
+        y = y.transpose(1, 2).reshape(B, T, -1)
         return dropout(self.c_proj(y), self.dropout, self.training)
 
 
@@ -78,25 +143,32 @@ def gelu(x):
 class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
-        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        hidden = cfg.mlp_hidden or 4 * cfg.n_embd
+        self.swiglu = cfg.mlp == "swiglu"
+        # SwiGLU's gate and up projections are one matrix: c_fc(x) = [x·W_gate, x·W_up]
+        self.c_fc = nn.Linear(cfg.n_embd, (2 if self.swiglu else 1) * hidden, bias=cfg.bias)
+        self.c_proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
 
     def forward(self, x):
-        x = gelu(self.c_fc(x))  # GPT-2's "gelu_new"
+        if self.swiglu:  # SwiGLU(x) = (SiLU(x·W_gate) ⊙ x·W_up)·W_down, SiLU(z) = z·σ(z)
+            gate, up = self.c_fc(x).chunk(2, -1)
+            x = F.silu(gate) * up
+        else:
+            x = gelu(self.c_fc(x))  # GPT-2's "gelu_new"
         return dropout(self.c_proj(x), self.dropout, self.training)
 
 
 class Block(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.ln_1 = make_norm(cfg, cfg.n_embd)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.ln_2 = make_norm(cfg, cfg.n_embd)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, attn_mask=None, cache=None, layer=0, prefix=None, record=None):
-        x = x + self.attn(self.ln_1(x), attn_mask, cache, layer, prefix, record)
+    def forward(self, x, attn_mask=None, cache=None, layer=0, prefix=None, record=None, rope=None):
+        x = x + self.attn(self.ln_1(x), attn_mask, cache, layer, prefix, record, rope)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -179,6 +251,8 @@ class KVCache:
         self.flat_bias = self.bias.view(B * H, 1, L)
 
 
+NORMS, MLPS, POSITIONS = ("layernorm", "rmsnorm"), ("gelu", "swiglu"), ("learned", "rope")
+
 # GPT-2 stores these linear layers as Conv1D, whose weight is the transpose of nn.Linear's
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
@@ -187,14 +261,17 @@ class GPT(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.config = cfg
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
-            wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
-            h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
-            ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
-        ))
+        for key, value, choices in (("norm", cfg.norm, NORMS), ("mlp", cfg.mlp, MLPS), ("pos", cfg.pos, POSITIONS)):
+            if value not in choices:
+                raise ValueError(f"model {key}={value!r}: choose from {choices}")
+        layers = dict(wte=nn.Embedding(cfg.vocab_size, cfg.n_embd))
+        if cfg.pos == "learned":  # (rotary positions have no table: they turn q and k in every layer)
+            layers["wpe"] = nn.Embedding(cfg.block_size, cfg.n_embd)
+        layers.update(h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]), ln_f=make_norm(cfg, cfg.n_embd))
+        self.transformer = nn.ModuleDict(layers)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # tied embeddings
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2: scaled init of the residual projections
             if name.endswith("c_proj.weight"):
@@ -210,7 +287,7 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def hidden(self, idx, pos=None, attn_mask=None, cache=None, prompts=None):
-        """Final-LayerNorm hidden states (B, T, n_embd). pos: (B, T) position ids (ragged rows).
+        """Final-norm hidden states (B, T, n_embd). pos: (B, T) position ids (ragged rows).
         prompts: a SharedPrompts whose continuations idx are (its positions and mask are used)."""
         if prompts is not None:
             return self._after_prompts(idx, prompts)
@@ -219,25 +296,33 @@ class GPT(nn.Module):
             if T > self.config.block_size:
                 raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
             pos = torch.arange(T, device=idx.device).unsqueeze(0)
-        x = dropout(self.transformer.wte(idx) + self.transformer.wpe(pos), self.config.dropout, self.training)
+        x, rope = self.embed(idx, pos)
         for layer, block in enumerate(self.transformer.h):
-            x = block(x, attn_mask, cache, layer)
+            x = block(x, attn_mask, cache, layer, rope=rope)
         return self.transformer.ln_f(x)
+
+    def embed(self, idx, pos):
+        """The blocks' input and the rotary (cos, sin) at positions pos: token embedding plus the
+        learned position's (GPT-2), or the token embedding alone and the angles (rotary)."""
+        if self.config.pos == "learned":
+            return dropout(self.transformer.wte(idx) + self.transformer.wpe(pos), self.config.dropout, self.training), None
+        x = dropout(self.transformer.wte(idx), self.config.dropout, self.training)
+        c = self.config
+        return x, rotary_cos_sin(pos, c.head_dim or c.n_embd // c.n_head, c.rope_theta, x.dtype)
 
     def _after_prompts(self, idx, prompts):
         """Each distinct prompt runs once (causal, right-padded: no mask needed) and every layer's
         keys and values are kept; each continuation row then attends to its prompt's, picked by
         index_select, whose backward sums the gradients of all rows sharing a prompt into it."""
         kv = []
-        x = self.transformer.wte(prompts.prefix_ids) + self.transformer.wpe(prompts.prefix_pos)
-        x = dropout(x, self.config.dropout, self.training)
+        x, rope = self.embed(prompts.prefix_ids, prompts.prefix_pos)
         for layer, block in enumerate(self.transformer.h):
-            x = block(x, layer=layer, record=kv)
-        x = dropout(self.transformer.wte(idx) + self.transformer.wpe(prompts.pos), self.config.dropout, self.training)
+            x = block(x, layer=layer, record=kv, rope=rope)
+        x, rope = self.embed(idx, prompts.pos)
         for layer, block in enumerate(self.transformer.h):
             k, v = kv[layer]
             x = block(x, prompts.attn_mask, layer=layer, prefix=(k.index_select(0, prompts.rows),
-                                                                  v.index_select(0, prompts.rows)))
+                                                                  v.index_select(0, prompts.rows)), rope=rope)
         return self.transformer.ln_f(x)
 
     def forward(self, idx, pos=None, attn_mask=None, cache=None, prompts=None):
@@ -255,53 +340,167 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_dir, dropout=0.0):
-        """GPT-2 weights from a hub name ('gpt2', 'gpt2-medium', ...: network) or a local directory
-        written by transformers' save_pretrained (offline). Needs the optional transformers package."""
-        from transformers import GPT2LMHeadModel
-        hf = GPT2LMHeadModel.from_pretrained(name_or_dir)
-        c = hf.config
-        cfg = GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer,
-                        n_head=c.n_head, n_embd=c.n_embd, dropout=dropout, bias=True)
+        """Weights of a transformers checkpoint: a hub name ('gpt2', 'Qwen/Qwen2.5-0.5B-Instruct', ...:
+        network) or a local directory written by save_pretrained (offline). The architecture named in
+        its config.json picks the layout (HF_ARCHITECTURES); any other is an error naming it. Needs
+        the optional transformers package."""
+        family = hf_family(name_or_dir)
+        import transformers
+        cfg = config_from_hf(transformers.AutoConfig.from_pretrained(name_or_dir), family, dropout)  # checked before any weight
+        hf = getattr(transformers, HF_ARCHITECTURES[family]).from_pretrained(name_or_dir, dtype=torch.float32)
         model = cls(cfg)
         sd_hf = hf.state_dict()
         with torch.no_grad():
-            for name, p in model.state_dict().items():
-                if name == "lm_head.weight":
-                    continue  # tied to wte
-                src = sd_hf[name]
-                p.copy_(src.t() if name.endswith(CONV1D_WEIGHTS) else src)
+            if family == "gpt2":
+                for name, p in model.state_dict().items():
+                    if name != "lm_head.weight" or not model.config.tie_embeddings:
+                        p.copy_(sd_hf[name].t() if name.endswith(CONV1D_WEIGHTS) else sd_hf[name])
+            else:
+                pairs = llama_names(model)
+                unused = set(sd_hf) - {n for _, names in pairs for n in names} - {"lm_head.weight"}
+                if unused:
+                    raise ValueError(f"{name_or_dir}: weights this model has no place for: {sorted(unused)[:5]}")
+                state = {ours: torch.cat([sd_hf[n] for n in names]) for ours, names in pairs}
+                if model.config.tie_embeddings:
+                    state["lm_head.weight"] = state["transformer.wte.weight"]
+                model.load_state_dict(state)
         return model
 
     def to_transformers(self):
-        """The inverse of from_pretrained: a transformers GPT2LMHeadModel holding the same weights
-        (same logits), in eval mode, on this model's device. Needs the optional transformers package."""
-        from transformers import GPT2Config, GPT2LMHeadModel
-        c = self.config
-        if not c.bias:
-            raise ValueError("GPT-2 has biases: only a bias=True model converts")
-        hf = GPT2LMHeadModel(GPT2Config(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd,
-                                        n_layer=c.n_layer, n_head=c.n_head, resid_pdrop=c.dropout,
-                                        embd_pdrop=c.dropout, attn_pdrop=c.dropout, bos_token_id=None,
-                                        eos_token_id=None))
-        state = {name: (p.t() if name.endswith(CONV1D_WEIGHTS) else p) for name, p in self.state_dict().items()}
+        """The inverse of from_pretrained: a transformers GPT2LMHeadModel, LlamaForCausalLM,
+        Qwen2ForCausalLM or Qwen3ForCausalLM (by the config's options, hf_family_of) holding the
+        same weights (same logits), in eval mode, on this model's device. Needs the optional
+        transformers package."""
+        import transformers
+        family = hf_family_of(self.config)
+        hf = getattr(transformers, HF_ARCHITECTURES[family])(config_to_hf(self.config, family))
+        if family == "gpt2":
+            state = {name: (p.t() if name.endswith(CONV1D_WEIGHTS) else p) for name, p in self.state_dict().items()}
+            ignored = (".attn.bias", ".attn.masked_bias")
+        else:  # each of our fused matrices is split back into transformers' parts, by their sizes
+            ours, sizes = self.state_dict(), {n: p.size(0) for n, p in hf.state_dict().items()}
+            state = {n: part for name, names in llama_names(self)
+                     for n, part in zip(names, ours[name].split([sizes[n] for n in names]))}
+            ignored = ("lm_head.weight",) if self.config.tie_embeddings else ()
         missing, unexpected = hf.load_state_dict(state, strict=False)
-        if unexpected or any(not k.endswith((".attn.bias", ".attn.masked_bias")) for k in missing):
+        if unexpected or any(not k.endswith(ignored) for k in missing):
             raise RuntimeError(f"weight names do not line up: missing {missing}, unexpected {unexpected}")
+        if self.config.tie_embeddings:
+            hf.tie_weights()
         return hf.to(next(self.parameters()).device).eval()
 
     def resize_vocab(self, vocab_size):
-        """Grow the (tied) embedding, e.g. for chat special tokens appended to GPT-2's vocabulary."""
+        """Grow the embedding (and an untied head), e.g. for chat special tokens appended to GPT-2's
+        vocabulary; new rows start at the average of the old ones."""
         old = self.transformer.wte.weight
         if vocab_size <= old.size(0):
             return
-        new = nn.Embedding(vocab_size, old.size(1)).to(old.device, old.dtype)
+        grown = lambda w: torch.cat([w, w.mean(0, keepdim=True).expand(vocab_size - w.size(0), -1)])
         with torch.no_grad():
-            new.weight[:old.size(0)] = old
-            new.weight[old.size(0):] = old.mean(0)  # new tokens start at the average embedding
-        self.transformer.wte = new
-        self.lm_head = nn.Linear(old.size(1), vocab_size, bias=False).to(old.device, old.dtype)
-        self.lm_head.weight = new.weight
+            self.transformer.wte = nn.Embedding.from_pretrained(grown(old), freeze=False)
+            head = self.lm_head.weight if not self.config.tie_embeddings else None
+            self.lm_head = nn.Linear(old.size(1), vocab_size, bias=False).to(old.device, old.dtype)
+            if head is None:
+                self.lm_head.weight = self.transformer.wte.weight
+            else:
+                self.lm_head.weight.copy_(grown(head))
         self.config.vocab_size = vocab_size
+
+
+# ----------------------------------------------------------------------------------------------
+# transformers checkpoints: which architectures load, and how their configs and weights map to ours
+
+HF_ARCHITECTURES = dict(gpt2="GPT2LMHeadModel", llama="LlamaForCausalLM", qwen2="Qwen2ForCausalLM",
+                        qwen3="Qwen3ForCausalLM")
+
+
+def hf_family(name_or_dir):
+    """The model_type ("gpt2", "llama", ...) of a checkpoint's config.json, read before any weight,
+    or a ValueError naming its architecture and what loads."""
+    try:
+        from transformers import PretrainedConfig
+    except ImportError:
+        raise ImportError("loading transformers checkpoints needs the optional transformers package: "
+                          "pip install transformers") from None
+    try:
+        raw = PretrainedConfig.get_config_dict(name_or_dir)[0]
+    except OSError as e:  # neither a directory with config.json nor a reachable hub name
+        raise ValueError(f"{name_or_dir}: no transformers checkpoint there ({e})") from None
+    archs, family = raw.get("architectures") or [], raw.get("model_type")
+    if family in HF_ARCHITECTURES and (not archs or HF_ARCHITECTURES[family] in archs):
+        return family
+    raise ValueError(f"{name_or_dir}: architecture {', '.join(archs) or '?'} (model_type {family!r}) is not "
+                     f"supported; supported: {', '.join(HF_ARCHITECTURES.values())}")
+
+
+def hf_family_of(cfg):
+    """The transformers class a config exports to: GPT-2's block, else Qwen3 (QK-norm), Qwen2
+    (q, k, v biases) or Llama."""
+    if cfg.norm == "layernorm" and cfg.mlp == "gelu" and cfg.pos == "learned":
+        return "gpt2"
+    if (cfg.norm, cfg.mlp, cfg.pos, cfg.bias) != ("rmsnorm", "swiglu", "rope", False):
+        raise ValueError("only GPT-2's block or the Llama family's (rmsnorm, swiglu, rope, bias=False) exports")
+    return "qwen3" if cfg.qk_norm else "qwen2" if cfg.qkv_bias else "llama"
+
+
+def rope_theta_of(c):
+    """The rotary base of a transformers config (rope_parameters from transformers 5, rope_theta before);
+    any rope scaling is an error: only plain rotary is implemented."""
+    params = getattr(c, "rope_parameters", None) or {"rope_theta": c.rope_theta, **(getattr(c, "rope_scaling", None) or {})}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default":
+        raise ValueError(f"rope scaling {kind!r} is not supported (only plain rotary positions)")
+    return float(params["rope_theta"])
+
+
+def config_from_hf(c, family, dropout):
+    if family == "gpt2":
+        return GPTConfig(block_size=c.n_positions, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
+                         n_embd=c.n_embd, dropout=dropout, bias=True, tie_embeddings=c.tie_word_embeddings)
+    unsupported = [k for k in ("attention_bias", "mlp_bias", "use_sliding_window") if getattr(c, k, False)]
+    if unsupported or c.hidden_act != "silu":
+        raise ValueError(f"{family} with {unsupported or c.hidden_act} is not supported")
+    return GPTConfig(block_size=c.max_position_embeddings, vocab_size=c.vocab_size, n_layer=c.num_hidden_layers,
+                     n_head=c.num_attention_heads, n_embd=c.hidden_size, dropout=dropout, bias=False,
+                     norm="rmsnorm", norm_eps=c.rms_norm_eps, mlp="swiglu", mlp_hidden=c.intermediate_size,
+                     pos="rope", rope_theta=rope_theta_of(c), n_kv_head=c.num_key_value_heads,
+                     head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+                     qkv_bias=family == "qwen2", qk_norm=family == "qwen3", tie_embeddings=c.tie_word_embeddings)
+
+
+def config_to_hf(c, family):
+    import transformers
+    if family == "gpt2":
+        if not c.bias:
+            raise ValueError("GPT-2 has biases: only a bias=True model converts")
+        return transformers.GPT2Config(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd,
+                                       n_layer=c.n_layer, n_head=c.n_head, resid_pdrop=c.dropout,
+                                       embd_pdrop=c.dropout, attn_pdrop=c.dropout, bos_token_id=None,
+                                       eos_token_id=None, tie_word_embeddings=c.tie_embeddings)
+    kind = getattr(transformers, HF_ARCHITECTURES[family].replace("ForCausalLM", "Config"))
+    return kind(vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.mlp_hidden or 4 * c.n_embd,
+                num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, num_key_value_heads=c.n_kv_head or c.n_head,
+                head_dim=c.head_dim or c.n_embd // c.n_head, max_position_embeddings=c.block_size,
+                rms_norm_eps=c.norm_eps, rope_theta=c.rope_theta, tie_word_embeddings=c.tie_embeddings,
+                attention_dropout=c.dropout, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def llama_names(model):
+    """(our parameter, [transformers' parameters]) for a Llama-family model: where several are named,
+    ours is theirs concatenated along dim 0 (q, k, v into c_attn; gate, up into c_fc)."""
+    ours = model.state_dict()
+    modules = [("transformer.wte", ["model.embed_tokens"]), ("transformer.ln_f", ["model.norm"]),
+               ("lm_head", ["lm_head"])]
+    for i in range(model.config.n_layer):
+        a, b = f"transformer.h.{i}.", f"model.layers.{i}."
+        modules += [(a + "ln_1", [b + "input_layernorm"]), (a + "ln_2", [b + "post_attention_layernorm"]),
+                    (a + "attn.c_attn", [b + f"self_attn.{p}_proj" for p in "qkv"]),
+                    (a + "attn.c_proj", [b + "self_attn.o_proj"]),
+                    (a + "attn.q_norm", [b + "self_attn.q_norm"]), (a + "attn.k_norm", [b + "self_attn.k_norm"]),
+                    (a + "mlp.c_fc", [b + "mlp.gate_proj", b + "mlp.up_proj"]), (a + "mlp.c_proj", [b + "mlp.down_proj"])]
+    skip_head = model.config.tie_embeddings
+    return [(f"{mine}.{kind}", [f"{n}.{kind}" for n in theirs]) for mine, theirs in modules for kind in ("weight", "bias")
+            if f"{mine}.{kind}" in ours and not (skip_head and mine == "lm_head")]
 
 
 class ScalarHeadGPT(nn.Module):

@@ -1,0 +1,138 @@
+"""The Llama family (Llama, Qwen2, Qwen3): tiny random transformers models, saved to disk, must load
+into our GPT with the same logits and the same greedy continuations as transformers' generate, go
+back out with the same weights, and an architecture we cannot load must be an error naming it."""
+
+import json
+import os
+
+import pytest
+import torch
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # a local save_pretrained directory must never touch the network
+transformers = pytest.importorskip("transformers")
+
+import common as C
+from model import GPT, GPTConfig, sequence_logprobs
+
+VOCAB = 96
+# Llama with grouped-query attention and its own head; Qwen2 with q, k, v biases and a tied head;
+# Qwen3 with QK-norm and a head_dim that is not hidden_size / heads
+FAMILIES = {"llama": ("Llama", dict(tie_word_embeddings=False)),
+            "qwen2": ("Qwen2", dict(tie_word_embeddings=True)),
+            "qwen3": ("Qwen3", dict(tie_word_embeddings=False, head_dim=24))}
+
+
+def tiny_hf(family, seed=0):
+    """A random 2-layer model of the family, every weight drawn at random (transformers starts
+    biases at 0 and norm gains at 1, which would hide a bias or gain left behind)."""
+    kind, extra = FAMILIES[family]
+    config = getattr(transformers, kind + "Config")(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, rope_theta=500.0, rms_norm_eps=1e-6,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None, **extra)
+    torch.manual_seed(seed)
+    hf = getattr(transformers, kind + "ForCausalLM")(config).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else 0.3 * torch.randn_like(p))
+    return hf
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def hf_dir(request, tmp_path_factory):
+    """(directory, the model in eval mode) of each family, saved with save_pretrained."""
+    hf = tiny_hf(request.param)
+    path = tmp_path_factory.mktemp(request.param) / f"tiny-{request.param}"
+    hf.save_pretrained(path)
+    return str(path), hf
+
+
+def random_ids(batch, length, seed):
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_logits_match_transformers(hf_dir):
+    path, hf = hf_dir
+    ours = GPT.from_pretrained(path).eval()
+    c = ours.config
+    assert (c.norm, c.mlp, c.pos, c.n_kv_head, c.tie_embeddings) == (
+        "rmsnorm", "swiglu", "rope", 2, hf.config.tie_word_embeddings)
+    ids = random_ids(3, 40, seed=1)
+    with torch.no_grad():
+        expected, got = hf(ids).logits, ours(ids)
+    assert got.shape == expected.shape == (3, 40, VOCAB)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+    # ragged rows through the sampler's positions: a left-padded row's logits are its own
+    pos = (torch.arange(40) - 7).clamp(min=0)[None].expand(3, -1)
+    mask = (torch.arange(40)[None, :] >= 7) & torch.ones(40, 40, dtype=torch.bool).tril()
+    mask = (mask | torch.eye(40, dtype=torch.bool))[None, None]
+    with torch.no_grad():
+        shifted = ours(ids, pos=pos, attn_mask=mask)[:, 7:]
+        alone = hf(ids[:, 7:]).logits
+    torch.testing.assert_close(shifted, alone, atol=1e-4, rtol=0)
+
+
+def test_export_round_trip(hf_dir, tmp_path):
+    path, hf = hf_dir
+    ours = GPT.from_pretrained(path).eval()
+    back = ours.to_transformers()
+    assert type(back) is type(hf)
+    ids = random_ids(2, 30, seed=4)
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, hf(ids).logits, atol=1e-5, rtol=0)
+    back.save_pretrained(tmp_path / "again")
+    again = GPT.from_pretrained(str(tmp_path / "again"))
+    assert again.config == ours.config
+    for (name, p), (_, q) in zip(ours.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(p, q), name
+
+
+def test_shared_prompt_logprobs_match_plain(hf_dir):
+    """Rotary positions through SharedPrompts (GRPO's G answers of one prompt, DPO's pair): the
+    same log-probs as scoring each row alone."""
+    ours = GPT.from_pretrained(hf_dir[0]).eval()
+    ids = random_ids(4, 20, seed=5)
+    ids[1, :6] = ids[0, :6]  # rows 0 and 1 share a 6-token prompt
+    lens = torch.tensor([6, 6, 3, 9])
+    with torch.no_grad():
+        plain, shared = sequence_logprobs(ours, ids), sequence_logprobs(ours, ids, prompt_lens=lens)
+    keep = torch.arange(19)[None] >= (lens - 1)[:, None]
+    torch.testing.assert_close(shared[keep], plain[keep], atol=1e-5, rtol=0)
+
+
+def test_unsupported_architecture_is_an_error_naming_it(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"], "model_type": "mamba"}))
+    with pytest.raises(ValueError, match="MambaForCausalLM.*supported: GPT2LMHeadModel, LlamaForCausalLM, "
+                                         "Qwen2ForCausalLM"):
+        GPT.from_pretrained(str(tmp_path))
+    cfg = dict(init_from=str(tmp_path), block_size=64, dropout=0.0)
+    with pytest.raises(ValueError, match="MambaForCausalLM"):
+        C.build_model(cfg, None)
+
+
+def test_rope_scaling_is_an_error(tmp_path):
+    hf = tiny_hf("llama")
+    hf.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}
+    hf.config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="rope scaling 'linear'"):
+        GPT.from_pretrained(str(tmp_path))
+
+
+def test_options_build_from_scratch_and_grow_an_untied_head():
+    """The options alone (no transformers checkpoint): a rotary GQA model without wpe, with its own
+    head, whose resize_vocab keeps every old logit; a misspelt option is an error."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=4, n_embd=32, bias=False, norm="rmsnorm",
+                    mlp="swiglu", mlp_hidden=40, pos="rope", n_kv_head=1, qk_norm=True, tie_embeddings=False)
+    model = GPT(cfg).eval()
+    assert "transformer.wpe.weight" not in model.state_dict()
+    assert model.lm_head.weight.data_ptr() != model.transformer.wte.weight.data_ptr()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(ids)
+        model.resize_vocab(70)
+        after = model(ids)
+    assert after.shape == (2, 12, 70)
+    torch.testing.assert_close(after[..., :64], before, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="pos='alibi'"):
+        GPT(GPTConfig(pos="alibi"))
