@@ -3,6 +3,9 @@ last-token read-out, learning a separable preference, built-in pairs, malformed 
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -168,3 +171,23 @@ def test_rm_refuses_single_examples(tiny, tmp_path):
     mixed = write_jsonl(tmp_path / "mixed.jsonl", [GOOD] * 3 + [{"prompt": "a", "completion": "b", "label": False}])
     with pytest.raises(ValueError, match="mixes pair rows"):
         T.train(rm_config(tiny, data=mixed, max_iters=1))
+
+
+@pytest.mark.slow
+def test_overoptimisation_experiment_runs_at_toy_size(tmp_path):
+    """experiments/overoptimisation.py --quick end to end (~40 s): a proxy RM on few verifier pairs,
+    Best-of-N at N = 1, 2, 4 (KL = log N − (N − 1)/N, the proxy of the kept answer never below the
+    mean), PPO against the proxy binned over iterations, the table and the plot."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, os.path.join(root, "experiments", "overoptimisation.py"), "--quick",
+                           f"--out={tmp_path}"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.load(open(tmp_path / "results.json"))
+    bon = results["best_of_n"]
+    assert [p["N"] for p in bon] == [1, 2, 4] and bon[0]["proxy"] == pytest.approx(0.0, abs=1e-5)
+    assert [p["kl"] for p in bon] == pytest.approx([0.0, math.log(2) - 0.5, math.log(4) - 0.75])
+    assert all(p["proxy"] >= -1e-5 for p in bon)  # the top of N scores at least the mean
+    assert [p["iters"] for p in results["ppo"]] == ["1-2", "3-4"] and results["ppo_evals"][0]["iter"] == 0
+    assert "| Best-of-N | N = 4 |" in (tmp_path / "overoptimisation.md").read_text()
+    assert (tmp_path / "overoptimisation.png").exists()

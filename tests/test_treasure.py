@@ -1,7 +1,13 @@
 """The treasure hunt as a multi-turn tool environment (--env=treasure): the solver's play wins, wrong
 or forged play scores 0, the tool hook replays a transcript's observations, splits differ."""
 
+import json
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
+
+import pytest
 
 import common as C
 import envs
@@ -11,6 +17,7 @@ from envs import END_CALL, END_RESULT, TOOL_CALL, TOOL_RESULT, Treasure
 from tokenizer import Tokenizer
 
 ENV, TOK = Treasure(), Tokenizer()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def play(problem, calls):
@@ -139,3 +146,20 @@ def test_rlvp_and_process_modes_accept_the_treasure_hunt():
     cfg = T.make_config(dict(algo="grpo", env="treasure", reward_mode="rlvp"))
     C.check_reward_mode(cfg, ENV)
     C.check_reward_mode(dict(cfg, reward_mode="process"), ENV)
+
+
+@pytest.mark.slow
+def test_rlvp_experiment_runs_at_toy_size(tmp_path):
+    """experiments/rlvp.py --quick end to end (~25 s): an SFT start, three arms × two seeds of GRPO,
+    per-iteration rollout figures and evaluations at the start and the end, the table and the plot."""
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "rlvp.py"), "--quick", f"--out={tmp_path}"],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.load(open(tmp_path / "results.json"))
+    assert set(results["arms"]) == {"outcome", "rlvp", "process"} and results["seeds"] == [1337, 1338]
+    for runs in results["arms"].values():
+        for points in runs.values():
+            assert sorted(map(int, points)) == [0, 1, 2]
+            assert {"reward", "all_fail_frac", "heldout_acc", "ood_acc"} <= set(points["0"])
+            assert "heldout_acc" in points["2"]
+    assert "| rlvp |" in (tmp_path / "rlvp.md").read_text() and (tmp_path / "rlvp.png").exists()

@@ -1,0 +1,190 @@
+"""
+RLVP where groups fail (SPEC §3 RLVP, Process vs outcome rewards; Ch7 "RLVP"): on the treasure hunt
+(--env=treasure), where most GRPO groups of a short SFT hold no win at all, GRPO with three rewards
+from one SFT checkpoint, the same rollouts each (prompts_per_iter × group_size × iters), two seeds:
+
+    outcome   the verifier alone: 1 for opening the chest, else 0 (reward_mode=outcome); an all-fail
+              group has zero advantage and teaches nothing
+    rlvp      R = O + β·Φ, the outcome and the rule engine's path signal (envs.Treasure.path_signals:
+              +μ per step of progress toward the chest, −λ per refused, looping or fatal action)
+              normalised separately over the group, then combined (reward_mode=rlvp, β = rlvp_beta)
+    process   a reward at every call (+1 progress, −1 refused/wasted/fatal, 0 otherwise) and the
+              outcome at the end, normalised over the group's steps (reward_mode=process)
+
+Per iteration (the iteration's rollouts: a fair sample of the policy) it records the rollout win
+rate, the share of all-fail groups and the rule violations per episode; every --eval_every
+iterations greedy wins on --eval_problems held-out maps and as many OOD maps (rooms named from other
+roles' names). The held-out split is small (73 distinct maps), hence two seeds. It writes
+results.json, rlvp.md (the table) and the plot into --out.
+
+    python train.py --algo sft --env=treasure --max_iters=300 --batch_size=8 --train_problems=2000 \\
+        --eval_interval=100 --eval_problems=100 --out_dir=out/treasure_sft        # the start (one-time)
+    python experiments/rlvp.py --init_from=out/treasure_sft                       # ~40 min on 2 cores
+    python experiments/rlvp.py --quick --out=/tmp/rlvp                            # a toy-size smoke test
+
+--set key=value (repeatable) passes a train.py key to every run.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import train as T  # noqa: E402  (after the path: the script runs from anywhere)
+
+ARMS = dict(outcome=dict(reward_mode="outcome"), rlvp=dict(reward_mode="rlvp"), process=dict(reward_mode="process"))
+SEEDS = (1337, 1338)
+# --quick: a model and batches small enough that the whole pipeline runs in seconds
+QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, prompts_per_iter=2, group_size=2, eval_batch_size=8,
+             max_new_tokens=24, train_problems=32, val_examples=8, device="cpu", plot=False)
+PER_ITER = ("reward", "all_fail_frac", "violations_per_episode")
+PER_EVAL = ("heldout_acc", "ood_acc")
+
+
+def run(overrides):
+    """train.train with the keys the run's algorithm knows."""
+    known = T.make_config({"algo": overrides["algo"]})
+    return T.train({k: v for k, v in overrides.items() if k in known})
+
+
+def start_checkpoint(args, common):
+    """--init_from when it holds a checkpoint, else the SFT run the docstring names (--sft_iters)."""
+    if args.init_from and os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):
+        return args.init_from
+    out = os.path.join(args.out, "sft")
+    if not os.path.isfile(os.path.join(out, "ckpt.pt")):
+        run({"batch_size": 8, "train_problems": 2000, **common, "algo": "sft", "max_iters": args.sft_iters,
+             "eval_interval": args.sft_iters, "checkpoint": True, "out_dir": out})
+    return out
+
+
+def curve(out_dir):
+    """{iter: {reward, all_fail_frac, violations_per_episode (the rollouts of that iteration), heldout_acc,
+    ood_acc (the evaluation before it)}} of one run. A training row logged as iteration i + 1 holds
+    the rollouts sampled at iteration i, by the policy evaluated at i."""
+    points = {}
+    for row in map(json.loads, open(os.path.join(out_dir, "metrics.jsonl"))):
+        if "reward" in row:
+            points.setdefault(row["iter"] - 1, {}).update({k: row[k] for k in PER_ITER})
+        if "heldout_acc" in row:
+            points.setdefault(row["iter"], {}).update({k: row[k] for k in PER_EVAL})
+    return {i: points[i] for i in sorted(points)}
+
+
+def mean_band(values):
+    """(mean, 2 standard errors over the seeds; 0 with one seed)."""
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return m, 0.0
+    var = sum((v - m) ** 2 for v in values) / (len(values) - 1)
+    return m, 2 * math.sqrt(var / len(values))
+
+
+def summary(results):
+    """Per arm, over the seeds: the start and end of every figure (rollout figures averaged over the
+    first and the last third of the iterations, evaluations at the first and the last one), the mean
+    over seeds with ± 2 SE over seeds, and the binomial band of one evaluation."""
+    out = {}
+    for arm, runs in results["arms"].items():
+        fig = {}
+        for key in PER_ITER + PER_EVAL:
+            starts, ends = [], []
+            for points in runs.values():
+                values = [p[key] for p in points.values() if key in p]
+                k = max(1, len(values) // 3) if key in PER_ITER else 1
+                starts.append(sum(values[:k]) / k)
+                ends.append(sum(values[-k:]) / k)
+            fig[key] = dict(start=mean_band(starts), end=mean_band(ends))
+        out[arm] = fig
+    return out
+
+
+def table(results):
+    n, P, G = results["eval_problems"], results["prompts_per_iter"], results["group_size"]
+    rows = ["| arm | rollout win rate | all-fail groups | violations / episode | held-out greedy | OOD greedy |",
+            "|---|---|---|---|---|---|"]
+    for arm, fig in summary(results).items():
+        cells = [f"{fig[k]['start'][0]:.3f} → {fig[k]['end'][0]:.3f} ± {fig[k]['end'][1]:.3f}" for k in PER_ITER + PER_EVAL]
+        rows.append(f"| {arm} | " + " | ".join(cells) + " |")
+    band = 2 * math.sqrt(0.25 / n)
+    rows += ["", f"Means over {len(results['seeds'])} seeds ({', '.join(map(str, results['seeds']))}); ± 2 standard "
+             f"errors over the seeds at the end. Rollout figures: the first → the last third of {results['iters']} "
+             f"iterations of {P} maps × {G} plays; evaluations: greedy wins on {n} maps per split, the start → the "
+             f"last evaluation (one evaluation's binomial band is at most ± {band:.3f})."]
+    return "\n".join(rows) + "\n"
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    keys = PER_ITER[:2] + PER_EVAL
+    titles = dict(reward="rollout win rate", all_fail_frac="all-fail groups", heldout_acc="held-out greedy wins",
+                  ood_acc="OOD greedy wins")
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
+    for ax, key in zip(axes, keys):
+        for (arm, runs), colour in zip(results["arms"].items(), ("C0", "C1", "C2")):
+            for j, points in enumerate(runs.values()):
+                pts = [(i, p[key]) for i, p in points.items() if key in p]
+                ax.plot(*zip(*pts), color=colour, ls="-" if j == 0 else "--", marker="." if key in PER_EVAL else None,
+                        label=f"{arm} (seed {j + 1})")
+        ax.set_title(titles[key], fontsize=9)
+        ax.set_xlabel("iteration", fontsize=8)
+    axes[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--init_from", default="", help="an SFT checkpoint of --env=treasure (default: train one)")
+    parser.add_argument("--sft_iters", type=int, default=300, help="iterations of that SFT run when there is none")
+    parser.add_argument("--iters", type=int, default=12, help="GRPO iterations per run")
+    parser.add_argument("--prompts_per_iter", type=int, default=8, help="maps per iteration")
+    parser.add_argument("--group_size", type=int, default=8, help="plays per map")
+    parser.add_argument("--eval_every", type=int, default=6, help="iterations between evaluations")
+    parser.add_argument("--eval_problems", type=int, default=64, help="maps per split and evaluation")
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, from " + ", ".join(ARMS))
+    parser.add_argument("--seeds", type=int, default=len(SEEDS), help="runs per arm (seeds 1337, 1338, ...)")
+    parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke test (numbers mean nothing)")
+    parser.add_argument("--out", default="out/rlvp")
+    parser.add_argument("--plot", default="", help="the plot's path (default: OUT/rlvp.png)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
+    args = parser.parse_args()
+    if args.quick:
+        args.sft_iters, args.iters, args.eval_every, args.eval_problems = 2, 2, 2, 4
+    common = {**(QUICK if args.quick else {}), "env": "treasure", "eval_problems": args.eval_problems,
+              "log_interval": 1, "checkpoint": False, **T.parse_args([f"--{kv}" for kv in args.set])}
+    os.makedirs(args.out, exist_ok=True)
+    start = start_checkpoint(args, common)
+    common.update(prompts_per_iter=args.prompts_per_iter, group_size=args.group_size, eval_pass_k=0, eval_best_of_n=0)
+    if args.quick:
+        common.update(prompts_per_iter=QUICK["prompts_per_iter"], group_size=QUICK["group_size"])
+
+    seeds = [SEEDS[0] + k for k in range(args.seeds)]
+    results = dict(init_from=start, iters=args.iters, eval_problems=args.eval_problems, seeds=seeds,
+                   prompts_per_iter=common["prompts_per_iter"], group_size=common["group_size"], arms={})
+    for arm in args.arms.split(","):
+        for seed in seeds:
+            out_dir = os.path.join(args.out, f"{arm}_{seed}")
+            run(dict(common, **ARMS[arm], algo="grpo", init_from=start, max_iters=args.iters, seed=seed,
+                     eval_interval=min(args.eval_every, args.iters), out_dir=out_dir))
+            results["arms"].setdefault(arm, {})[seed] = curve(out_dir)
+            with open(os.path.join(args.out, "results.json"), "w") as f:
+                json.dump(results, f, indent=1)
+    results["summary"] = summary(results)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(args.out, "rlvp.md"), "w") as f:
+        f.write(table(results))
+    plot(results, args.plot or os.path.join(args.out, "rlvp.png"))
+    print("\n" + table(results))
+
+
+if __name__ == "__main__":
+    main()
