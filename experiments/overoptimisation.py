@@ -37,16 +37,11 @@ import torch  # noqa: E402
 
 import common as C  # noqa: E402
 import train as T  # noqa: E402  (after the path: the script runs from anywhere)
+from experiments.generalpoints import run  # noqa: E402  (train.train with the keys of the run's algorithm)
 
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, eval_batch_size=8, max_new_tokens=16, train_problems=64,
              val_examples=8, prompts_pool=64, heldout_prompts=8, device="cpu", plot=False)
-
-
-def run(overrides):
-    """train.train with the keys the run's algorithm knows."""
-    known = T.make_config({"algo": overrides["algo"]})
-    return T.train({k: v for k, v in overrides.items() if k in known})
 
 
 def last_eval(out_dir, key):

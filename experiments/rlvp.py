@@ -20,6 +20,7 @@ results.json, rlvp.md (the table) and the plot into --out.
     python train.py --algo sft --env=treasure --max_iters=300 --batch_size=8 --train_problems=2000 \\
         --eval_interval=100 --eval_problems=100 --out_dir=out/treasure_sft        # the start (one-time)
     python experiments/rlvp.py --init_from=out/treasure_sft                       # ~40 min on 2 cores
+    python experiments/rlvp.py               # trains that start first, into out/rlvp/init (--init_iters)
     python experiments/rlvp.py --quick --out=/tmp/rlvp                            # a toy-size smoke test
 
 --set key=value (repeatable) passes a train.py key to every run.
@@ -35,6 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import train as T  # noqa: E402  (after the path: the script runs from anywhere)
+from experiments.generalpoints import init_checkpoint, run  # noqa: E402  (an SFT start, train.train by algorithm)
 
 ARMS = dict(outcome=dict(reward_mode="outcome"), rlvp=dict(reward_mode="rlvp"), process=dict(reward_mode="process"))
 SEEDS = (1337, 1338)
@@ -43,23 +45,6 @@ QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, prompts_per_iter=2, g
              max_new_tokens=24, train_problems=32, val_examples=8, device="cpu", plot=False)
 PER_ITER = ("reward", "all_fail_frac", "violations_per_episode")
 PER_EVAL = ("heldout_acc", "ood_acc")
-
-
-def run(overrides):
-    """train.train with the keys the run's algorithm knows."""
-    known = T.make_config({"algo": overrides["algo"]})
-    return T.train({k: v for k, v in overrides.items() if k in known})
-
-
-def start_checkpoint(args, common):
-    """--init_from when it holds a checkpoint, else the SFT run the docstring names (--sft_iters)."""
-    if args.init_from and os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):
-        return args.init_from
-    out = os.path.join(args.out, "sft")
-    if not os.path.isfile(os.path.join(out, "ckpt.pt")):
-        run({"batch_size": 8, "train_problems": 2000, **common, "algo": "sft", "max_iters": args.sft_iters,
-             "eval_interval": args.sft_iters, "checkpoint": True, "out_dir": out})
-    return out
 
 
 def curve(out_dir):
@@ -143,7 +128,7 @@ def plot(results, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--init_from", default="", help="an SFT checkpoint of --env=treasure (default: train one)")
-    parser.add_argument("--sft_iters", type=int, default=300, help="iterations of that SFT run when there is none")
+    parser.add_argument("--init_iters", type=int, default=300, help="iterations of that SFT run when there is none")
     parser.add_argument("--iters", type=int, default=12, help="GRPO iterations per run")
     parser.add_argument("--prompts_per_iter", type=int, default=8, help="maps per iteration")
     parser.add_argument("--group_size", type=int, default=8, help="plays per map")
@@ -157,11 +142,12 @@ def main():
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
     args = parser.parse_args()
     if args.quick:
-        args.sft_iters, args.iters, args.eval_every, args.eval_problems = 2, 2, 2, 4
-    common = {**(QUICK if args.quick else {}), "env": "treasure", "eval_problems": args.eval_problems,
-              "log_interval": 1, "checkpoint": False, **T.parse_args([f"--{kv}" for kv in args.set])}
+        args.init_iters, args.iters, args.eval_every, args.eval_problems = 2, 2, 2, 4
+    common = {"batch_size": 8, "train_problems": 2000, **(QUICK if args.quick else {}), "env": "treasure",
+              "eval_problems": args.eval_problems, "log_interval": 1, "checkpoint": False,
+              **T.parse_args([f"--{kv}" for kv in args.set])}
     os.makedirs(args.out, exist_ok=True)
-    start = start_checkpoint(args, common)
+    start = init_checkpoint(args, common)
     common.update(prompts_per_iter=args.prompts_per_iter, group_size=args.group_size, eval_pass_k=0, eval_best_of_n=0)
     if args.quick:
         common.update(prompts_per_iter=QUICK["prompts_per_iter"], group_size=QUICK["group_size"])
