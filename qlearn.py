@@ -5,7 +5,7 @@ SPEC §3 "Q-learning", §4 (the treasure-hunt game); Ch7 Exp 7-1.
     python qlearn.py                      # 10,000 episodes; prints episodes to first win, to a winning
     python qlearn.py --episodes=2000      #   greedy policy and to an optimal one, Q-table size, wall time
 
-The game, the treasure hunt, lives in envs.py (ROOMS, step, shortest_solution), where the
+The game, the treasure hunt, lives in envs/treasure.py (ROOMS, step, shortest_solution), where the
 language-model agent plays it too (--env=treasure): six rooms, keys and doors, a sword to craft into
 a great sword, a guardian that only the great sword beats, a chest worth reward 1; everything else
 is worth 0. The shortest win is 11 actions, proved by breadth-first search.

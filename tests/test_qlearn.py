@@ -1,4 +1,4 @@
-"""The treasure hunt (envs.py: BFS optimum, text interface) and tabular Q-learning (qlearn.py)."""
+"""The treasure hunt (envs/treasure.py: BFS optimum, text interface) and tabular Q-learning (qlearn.py)."""
 
 import envs
 import qlearn as Q

@@ -1,0 +1,35 @@
+"""
+Verifiable environments, generated procedurally (no downloads). SPEC §4. The entry point:
+`make_env(name)`, and the names below, so that `from envs import ...` reaches every environment.
+
+    arithmetic.py     the default task: chains of + and -, symbols or a word problem
+    generalpoints.py  24 with four cards (exact-rational solver; J, Q, K re-ranked in "ood")
+    calculator.py     the safe calculator tool, and the tool-using calculator task
+    treasure.py       the treasure hunt: the game (qlearn.py's) and the multi-turn tool task
+
+Each environment offers
+- problems(split, n, seed): disjoint "train" / "heldout" splits and an "ood" split;
+- solve(problem): the worked solution;
+- demonstration(problem): the SFT target (the worked solution, or for a share only the answer);
+- verify(problem, response): the reward, 1.0 or 0.0, from a strict answer parser;
+- shows_work(response): whether the response shows its work before its answer;
+- corpus(n, seed): pre-training documents.
+"""
+
+from envs.arithmetic import HELDOUT_PERCENT, Arithmetic, parse_answer
+from envs.calculator import END_CALL, END_RESULT, TOOL_CALL, TOOL_RESULT, Calculator, calculator, tool_calls
+from envs.generalpoints import FACES, SPLIT_RULE, GeneralPoints, card_value, solutions
+from envs.treasure import ROOM_NAMES, ROOMS, START, Treasure, actions, describe, shortest_solution, step
+
+__all__ = ["ENVS", "make_env", "HELDOUT_PERCENT", "Arithmetic", "parse_answer", "END_CALL", "END_RESULT", "TOOL_CALL",
+           "TOOL_RESULT", "Calculator", "calculator", "tool_calls", "FACES", "SPLIT_RULE", "GeneralPoints", "card_value",
+           "solutions", "ROOM_NAMES", "ROOMS", "START", "Treasure", "actions", "describe", "shortest_solution", "step"]
+
+ENVS = {"arithmetic": Arithmetic, "generalpoints": GeneralPoints,
+        "calculator": Calculator, "treasure": Treasure}
+
+
+def make_env(name="arithmetic", **kwargs):
+    if name not in ENVS:
+        raise ValueError(f"unknown env {name!r}; choose from {sorted(ENVS)}")
+    return ENVS[name](**kwargs)

@@ -1,0 +1,137 @@
+"""
+Arithmetic, the default task: chains of additions and subtractions, written as symbols
+("What is 7 + 8 - 3 + 5?") or as a short word problem ("Ann had 7 apples, got 8, gave away 3, ...").
+The worked solution is "7+8=15. 15-3=12. 12+5=17. Answer: 17"; a demonstration is that, or for a
+`direct_frac` share of the problems (fixed per problem by a hash) only the answer ("Answer: 17").
+
+Difficulty knobs: `digits` (operand size) and `n_ops` (chain length); the default is 1 digit, 3 ops,
+and the OOD split (2-digit start values) is far harder. `direct_frac` (default 0.5 through
+train.py's env_direct_frac) mixes two strategies in the demonstrations, both correct: the tiny model
+can write the steps reliably but cannot add three numbers in one token, so SFT leaves a policy that
+answers directly about half the time and mostly wrongly, and RL with the verifier has a behaviour to
+select (README, "The default task"). direct_frac = 0 is the old default: every demonstration worked,
+nothing to select, and RL gains little.
+
+parse_answer and the held-out share are shared by the other environments.
+"""
+
+import hashlib
+import random
+import re
+
+NAMES = ["Ann", "Bob", "Kim", "Lee", "Max", "Sam", "Zoe", "Eva"]
+ITEMS = ["apples", "coins", "books", "cards", "shells", "stamps"]
+HELDOUT_PERCENT = 10  # share of the problem space reserved for held-out evaluation
+
+# Exactly one "Answer: <integer>" and nothing after it. Listing several candidate answers,
+# repeating the marker or appending junk all score 0: the format cannot be gamed.
+ANSWER_FORM = re.compile(r"Answer: (-?[0-9]+)\s*$")  # [0-9], not \d: \d and int() accept "１７" too
+
+
+_EQUATION = re.compile(r"-?[0-9]+[+-][0-9]+=-?[0-9]+\.")  # a written step of a worked solution, "7+8=15."
+
+
+def parse_answer(response):
+    """The final integer answer, or None when the response is not exactly in the expected form."""
+    if response.count("Answer:") != 1:
+        return None
+    m = ANSWER_FORM.search(response)
+    return int(m.group(1)) if m else None
+
+
+class Arithmetic:
+    name = "arithmetic"
+
+    def __init__(self, digits=1, n_ops=3, word_frac=0.5, direct_frac=0.0):
+        if digits < 1 or n_ops < 1:
+            raise ValueError("digits and n_ops must be >= 1")
+        if not 0.0 <= direct_frac <= 1.0:
+            raise ValueError(f"direct_frac must be in [0, 1], got {direct_frac}")
+        self.digits, self.n_ops, self.word_frac, self.direct_frac = digits, n_ops, word_frac, direct_frac
+
+    # -- problems ---------------------------------------------------------------------------
+    def _chain(self, rng, digits, need_big):
+        """Start value and (op, operand) steps; every intermediate value stays non-negative."""
+        hi = 10 ** digits - 1
+        lo = 10 ** (digits - 1) if need_big else 0
+        start = rng.randint(lo, hi)
+        steps, value = [], start
+        for _ in range(self.n_ops):
+            if value > 0 and rng.random() < 0.5:
+                b = rng.randint(0, min(value, hi))
+                steps.append(("-", b)); value -= b
+            else:
+                b = rng.randint(0, hi)
+                steps.append(("+", b)); value += b
+        return start, steps, value
+
+    def _render(self, rng, start, steps):
+        if rng.random() >= self.word_frac:
+            return "What is " + str(start) + "".join(f" {op} {b}" for op, b in steps) + "?"
+        name, item = rng.choice(NAMES), rng.choice(ITEMS)
+        moves = ", ".join(f"got {b}" if op == "+" else f"gave away {b}" for op, b in steps)
+        return f"{name} had {start} {item}, {moves}. How many now?"
+
+    @staticmethod
+    def _split_of(start, steps):
+        key = f"{start}" + "".join(f"{op}{b}" for op, b in steps)
+        return "heldout" if int(hashlib.sha1(key.encode()).hexdigest(), 16) % 100 < HELDOUT_PERCENT else "train"
+
+    def problems(self, split, n, seed=0):
+        """n problems of `split` ("train", "heldout" or "ood"). Train and held-out are disjoint by
+        the underlying equation (not just the wording); "ood" has (digits+1)-digit start values."""
+        if split not in ("train", "heldout", "ood"):
+            raise ValueError(f"split must be train, heldout or ood, got {split!r}")
+        rng = random.Random(f"{self.name}-{split}-{seed}")
+        out = []
+        while len(out) < n:
+            if split == "ood":
+                start, steps, value = self._chain(rng, self.digits + 1, need_big=True)
+            else:
+                start, steps, value = self._chain(rng, self.digits, need_big=False)
+                if self._split_of(start, steps) != split:
+                    continue
+            out.append({"prompt": self._render(rng, start, steps), "answer": value,
+                        "start": start, "steps": steps})
+        return out
+
+    # -- solver, verifier, corpus -------------------------------------------------------------
+    @staticmethod
+    def solve(problem):
+        value, parts = problem["start"], []
+        for op, b in problem["steps"]:
+            new = value + b if op == "+" else value - b
+            parts.append(f"{value}{op}{b}={new}.")
+            value = new
+        return " ".join(parts) + f" Answer: {value}"
+
+    def demonstration(self, problem):
+        """The SFT target: the worked solution, or for a direct_frac share of problems (fixed per
+        problem by a hash) the bare final answer."""
+        key = f"direct-{problem['start']}" + "".join(f"{op}{b}" for op, b in problem["steps"])
+        if int(hashlib.sha1(key.encode()).hexdigest(), 16) % 10000 < self.direct_frac * 10000:
+            return f"Answer: {problem['answer']}"
+        return self.solve(problem)
+
+    @staticmethod
+    def shows_work(response):
+        """True when the response writes at least one equation before its answer."""
+        return "=" in response.split("Answer:", 1)[0]
+
+    @staticmethod
+    def verify(problem, response):
+        return 1.0 if parse_answer(response) == problem["answer"] else 0.0
+
+    def step_rewards(self, problem, response):
+        """Process signals [SPEC §3 Process vs outcome]: [(character offset just after the step, reward)]
+        per verifiable step. Every written equation "a+b=c." is one: 1 when it is step i of the worked
+        solution (the right value so far, the problem's operation, the right result), else 0; the
+        answer scores the verifier's reward at the end of the response."""
+        expected = self.solve(problem).split(" Answer:")[0].split(" ")
+        steps = [(m.end(), 1.0 if i < len(expected) and m.group(0) == expected[i] else 0.0)
+                 for i, m in enumerate(_EQUATION.finditer(response))]
+        return steps + [(len(response), self.verify(problem, response))]
+
+    def corpus(self, n, seed=0):
+        """Pre-training text: worked equation chains from the train split, without the Q/A template."""
+        return [self.solve(p).rsplit(" Answer:", 1)[0] for p in self.problems("train", n, seed)]
