@@ -33,7 +33,7 @@ import torch.nn.functional as F
 import common as C
 import sft
 import train as T
-from model import draw, sample
+from sampler import draw, sample
 from tokenizer import Tokenizer
 
 BENCHMARKS = {}  # name -> function(args) returning its summary rows; main() runs them in order
@@ -119,7 +119,7 @@ def default_model(device, block_size):
 @torch.no_grad()
 def sample_recompute(model, prompts, new_tokens, seed):
     """The baseline without a cache: every step runs the whole sequence again. Same sampling rule
-    as model.sample at temperature 1 (log-softmax of the logits, model.draw)."""
+    as sampler.sample at temperature 1 (log-softmax of the logits, sampler.draw)."""
     idx = torch.tensor(prompts, device=next(model.parameters()).device)
     gen = torch.Generator(device=idx.device).manual_seed(seed)
     for _ in range(new_tokens):
@@ -189,9 +189,10 @@ def attention(args):
     """Why the KV cache attends over its whole (dense) buffer: one decode step's attention per
     layer at batch 64, over a cache of 4 layers visited in turn as in a real step (so each layer's
     keys come from memory, not from the CPU's caches), three ways: SDPA over the growing slice of a
-    max_len buffer (strided), the same matmuls over that slice, and model.KVCache.decode_attention
+    max_len buffer (strided), the same matmuls over that slice, and sampler.KVCache.decode_attention
     (prompt + a 32-column chunk, dense, masked by the bias). No target: it backs a design choice."""
-    from model import GPTConfig, KVCache
+    from model import GPTConfig
+    from sampler import KVCache
     device, B, max_len, repeats = args["device"], ATTENTION_BATCH, PROMPT_LEN + NEW_TOKENS, ATTENTION_REPEATS
     cfg = GPTConfig(**{k: T.DEFAULTS[k] for k in ("n_layer", "n_head", "n_embd")})
     H, D = cfg.n_head, cfg.n_embd // cfg.n_head

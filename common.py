@@ -5,7 +5,7 @@ checkpoints, sampling, rollouts and evaluation helpers, metrics plots.
 train.py is the entry point and owns the configuration and the loop; the algorithm files
 (sft.py, rm.py, dpo.py, grpo.py, ppo.py) and pairs.py build on this module. The rule that keeps
 the layout one-way: this module imports no script and no algorithm file, only model.py,
-tokenizer.py and envs.py.
+sampler.py, tokenizer.py and envs.
 
 A `run` (types.SimpleNamespace, made by setup_device and filled by train.train) is what the
 helpers take: run.cfg (the configuration dict), run.tok, run.env, run.device, run.rank,
@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from envs import make_env
-from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora, sample, sequence_logprobs
+from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora, sequence_logprobs
+from sampler import sample
 from tokenizer import Tokenizer
 
 
@@ -330,7 +331,7 @@ def tool_hook(run, prompts):
 
 def generate(run, model, prompts, max_new_tokens=None, temperature=0.0, seed=None, batch_size=None, **kw):
     """Sample responses for a list of prompt-id lists in chunks, running the environment's tool when
-    it has one; returns (tokens, logprobs, forced), forced = 1 on tool tokens (see model.sample)."""
+    it has one; returns (tokens, logprobs, forced), forced = 1 on tool tokens (see sampler.sample)."""
     max_new_tokens = max_new_tokens or run.cfg["max_new_tokens"]
     batch_size = batch_size or run.cfg["eval_batch_size"]
     tokens, logprobs, forced = [], [], []

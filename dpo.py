@@ -44,7 +44,7 @@ defaults = dict(
     orpo_lambda=0.1,             # ORPO: weight λ of the odds-ratio term next to the NLL
     kto_desirable_weight=1.0,    # KTO λ_D
     kto_undesirable_weight=1.0,  # KTO λ_U
-    share_prompt=True,           # run each prompt once for both responses (model.SharedPrompts); False: one row each
+    share_prompt=True,           # run each prompt once for both responses (sampler.SharedPrompts); False: one row each
     **pairs.PAIR_DEFAULTS,
     # common keys: one pass over a small fixed pair set at a gentle lr, far below SFT's (at 1e-4
     # DPO's KL to the reference grew to ~5 nats and held-out accuracy fell further)

@@ -84,7 +84,7 @@ old_logprobs — where π_old comes from: "sampler" (the log-probs the sampler d
 
 share_prompt — the G responses of a prompt share it: with True, every forward outside the sampler
   (π_ref and π_old scoring, the loss) runs each distinct prompt once and lets its rows attend to
-  its keys and values (model.SharedPrompts); the gradient of the prompt's part is the sum over its
+  its keys and values (sampler.SharedPrompts); the gradient of the prompt's part is the sum over its
   rows, as in G separate forwards. Same numbers up to fp32 rounding (tested); False: one full row each.
 
 staleness — 0: the loop above. 1: one-step-off rollouts: while iteration k updates, the rollouts of
@@ -127,7 +127,8 @@ import torch
 import torch.nn.functional as F
 
 import common as C
-from model import SharedPrompts, kl_estimate, sequence_logprobs, token_logprobs_and_entropy
+from model import kl_estimate, sequence_logprobs, token_logprobs_and_entropy
+from sampler import SharedPrompts
 
 starts_from = "sft"  # RL selects among what a trained policy does: no random start (train.check_start)
 defaults = dict(
@@ -304,7 +305,7 @@ PER_ROW = ("rewards", "reward", "advantages", "lengths", "truncated", "seq_len",
 @torch.no_grad()
 def score(run, model, ids, prompt_lens):
     """Per-token log-probs of ids[:, 1:] at the sampling temperature, no gradient, in chunks; with
-    share_prompt each distinct prompt of a chunk runs once (model.SharedPrompts)."""
+    share_prompt each distinct prompt of a chunk runs once (sampler.SharedPrompts)."""
     size, share = run.cfg["batch_size"], run.cfg["share_prompt"]
     with run.autocast:
         return torch.cat([sequence_logprobs(model, chunk, run.cfg["temperature"], lens if share else None).float()

@@ -1,12 +1,13 @@
-"""The model, the KV-cache sampler, log-probs and LoRA."""
+"""The model (model.py), the KV-cache sampler (sampler.py), log-probs and LoRA."""
 
 import math
 
 import pytest
 import torch
 
-from model import (GPT, GPTConfig, ScalarHeadGPT, SharedPrompts, _filter_logits, apply_lora, count_parameters,
-                   gelu, merge_lora, sample, sequence_logprobs, token_logprobs, token_logprobs_and_entropy)
+from model import (GPT, GPTConfig, ScalarHeadGPT, apply_lora, count_parameters, gelu, merge_lora, sequence_logprobs,
+                   token_logprobs, token_logprobs_and_entropy)
+from sampler import SharedPrompts, filter_logits, sample
 
 CFG = GPTConfig(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32)
 RAGGED = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
@@ -177,10 +178,10 @@ def test_seed_reproducible_and_stop_tokens_per_row(model):
 
 def test_top_k_and_top_p_filtering():
     logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
-    assert torch.isfinite(_filter_logits(logits, 2, None)).tolist() == [[True, True, False, False, False]]
+    assert torch.isfinite(filter_logits(logits, 2, None)).tolist() == [[True, True, False, False, False]]
     # nucleus 0.8: 0.5 + 0.2 = 0.7 < 0.8, so the third token (cumulative 0.85) is still needed
-    assert torch.isfinite(_filter_logits(logits, None, 0.8)).tolist() == [[True, True, True, False, False]]
-    assert torch.isfinite(_filter_logits(logits, None, 0.5)).tolist() == [[True, False, False, False, False]]
+    assert torch.isfinite(filter_logits(logits, None, 0.8)).tolist() == [[True, True, True, False, False]]
+    assert torch.isfinite(filter_logits(logits, None, 0.5)).tolist() == [[True, False, False, False, False]]
 
 
 def test_sampler_frequencies_follow_the_distribution():

@@ -17,7 +17,8 @@ import pairs
 import ppo
 import train as T
 from conftest import SFT_DATA, TINY
-from model import GPT, GPTConfig, sample, sequence_logprobs
+from model import GPT, GPTConfig, sequence_logprobs
+from sampler import sample
 from tokenizer import Tokenizer
 
 TOK = Tokenizer()
