@@ -1,6 +1,7 @@
 """
 Verifiable environments, generated procedurally (no downloads). SPEC §4. The entry point:
-`make_env(name)`, and the names below, so that `from envs import ...` reaches every environment.
+`make_env(name)`, and the names listed below, so that `from envs import ...` reaches every
+environment (a name another file uses goes into that list).
 
     arithmetic.py     the default task: chains of + and -, symbols or a word problem
     generalpoints.py  24 with four cards (exact-rational solver; J, Q, K re-ranked in "ood")
@@ -19,11 +20,11 @@ Each environment offers
 from envs.arithmetic import HELDOUT_PERCENT, Arithmetic, parse_answer
 from envs.calculator import END_CALL, END_RESULT, TOOL_CALL, TOOL_RESULT, Calculator, calculator, tool_calls
 from envs.generalpoints import FACES, SPLIT_RULE, GeneralPoints, card_value, solutions
-from envs.treasure import ROOM_NAMES, ROOMS, START, Treasure, actions, describe, shortest_solution, step
+from envs.treasure import ROOM_NAMES, ROOMS, START, Treasure, actions, actions_to_win, describe, shortest_solution, step
 
 __all__ = ["ENVS", "make_env", "HELDOUT_PERCENT", "Arithmetic", "parse_answer", "END_CALL", "END_RESULT", "TOOL_CALL",
            "TOOL_RESULT", "Calculator", "calculator", "tool_calls", "FACES", "SPLIT_RULE", "GeneralPoints", "card_value",
-           "solutions", "ROOM_NAMES", "ROOMS", "START", "Treasure", "actions", "describe", "shortest_solution", "step"]
+           "solutions", "ROOM_NAMES", "ROOMS", "START", "Treasure", "actions", "actions_to_win", "describe", "shortest_solution", "step"]
 
 ENVS = {"arithmetic": Arithmetic, "generalpoints": GeneralPoints,
         "calculator": Calculator, "treasure": Treasure}
