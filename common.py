@@ -28,7 +28,7 @@ import torch.distributed as dist
 from envs import make_env
 from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora, sequence_logprobs
 from sampler import sample
-from tokenizer import Tokenizer
+from tokenizer import make_tokenizer
 
 
 # ----------------------------------------------------------------------------------------------
@@ -251,7 +251,7 @@ def load_model(ckpt_dir, device="cpu"):
 
 def load_tokenizer(ckpt_dir):
     """The tokenizer a checkpoint was trained with."""
-    return Tokenizer(read_checkpoint(ckpt_dir)["tokenizer"])
+    return make_tokenizer(read_checkpoint(ckpt_dir)["tokenizer"])
 
 
 def frozen(model):
@@ -307,6 +307,9 @@ def tool_hook(run, prompts):
     if tool is None:
         return None
     special, limit = run.tok.special, run.cfg["max_tool_calls"]
+    if "tool_call" not in special:
+        raise ValueError(f"env {run.env.name!r} calls a tool, whose tags are special tokens of the built-in "
+                         f"tokenizers (byte, gpt2): tokenizer={run.tok.name!r} has none")
 
     def hook(row, generated):
         if generated[-1] != special["/tool_call"]:

@@ -19,6 +19,10 @@ Chat template (one for every algorithm, so policy and reference always see the s
 The loss mask is 1 exactly on the assistant's content and its closing <|eos|>: a model that never
 sees its end token in the loss never learns to stop. <|pad|> only fills ragged batches and is never
 the end token.
+
+A real checkpoint (Qwen2.5-Instruct, SmolLM2, Llama 3) must see its own vocabulary and chat
+template instead: ChatTemplateTokenizer wraps its transformers tokenizer with the same methods, and
+make_tokenizer(name) picks it for any tokenizer that carries a chat template.
 """
 
 import json
@@ -177,3 +181,108 @@ class Tokenizer:
                            unk_token="<|endoftext|>" if "endoftext" in self.special else "<|pad|>",
                            additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in named])
         hf.save_pretrained(directory)
+
+
+def has_chat_template(name):
+    """Whether `name` (a local directory or a hub name) is a transformers tokenizer with a chat
+    template: built-in names and a GPT-2 vocab.json directory without one are ours."""
+    if name in ("byte", "gpt2"):
+        return False
+    if not os.path.isdir(name):
+        return True  # a hub name: only a chat tokenizer is looked up there
+    if os.path.isfile(os.path.join(name, "chat_template.jinja")):
+        return True
+    config = os.path.join(name, "tokenizer_config.json")
+    return os.path.isfile(config) and "chat_template" in json.load(open(config, encoding="utf-8"))
+
+
+def make_tokenizer(name):
+    """The tokenizer a config names: "byte", "gpt2", a GPT-2 vocab directory (Tokenizer), or a
+    checkpoint's own tokenizer with its chat template (ChatTemplateTokenizer)."""
+    return ChatTemplateTokenizer(name) if has_chat_template(name) else Tokenizer(name)
+
+
+class ChatTemplateTokenizer:
+    """A transformers tokenizer and its chat template behind Tokenizer's methods, so that every
+    algorithm renders prompts, SFT conversations and preference pairs exactly as the checkpoint was
+    trained to see them. Needs the optional transformers package.
+
+    eos is the template's end of turn (the special token right after an assistant message: Qwen's
+    <|im_end|>, Llama 3's <|eot_id|>), the sampler's stop token; the loss mask is 1 on each
+    assistant message's tokens through that end token, 0 on the template around them."""
+
+    def __init__(self, name):
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise ImportError(f"tokenizer={name!r} needs the optional transformers package: pip install transformers") from None
+        self.name, self.hf = name, AutoTokenizer.from_pretrained(name)
+        if not self.hf.chat_template or not self.hf.is_fast:
+            raise ValueError(f"tokenizer {name!r}: needs a fast tokenizer with a chat template")
+        self.plain = type(self.hf.backend_tokenizer).from_str(self.hf.backend_tokenizer.to_str())
+        self.plain.encode_special_tokens = True  # plain text never turns into special tokens
+        self.n_vocab = len(self.hf)
+        self.eos = self.end_of_turn()
+        self.bos = self.hf.bos_token_id if self.hf.bos_token_id is not None else self.eos
+        self.pad = self.hf.pad_token_id
+        if self.pad is None or self.pad == self.eos:  # the pad must never read as the end of a turn
+            self.pad = next((i for i in self.hf.all_special_ids if i != self.eos), None)
+        if self.pad is None:
+            raise ValueError(f"tokenizer {name!r}: no special token besides the end of turn to pad with")
+        self.special = dict(bos=self.bos, eos=self.eos, pad=self.pad)
+
+    def end_of_turn(self):
+        """The first token after an assistant message's text in the template: its closing token."""
+        marker = "MARKER"
+        text = self.render_text([{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}])
+        after = self.hf(text[text.rindex(marker) + len(marker):], add_special_tokens=False)["input_ids"]
+        if not after or after[0] not in self.hf.all_special_ids:
+            raise ValueError(f"tokenizer {self.name!r}: its chat template closes an assistant message with no "
+                             f"special token, so there is no end-of-turn token to stop at")
+        return after[0]
+
+    def render_text(self, messages, add_generation_prompt=False):
+        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def encode(self, text):
+        return self.plain.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids):
+        return self.hf.decode([i for i in ids if i != self.pad])
+
+    def render_chat(self, messages, add_generation_prompt=False):
+        """(ids, loss mask) of the template's text tokenised as one string (what apply_chat_template
+        gives). The mask is 1 on the tokens inside an assistant message's span of text: from the end
+        of the conversation before it with the generation prompt, through its end-of-turn token.
+        A template that does not render each conversation's beginning as a prefix of it (one that
+        drops earlier reasoning, say) cannot give an exact mask: an error."""
+        for i, msg in enumerate(messages):
+            if msg.get("role") not in ROLES or not isinstance(msg.get("content"), str):
+                raise ValueError(f"message {i}: needs a role in {ROLES} and a string content")
+        text = self.render_text(messages, add_generation_prompt)
+        spans, end_text = [], self.hf.decode([self.eos])
+        for i, msg in enumerate(messages):
+            if msg["role"] == "assistant":
+                before, through = self.render_text(messages[:i], True), self.render_text(messages[:i + 1])
+                if not (text.startswith(before) and text.startswith(through) and through.startswith(before)):
+                    raise ValueError(f"message {i}: the chat template does not render the conversation before "
+                                     f"it as a prefix, so its loss mask cannot be exact")
+                close = through.rfind(end_text, len(before))
+                spans.append((len(before), len(through) if close < 0 else close + len(end_text)))
+        encoded = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+        mask = [int(any(a <= first and last <= b for a, b in spans)) for first, last in encoded["offset_mapping"]]
+        return encoded["input_ids"], mask
+
+    def prompt_ids(self, prompt):
+        return self.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)[0]
+
+    def response_ids(self, response):
+        return self.encode(response) + [self.eos]
+
+    def assistant_ids(self, response):
+        """(ids, mask) of an answer: its tokens and the end of turn, all learned (no tool tags here)."""
+        ids = self.response_ids(response)
+        return ids, [1] * len(ids)
+
+    def save_pretrained(self, directory):
+        self.hf.save_pretrained(directory)

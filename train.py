@@ -58,15 +58,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import common as C
 from envs import ENVS
 from model import GPT, apply_lora, count_parameters
-from tokenizer import Tokenizer
+from tokenizer import make_tokenizer
 
 ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo", "grpo": "grpo", "opd": "opd", "rft": "rft"}
 
 DEFAULTS = dict(
     algo="sft",
     out_dir="out/{algo}",       # {algo} is filled in
-    init_from="scratch",        # scratch | resume | a checkpoint dir | gpt2, gpt2-medium, ... | a HF GPT-2 dir
-    tokenizer="byte",           # byte (built in) | gpt2 (with GPT-2 weights) | a dir with GPT-2's vocab.json
+    init_from="scratch",        # scratch | resume | a checkpoint dir | a transformers dir or hub name (GPT-2, Llama, Qwen2, Qwen3)
+    tokenizer="byte",           # byte (built in) | gpt2 | a dir with GPT-2's vocab.json | a checkpoint's own (dir or hub name, with its chat template)
     data="",                    # a json/jsonl/parquet file or hub dataset; "" = the built-in environment
     skip_bad_rows=False,        # malformed data rows: False = error naming file/row/field, True = skip and count
     # the default task: 3-step chains of 1-digit operands; half the SFT demonstrations give only the
@@ -222,8 +222,8 @@ def check_start(overrides):
         return
     cfg = make_config(overrides)
     init, needs = cfg["init_from"], getattr(algo_module(cfg["algo"]), "starts_from", None)
-    if init.startswith("gpt2") or os.path.isfile(os.path.join(init, "ckpt.pt")) \
-            or os.path.isfile(os.path.join(init, "config.json")):  # a checkpoint, or GPT-2 weights
+    if os.path.isfile(os.path.join(init, "ckpt.pt")) or (  # a checkpoint, or transformers weights
+            C.is_hf_checkpoint(init) and os.path.basename(os.path.normpath(init)) not in ALGOS):
         return
     if init == "scratch" and needs:
         out = DEFAULTS["out_dir"].format(algo=needs)
@@ -253,7 +253,7 @@ def train(overrides):
     cfg = make_config(overrides)
     run = C.setup_device(cfg)
     run.cfg, run.algo, run.stats = cfg, algo_module(cfg["algo"]), {}
-    run.tok = Tokenizer(cfg["tokenizer"])
+    run.tok = make_tokenizer(cfg["tokenizer"])
     run.env = C.config_env(cfg)
     if run.master:
         os.makedirs(cfg["out_dir"], exist_ok=True)

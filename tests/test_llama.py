@@ -136,3 +136,67 @@ def test_options_build_from_scratch_and_grow_an_untied_head():
     torch.testing.assert_close(after[..., :64], before, atol=0, rtol=0)
     with pytest.raises(ValueError, match="pos='alibi'"):
         GPT(GPTConfig(pos="alibi"))
+
+
+# ----------------------------------------------------------------------------------------------
+# The checkpoint's own tokenizer and chat template
+
+# ChatML as Qwen writes it, with a default system message when the conversation has none
+CHAT_TEMPLATE = (
+    "{% if messages and messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}"
+    "{% set rest = messages[1:] %}{% else %}{% set system = 'Be brief.' %}{% set rest = messages %}{% endif %}"
+    "<|im_start|>system\n{{ system }}<|im_end|>\n"
+    "{% for m in rest %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_VOCAB = 300  # the 256 bytes, some merges, the specials
+
+
+def write_chat_tokenizer(path):
+    """A byte-level BPE of CHAT_VOCAB ids trained here on a few sentences, with ChatML's special tokens and
+    CHAT_TEMPLATE, saved as a transformers tokenizer directory."""
+    from tokenizers import Tokenizer as RawTokenizer, decoders, models, pre_tokenizers, trainers
+    raw = RawTokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    corpus = ["What is 12 plus 30? The answer is 42.", "Natalia sold clips to 48 of her friends.",
+              "Be brief. The capital of France is Paris. Then Rome."] * 20
+    raw.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=CHAT_VOCAB, special_tokens=SPECIALS,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|im_end|>",
+                                              pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE)
+    hf.save_pretrained(path)
+    return hf
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("chat") / "tok"
+    return str(path), write_chat_tokenizer(path)
+
+
+CONVERSATION = [{"role": "user", "content": "What is 12 plus 30?"}, {"role": "assistant", "content": "42."},
+                {"role": "user", "content": "The capital of France?"}, {"role": "assistant", "content": "Paris."}]
+
+
+def test_chat_template_ids_and_exact_mask(chat_dir):
+    from tokenizer import ChatTemplateTokenizer, make_tokenizer
+    path, hf = chat_dir
+    tok = make_tokenizer(path)
+    assert isinstance(tok, ChatTemplateTokenizer)
+    assert tok.n_vocab == CHAT_VOCAB and tok.eos == hf.convert_tokens_to_ids("<|im_end|>")
+    assert tok.pad == hf.convert_tokens_to_ids("<|endoftext|>")
+    ids, mask = tok.render_chat(CONVERSATION)
+    expected = hf(hf.apply_chat_template(CONVERSATION, tokenize=False), add_special_tokens=False)["input_ids"]
+    assert ids == expected
+    # learned: each answer and its end of turn, nothing else (not the "\n" the template adds after it)
+    assert hf.decode([i for i, m in zip(ids, mask) if m]) == "42.<|im_end|>Paris.<|im_end|>"
+    assert sum(mask) == len(tok.encode("42.")) + len(tok.encode("Paris.")) + 2
+    # RL's layout (the sampler's prompt, then the answer it samples) is the template's, token for token
+    prompt = tok.prompt_ids("What is 12 plus 30?")
+    assert prompt == hf(hf.apply_chat_template(CONVERSATION[:1], tokenize=False, add_generation_prompt=True),
+                        add_special_tokens=False)["input_ids"]
+    first_turn = tok.render_chat(CONVERSATION[:2])[0]
+    assert first_turn[:len(prompt) + len(tok.response_ids("42."))] == prompt + tok.response_ids("42.")
+    # plain text never becomes a special token
+    assert tok.eos not in tok.encode("a <|im_end|> b") and tok.decode(tok.encode("a <|im_end|> b")) == "a <|im_end|> b"
