@@ -33,8 +33,10 @@ class KVCache:
     def __init__(self, cfg, prompt_valid, max_len, chunk=32):
         """prompt_valid: (B, P) bool, False on each row's left padding; max_len: P + new tokens."""
         self.n_layer, self.prompt_valid, self.max_len, self.chunk = cfg.n_layer, prompt_valid, max_len, chunk
-        self.k = self.v = None  # (n_layer, B, n_head, capacity, head_size), in the attention dtype
-        self.bias = None        # (B, n_head, 1, capacity): one row per (row, head), as baddbmm wants
+        # grouped-query attention keeps only its n_kv_head key/value heads (H below): the cache is
+        # n_head / n_kv_head times smaller, and each group of query heads reads its one kv head
+        self.k = self.v = None  # (n_layer, B, H, capacity, head_size), in the attention dtype
+        self.bias = None        # (B, H, 1, capacity): one row per (row, kv head), as baddbmm wants
         self.length = 0         # columns written by every layer so far
 
     def write_prompt(self, layer, k, v):
@@ -53,8 +55,11 @@ class KVCache:
 
     def decode_attention(self, layer, q, k, v):
         """Write this step's key and value (B, H, 1, D) at the next column, then attend:
-        softmax(q·Kᵀ/√D + bias)·V over the whole buffer. Returns (B, H, 1, D)."""
-        B, H, _, D = q.shape
+        softmax(q·Kᵀ/√D + bias)·V over the whole buffer. q (B, G·H, 1, D): the G query heads of kv
+        head h are h·G ... h·G + G − 1 (transformers' repeat_kv), so they become G rows of one
+        batched matmul against that head's keys. Returns (B, G·H, 1, D)."""
+        B, H, _, D = k.shape
+        G = q.size(1) // H
         col = self.length
         if layer == 0:
             if col == self.k.size(3):
@@ -64,8 +69,8 @@ class KVCache:
         self.layer_v[layer].narrow(2, col, 1).copy_(v)
         if layer == self.n_layer - 1:
             self.length = col + 1
-        scores = torch.baddbmm(self.flat_bias, q.reshape(B * H, 1, D), self.keys_t[layer], alpha=D ** -0.5)
-        return torch.bmm(scores.softmax(-1), self.values[layer]).view(B, H, 1, D)
+        scores = torch.baddbmm(self.flat_bias, q.reshape(B * H, G, D), self.keys_t[layer], alpha=D ** -0.5)
+        return torch.bmm(scores.softmax(-1), self.values[layer]).view(B, G * H, 1, D)
 
     def _grow(self):
         extra = min(self.chunk, self.max_len - self.k.size(3))

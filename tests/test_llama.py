@@ -72,6 +72,52 @@ def test_logits_match_transformers(hf_dir):
     torch.testing.assert_close(shifted, alone, atol=1e-4, rtol=0)
 
 
+def hf_greedy(hf, prompts, new):
+    """transformers' greedy generate on a left-padded batch (its attention mask and positions)."""
+    P = max(map(len, prompts))
+    ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompts])
+    out = hf.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0,
+                      output_scores=True, return_dict_in_generate=True)
+    logprobs = torch.stack(out.scores, 1).log_softmax(-1).gather(2, out.sequences[:, P:, None]).squeeze(2)
+    return out.sequences[:, P:].tolist(), logprobs
+
+
+def test_greedy_generate_matches_transformers(hf_dir):
+    """The KV-cache sampler on ragged prompts (left-padded, each row's positions from 0), a prompt
+    asked twice (one shared prefill), grouped-query attention's smaller cache: the same tokens and
+    log-probs as transformers' generate on the batch, and on each prompt alone."""
+    path, hf = hf_dir
+    ours = GPT.from_pretrained(path).eval()
+    prompts = [random_ids(1, 5, seed=2)[0].tolist(), random_ids(1, 11, seed=3)[0].tolist(), [7],
+               random_ids(1, 5, seed=2)[0].tolist()]
+    new = 16
+    tokens, logprobs = ours.generate(prompts, max_new_tokens=new, temperature=0.0)
+    expected, expected_lp = hf_greedy(hf, prompts, new)
+    assert tokens == expected
+    torch.testing.assert_close(torch.tensor(logprobs), expected_lp, atol=1e-4, rtol=0)
+    for prompt, got in zip(prompts, tokens):
+        assert got == hf_greedy(hf, [prompt], new)[0][0]
+
+
+def test_tool_hook_and_gqa_cache_with_rotary_positions(hf_dir):
+    """Tokens a tool hook injects take their positions like sampled ones: after the injection the
+    sampler continues as transformers does from the prompt, the sampled token and the tool's."""
+    from sampler import KVCache
+    path, hf = hf_dir
+    ours = GPT.from_pretrained(path).eval()
+    prompts = [random_ids(1, 6, seed=6)[0].tolist(), random_ids(1, 3, seed=7)[0].tolist()]
+    hook = lambda row, generated: [11, 12, 13] if len(generated) == 1 else None
+    tokens, _, forced = ours.generate(prompts, max_new_tokens=12, temperature=0.0, tool_hook=hook)
+    for prompt, got, f in zip(prompts, tokens, forced):
+        assert got[1:4] == [11, 12, 13] and f[:5] == [0, 1, 1, 1, 0]
+        assert got[4:] == hf_greedy(hf, [prompt + got[:4]], 8)[0][0]
+    cache = KVCache(ours.config, torch.ones(1, 5, dtype=torch.bool), 9)
+    with torch.no_grad():
+        ours(random_ids(1, 5, seed=8), cache=cache)
+    assert cache.k.shape == (2, 1, 2, 9, ours.config.head_dim or 8)  # (layers, B, n_kv_head = 2 of 4, ...)
+
+
 def test_export_round_trip(hf_dir, tmp_path):
     path, hf = hf_dir
     ours = GPT.from_pretrained(path).eval()
