@@ -12,16 +12,17 @@ from one SFT checkpoint, the same rollouts each (prompts_per_iter × group_size 
               outcome at the end, normalised over the group's steps (reward_mode=process)
 
 Per iteration (the iteration's rollouts: a fair sample of the policy) it records the rollout win
-rate, the share of all-fail groups and the rule violations per episode; every --eval_every
-iterations greedy wins on --eval_problems held-out maps and as many OOD maps (rooms named from other
-roles' names). The held-out split is small (73 distinct maps), hence two seeds. It writes
+rate, the share of all-fail groups and the rule violations per episode; at the start (once: greedy
+decoding is the same for every run) and after every --iters / --evals iterations, greedy wins on
+--eval_problems held-out maps and --ood_problems OOD maps (rooms named from other roles' names). The
+held-out split is small (73 distinct maps), hence two seeds. Each run trains in --evals segments,
+each resumed from the last one's checkpoint (init_from=resume continues exactly). It writes
 results.json, rlvp.md (the table) and the plot into --out.
 
-    python train.py --algo sft --env=treasure --max_iters=300 --batch_size=8 --train_problems=2000 \\
-        --eval_interval=100 --eval_problems=100 --out_dir=out/treasure_sft        # the start (one-time)
-    python experiments/rlvp.py --init_from=out/treasure_sft                       # ~40 min on 2 cores
-    python experiments/rlvp.py               # trains that start first, into out/rlvp/init (--init_iters)
-    python experiments/rlvp.py --quick --out=/tmp/rlvp                            # a toy-size smoke test
+    python train.py --algo sft --env=treasure --max_iters=200 --lr_decay_iters=300 --batch_size=8 \
+        --train_problems=2000 --eval_interval=100 --eval_problems=100 --out_dir=out/treasure_sft  # the start
+    python experiments/rlvp.py --init_from=out/treasure_sft          # ~55 min on 2 shared cores
+    python experiments/rlvp.py --quick --out=/tmp/rlvp               # a toy-size smoke test (numbers mean nothing)
 
 --set key=value (repeatable) passes a train.py key to every run.
 """
@@ -37,6 +38,7 @@ sys.path.insert(0, ROOT)
 
 import train as T  # noqa: E402  (after the path: the script runs from anywhere)
 from experiments.generalpoints import init_checkpoint, run  # noqa: E402  (an SFT start, train.train by algorithm)
+from experiments.ood import accuracy  # noqa: E402  (greedy accuracy on a split, with its band)
 
 ARMS = dict(outcome=dict(reward_mode="outcome"), rlvp=dict(reward_mode="rlvp"), process=dict(reward_mode="process"))
 SEEDS = (1337, 1338)
@@ -47,17 +49,34 @@ PER_ITER = ("reward", "all_fail_frac", "violations_per_episode")
 PER_EVAL = ("heldout_acc", "ood_acc")
 
 
-def curve(out_dir):
-    """{iter: {reward, all_fail_frac, violations_per_episode (the rollouts of that iteration), heldout_acc,
-    ood_acc (the evaluation before it)}} of one run. A training row logged as iteration i + 1 holds
-    the rollouts sampled at iteration i, by the policy evaluated at i."""
-    points = {}
+def curve(out_dir, evaluations):
+    """{iter: {reward, all_fail_frac, violations_per_episode (the rollouts sampled at that iteration),
+    heldout_acc, ood_acc (evaluations: {iter: figures} of the policy at that iteration)}} of one run.
+    A training row logged as iteration i + 1 holds the rollouts sampled at iteration i."""
+    points = {i: dict(figures) for i, figures in evaluations.items()}
     for row in map(json.loads, open(os.path.join(out_dir, "metrics.jsonl"))):
         if "reward" in row:
             points.setdefault(row["iter"] - 1, {}).update({k: row[k] for k in PER_ITER})
-        if "heldout_acc" in row:
-            points.setdefault(row["iter"], {}).update({k: row[k] for k in PER_EVAL})
     return {i: points[i] for i in sorted(points)}
+
+
+def evaluate(r, args):
+    """Greedy wins on --eval_problems held-out maps and --ood_problems OOD maps."""
+    return dict(heldout_acc=accuracy(r, r.raw_model, "heldout", args.eval_problems)[0],
+                ood_acc=accuracy(r, r.raw_model, "ood", args.ood_problems)[0])
+
+
+def grpo_run(args, common, arm, seed, start, start_figures):
+    """One arm and seed: --iters GRPO iterations from `start` in --evals segments, each resumed from
+    the last one's checkpoint (an exact continuation) and evaluated at its end. Returns its curve."""
+    out_dir, evaluations = os.path.join(args.out, f"{arm}_{seed}"), {0: start_figures}
+    for k in range(1, args.evals + 1):
+        iters = round(k * args.iters / args.evals)
+        r = run(dict(common, **ARMS[arm], algo="grpo", init_from=start if k == 1 else "resume", max_iters=iters,
+                     seed=seed, eval_interval=0, checkpoint=True, out_dir=out_dir))
+        evaluations[iters] = evaluate(r, args)
+        print(f"{arm} seed {seed}, iteration {iters}: {evaluations[iters]}")
+    return curve(out_dir, evaluations)
 
 
 def mean_band(values):
@@ -89,7 +108,7 @@ def summary(results):
 
 
 def table(results):
-    n, P, G = results["eval_problems"], results["prompts_per_iter"], results["group_size"]
+    n, P, G = min(results["eval_problems"], results["ood_problems"]), results["prompts_per_iter"], results["group_size"]
     rows = ["| arm | rollout win rate | all-fail groups | violations / episode | held-out greedy | OOD greedy |",
             "|---|---|---|---|---|---|"]
     for arm, fig in summary(results).items():
@@ -98,8 +117,9 @@ def table(results):
     band = 2 * math.sqrt(0.25 / n)
     rows += ["", f"Means over {len(results['seeds'])} seeds ({', '.join(map(str, results['seeds']))}); ± 2 standard "
              f"errors over the seeds at the end. Rollout figures: the first → the last third of {results['iters']} "
-             f"iterations of {P} maps × {G} plays; evaluations: greedy wins on {n} maps per split, the start → the "
-             f"last evaluation (one evaluation's binomial band is at most ± {band:.3f})."]
+             f"iterations of {P} maps × {G} plays; evaluations: greedy wins on {results['eval_problems']} held-out and "
+             f"{results['ood_problems']} OOD maps, the start → the last evaluation (one evaluation's binomial band is "
+             f"at most ± {band:.3f})."]
     return "\n".join(rows) + "\n"
 
 
@@ -128,12 +148,13 @@ def plot(results, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--init_from", default="", help="an SFT checkpoint of --env=treasure (default: train one)")
-    parser.add_argument("--init_iters", type=int, default=300, help="iterations of that SFT run when there is none")
-    parser.add_argument("--iters", type=int, default=12, help="GRPO iterations per run")
+    parser.add_argument("--init_iters", type=int, default=200, help="iterations of that SFT run when there is none")
+    parser.add_argument("--iters", type=int, default=14, help="GRPO iterations per run")
     parser.add_argument("--prompts_per_iter", type=int, default=8, help="maps per iteration")
-    parser.add_argument("--group_size", type=int, default=8, help="plays per map")
-    parser.add_argument("--eval_every", type=int, default=6, help="iterations between evaluations")
-    parser.add_argument("--eval_problems", type=int, default=64, help="maps per split and evaluation")
+    parser.add_argument("--group_size", type=int, default=4, help="plays per map")
+    parser.add_argument("--evals", type=int, default=1, help="evaluations per run after the (shared) start")
+    parser.add_argument("--eval_problems", type=int, default=64, help="held-out maps per evaluation")
+    parser.add_argument("--ood_problems", type=int, default=32, help="OOD maps per evaluation")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, from " + ", ".join(ARMS))
     parser.add_argument("--seeds", type=int, default=len(SEEDS), help="runs per arm (seeds 1337, 1338, ...)")
     parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke test (numbers mean nothing)")
@@ -142,8 +163,8 @@ def main():
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
     args = parser.parse_args()
     if args.quick:
-        args.init_iters, args.iters, args.eval_every, args.eval_problems = 2, 2, 2, 4
-    common = {"batch_size": 8, "train_problems": 2000, **(QUICK if args.quick else {}), "env": "treasure",
+        args.init_iters, args.iters, args.evals, args.eval_problems, args.ood_problems = 2, 2, 2, 4, 4
+    common = {"batch_size": 8, "train_problems": 2000, "lr_decay_iters": 300, **(QUICK if args.quick else {}), "env": "treasure",
               "eval_problems": args.eval_problems, "log_interval": 1, "checkpoint": False,
               **T.parse_args([f"--{kv}" for kv in args.set])}
     os.makedirs(args.out, exist_ok=True)
@@ -153,14 +174,14 @@ def main():
         common.update(prompts_per_iter=QUICK["prompts_per_iter"], group_size=QUICK["group_size"])
 
     seeds = [SEEDS[0] + k for k in range(args.seeds)]
-    results = dict(init_from=start, iters=args.iters, eval_problems=args.eval_problems, seeds=seeds,
-                   prompts_per_iter=common["prompts_per_iter"], group_size=common["group_size"], arms={})
+    results = dict(init_from=start, iters=args.iters, eval_problems=args.eval_problems, ood_problems=args.ood_problems,
+                   seeds=seeds, prompts_per_iter=common["prompts_per_iter"], group_size=common["group_size"], arms={})
+    results["start"] = evaluate(run(dict(common, algo="grpo", init_from=start, max_iters=0, eval_interval=0,
+                                         out_dir=os.path.join(args.out, "start"))), args)  # greedy: one for all runs
+    print(f"start: {results['start']}")
     for arm in args.arms.split(","):
         for seed in seeds:
-            out_dir = os.path.join(args.out, f"{arm}_{seed}")
-            run(dict(common, **ARMS[arm], algo="grpo", init_from=start, max_iters=args.iters, seed=seed,
-                     eval_interval=min(args.eval_every, args.iters), out_dir=out_dir))
-            results["arms"].setdefault(arm, {})[seed] = curve(out_dir)
+            results["arms"].setdefault(arm, {})[seed] = grpo_run(args, common, arm, seed, start, results["start"])
             with open(os.path.join(args.out, "results.json"), "w") as f:
                 json.dump(results, f, indent=1)
     results["summary"] = summary(results)

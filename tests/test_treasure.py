@@ -163,3 +163,45 @@ def test_rlvp_experiment_runs_at_toy_size(tmp_path):
             assert {"reward", "all_fail_frac", "heldout_acc", "ood_acc"} <= set(points["0"])
             assert "heldout_acc" in points["2"]
     assert "| rlvp |" in (tmp_path / "rlvp.md").read_text() and (tmp_path / "rlvp.png").exists()
+
+
+def test_ood_candidate_splits_keep_the_task_and_shift_it():
+    """experiments/ood.py's candidates: one_swapped maps are played by the tool and won by their own
+    solver play, with exactly one name from another role; steps±k change only the chain length;
+    reworded keeps the equation and the answer."""
+    from experiments import ood
+    for p in ood.one_swapped(ENV.problems("heldout", 20), seed=0):
+        moved = [r for r in envs.ROOMS if p["names"][r] not in envs.ROOM_NAMES[r]]
+        assert len(moved) == 1 and len(set(p["names"].values())) == 6
+        assert ENV.verify(p, play(p, p["answer"].split(", "))) == 1.0
+    arithmetic = envs.Arithmetic()
+    for name, steps in (("steps+1", 4), ("steps+2", 5), ("steps-1", 2)):
+        problems = ood.CANDIDATES["arithmetic"][name](arithmetic, 20, 0)
+        assert {len(p["steps"]) for p in problems} == {steps}
+        assert all(arithmetic.verify(p, arithmetic.solve(p)) == 1.0 for p in problems)
+    before, after = arithmetic.problems("heldout", 50), ood.CANDIDATES["arithmetic"]["reworded"](arithmetic, 50, 0)
+    assert [p["answer"] for p in before] == [p["answer"] for p in after]
+    assert all(a["prompt"] != b["prompt"] for a, b in zip(before, after))
+    assert "Compute 3 + 4." == ood.reworded([{"prompt": "What is 3 + 4?"}])[0]["prompt"]
+    assert ood.reworded([{"prompt": "Ann had 7 coins, got 8, gave away 3. How many now?"}])[0]["prompt"] == \
+        "Ann had 7 coins, found 8, lost 3. How many are left?"
+
+
+@pytest.mark.slow
+def test_ood_experiment_runs_at_toy_size(tmp_path):
+    """experiments/ood.py --quick, the search and the study (~30 s): both arms from one start, in
+    resumed segments, SFT matched to GRPO's time, the table and the plot."""
+    script = os.path.join(ROOT, "experiments", "ood.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, script, "--quick", f"--out={tmp_path}"], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.load(open(tmp_path / "results.json"))
+    grpo, sft = results["arms"]["grpo"], results["arms"]["sft"]
+    assert [p["iter"] for p in grpo["1337"]] == [0, 1, 2] and len(sft["1338"]) == 3
+    assert grpo["1337"][0] == sft["1337"][0] and "| sft | 1338 |" in (tmp_path / "ood.md").read_text()
+    done = subprocess.run([sys.executable, script, "--quick", "--search", f"--out={tmp_path}"], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from experiments import ood
+    assert [row[0] for row in json.load(open(tmp_path / "search.json"))["rows"]][1:] == list(ood.CANDIDATES["arithmetic"])
