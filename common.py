@@ -408,6 +408,23 @@ def env_accuracy(run, model, split, n, temperature=0.0, samples=1, seed=0):
     return metrics, transcripts
 
 
+def verifier_check(env, verify, n=64, seed=0):
+    """The verifier's own error rate (SPEC §6, M14 §17), against the environment's solver on n train
+    problems: each problem's solver answer must pass, and the solver answer of the next problem (where
+    its answer differs) must fail. Returns dict(verifier_error_rate, verifier_false_negatives,
+    verifier_false_positives, verifier_probes)."""
+    problems = env.problems("train", n, seed=seed)
+    answers = [env.solve(p) for p in problems]
+    rejected = sum(verify(p, a) != 1.0 for p, a in zip(problems, answers))
+    nxt = [(i + 1) % n for i in range(n)]
+    others = [(p, answers[j]) for p, i, j in zip(problems, range(n), nxt)  # a different answer to a different problem
+              if answers[j] != answers[i] and problems[j].get("answer", j) != p.get("answer", i)]
+    accepted = sum(verify(p, a) != 0.0 for p, a in others)
+    probes = len(problems) + len(others)
+    return dict(verifier_error_rate=(rejected + accepted) / probes, verifier_false_negatives=rejected,
+                verifier_false_positives=accepted, verifier_probes=probes)
+
+
 @torch.no_grad()
 def sampled_reference_kl(run, model, reference, temperature=1.0):
     """KL(π_θ‖π_ref) per response, estimated on the policy's own samples (at `temperature`) of

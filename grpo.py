@@ -19,6 +19,19 @@ One iteration (synchronous, on-policy; staleness below):
      is cut on that side only). Clip-Higher (DAPO): eps_high > eps_low lets rare tokens grow more.
      On the first step of a rollout batch ρ = 1 and the gradient is exactly REINFORCE with A_i.
 
+ratio_level — token: ρ_it as above. sequence (GSPO, Zheng et al. 2025): one ratio per response,
+         s_i = exp((1/|y_i|) Σ_t log(π_θ/π_old)(y_it)),   q_it = min(s_i·A_i, clip(s_i, 1 − eps_low, 1 + eps_high)·A_i)
+  computed per token as sg(s_i)·π_θ(y_it)/sg(π_θ(y_it)), so its value is s_i and its gradient
+  s_i·A_i·∇log π_θ(y_it): with seq_mean_token_mean that is ∇ of s_i·A_i. Outside the band the whole
+  response stops (on the clipped side), never a single token. A mean of log-ratios moves far less
+  than one token's, hence GSPO's narrow band (config/gspo.py: 3e-4 / 4e-4).
+
+policy_loss — clip: q_it above. cispo (MiniMax-M1, 2025): the weight is capped, the token kept,
+         ℓ_it = −sg(clip(ρ_it, 1 − eps_low, 1 + eps_high))·A_i·log π_θ(y_it)
+  so every token keeps the gradient A_i·∇log π_θ, scaled by its capped ratio: a rare token whose ρ
+  ran past 1 + eps_high still learns (PPO's clip would zero it). At ρ = 1 it is plain REINFORCE.
+  With ratio_level=sequence the capped weight is clip(s_i). config/cispo.py.
+
 The choices (config keys):
 
 estimator — rewards r_1..r_G of one prompt's group -> advantages:
@@ -27,6 +40,16 @@ estimator — rewards r_1..r_G of one prompt's group -> advantages:
     grpo       A_i = (r_i − mean(r_1..G)) / std(r_1..G)     (population std, ddof = 0)
     dr_grpo    A_i = r_i − mean(r_1..G)                      (no std)
   A mean that includes r_i shrinks the expected gradient by (G − 1)/G (SPEC §5: 0.18375 vs 0.21).
+
+adv_scale — what the centred advantage is divided by. The estimator fixes the baseline, adv_scale the
+  divisor, and an explicit adv_scale wins over what the estimator's name implies (auto):
+    auto    group for grpo, none for the others (today's four estimators exactly)
+    group   the group's population std:   grpo == dr_grpo + group,  dr_grpo == grpo + none
+    batch   A_i / std(A over every kept response of the global batch): REINFORCE++'s global
+            normalisation with estimator=reinforce (A = (r − mean_B r) / std_B r); with a group
+            baseline it is REINFORCE++-baseline. One std for all, so an easy prompt's small
+            differences are not blown up to ±1 as the group std does (outcome, rlvp and path modes)
+    none    the centred reward as it is
 
 loss_agg — how the per-token losses ℓ_it of one optimizer step's global batch become one number,
   mapped onto the loop's contract loss = Σ loss_sum / Σ count (over micro-batches and ranks):
@@ -81,6 +104,25 @@ old_logprobs — where π_old comes from: "sampler" (the log-probs the sampler d
   before the first update: needed when sampling and training differ numerically, e.g. bf16 autocast
   on a GPU, or a separate inference engine), or "auto" (recompute under autocast, else sampler).
   π_old stays fixed for all inner epochs: it is the policy that sampled, not the current one.
+  With recompute the sampler's own numbers are compared every iteration: sampler_logprob_gap (mean
+  |log π_old − log π_sampler| per response token, PPO's name) and sampler_logprob_gap_max.
+
+tis_cap — C > 0: truncated importance sampling for the sampler/trainer mismatch (needs
+  old_logprobs=recompute: with the sampler's log-probs there is nothing to compare). Each token's
+  policy term is multiplied by the constant
+         w_it = min(π_old(y_it) / π_sampler(y_it), C)
+  (the samples came from π_sampler, the loss assumes π_old: w corrects the difference, the cap
+  bounds its variance); tis_capped_frac logs the share of tokens at the cap. 0 = off.
+
+prompt_sampling — uniform: fresh problems of the train split for every shard (the generator has
+  thousands of distinct problems: prompts rarely return). edge (budget at the edge of competence,
+  SPEC §3 DAPO): a fixed pool of prompt_pool train problems (seed = the run's seed); each iteration
+  draws prompts_per_iter distinct pool prompts: unseen ones first (in pool order), then at random
+  among those whose running success s lies in [edge_low, edge_high], then the rest nearest the
+  band's middle. After each rollout s ← mean reward of the prompt's group on its first visit, else
+  s ← (s + mean) / 2. The draw depends on (seed, iteration) and s only; s is summed over ranks
+  before the update, so every rank draws the same prompts, and it is checkpointed, so a resumed run
+  draws what the uninterrupted one did (tested). Needs staleness=0 and no dynamic sampling.
 
 share_prompt — the G responses of a prompt share it: with True, every forward outside the sampler
   (π_ref and π_old scoring, the loss) runs each distinct prompt once and lets its rows attend to
@@ -104,6 +146,18 @@ as one process (tested), and every rank always returns the same number of steps 
 The policy is scored with dropout off (eval mode) in the loss too: π_θ in ρ must be the function
 that sampled, or ρ ≠ 1 before any update.
 
+break_it — a classic failure on purpose, each with the monitor that must catch it (alarms(), tested):
+    fp8_sampler    the rollouts come from an FP8 (e4m3, per-tensor scale) copy of the weights, as a
+                   low-precision inference engine would sample -> sampler_logprob_gap (with
+                   recompute) and tis_capped_frac; with the sampler's log-probs, ratio drift
+    all_equal      every reward 0 (a task out of reach) -> degenerate_frac
+    length_bonus   +0.01 reward per response token -> reward_len_corr (and the length)
+    format_exploit the training reward accepts a response that contains the right number anywhere
+                   (several guesses pass) -> verifier_error_rate; held-out accuracy is still scored
+                   by the strict verifier
+  and two without a switch: stale rollouts (--staleness=1 -> staleness, ratio_dev on an on-policy
+  step) and too high a learning rate (--learning_rate=... -> entropy collapse).
+
 Logged every iteration (metrics.jsonl, SPEC §6): reward (verifier, first rollout: a fair sample of
 the policy), reward_shaped (what the advantages saw), degenerate_frac (groups with all-equal verifier
 rewards), kept_groups_frac, extra_rollouts, len_mean / len_std / truncated_frac, work_frac (first
@@ -112,13 +166,17 @@ rollout's share of answers that show their work), kl_ref
 the time split time_decode / time_verify / time_score / time_update and decode_tok_per_s (this
 rank's clock); all_fail_frac (groups where every response fails the verifier) and, where the
 environment has a rule engine, violations_per_episode (its −1 signals per response, whatever the
-reward_mode).
+reward_mode); parse_error_rate (first rollout's responses with no answer in the task's form:
+above ~20% RL fails, SPEC §6), reward_len_corr (correlation of the shaped reward with the length
+among the responses the verifier rejects: 0 unless the reward pays for length) and
+verifier_error_rate (the training verifier against the solver, C.verifier_check, in the passport too).
 
 Tool environments (--env=calculator): rollouts run the tool inside generation; its results stay in
 ids and have mask 0, so the surrogate and the KL term never train on them (common.rollouts).
 """
 
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -138,8 +196,11 @@ defaults = dict(
     rollout_prompts=0,         # prompts per sampler call (a shard); 0 = prompts_per_iter / world_size
     temperature=1.0,           # sampling temperature; π_θ, π_old and π_ref are all scored at it
     estimator="grpo",          # reinforce | rloo | grpo | dr_grpo
+    adv_scale="auto",          # auto | group | batch | none: the advantage's divisor (auto: group for grpo, else none)
     loss_agg="seq_mean_token_mean",  # seq_mean_token_mean | token_mean | seq_mean_token_sum_norm
     eps_low=0.2, eps_high=0.2,       # clip range [1 - eps_low, 1 + eps_high]
+    ratio_level="token",       # token | sequence (GSPO: one ratio per response, exp of its mean token log-ratio)
+    policy_loss="clip",        # clip (PPO's min) | cispo (capped, detached ratio times log π: every token keeps a gradient)
     inner_epochs=1,            # passes over each rollout batch
     minibatches=1,             # optimizer steps per pass; 1 = exactly on-policy (ρ = 1, plain
                                # group-normalised REINFORCE); more reuse each rollout batch, off-policy
@@ -149,6 +210,11 @@ defaults = dict(
     dynamic_sampling_rounds=0, # DAPO: extra rollouts to refill informative groups (0 = off)
     overlong_cache=0,          # DAPO: soft length penalty over the last L_cache tokens (0 = off)
     old_logprobs="auto",       # auto | sampler | recompute
+    tis_cap=0.0,               # truncated importance sampling: weight min(π_old/π_sampler, C) per token (needs recompute; 0 = off)
+    prompt_sampling="uniform", # uniform (fresh problems) | edge (a fixed pool, prompts with success in the band first)
+    prompt_pool=2048,          # edge: the pool's size (prompts come back once it is used up)
+    edge_low=0.2, edge_high=0.8,  # edge: the band of running success that is drawn
+    break_it="none",           # none | fp8_sampler | all_equal | length_bonus | format_exploit (a failure and its monitor)
     share_prompt=True,         # run each prompt once for its G responses, in scoring and in the loss
     staleness=0,               # 0: synchronous; 1: the next rollouts are sampled during the update (see above)
     eval_pass_k=4,             # pass@k on the held-out split at the sampling temperature (< 2: off)
@@ -161,7 +227,10 @@ defaults = dict(
 defaults.update(C.REWARD_KEYS)  # reward_mode and RLVP's β, λ, μ: one definition for grpo.py and ppo.py
 defaults.update(C.BEST_OF_N_KEYS)  # the Best-of-N figure every evaluation logs
 
-CHOICES = dict(estimator=("reinforce", "rloo", "grpo", "dr_grpo"),
+CHOICES = dict(estimator=("reinforce", "rloo", "grpo", "dr_grpo"), adv_scale=("auto", "group", "batch", "none"),
+               ratio_level=("token", "sequence"), policy_loss=("clip", "cispo"),
+               prompt_sampling=("uniform", "edge"),
+               break_it=("none", "fp8_sampler", "all_equal", "length_bonus", "format_exploit"),
                loss_agg=("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"),
                kl=("off", "k1_reward", "k3_loss"), on_degenerate=("drop", "zeros", "raise"),
                old_logprobs=("auto", "sampler", "recompute"))
@@ -197,14 +266,22 @@ def grpo_advantages(rewards, on_degenerate="raise"):
     return torch.where(degenerate.unsqueeze(-1), 0.0, centred / torch.where(degenerate.unsqueeze(-1), 1.0, std))
 
 
-def group_advantages(rewards, estimator):
-    """(P, G) rewards -> (advantages (P, G), degenerate (P,)) for a group estimator. Degenerate
-    groups get exactly 0 (what every formula gives in exact arithmetic); the caller applies the rule."""
+def advantage_scale(cfg):
+    """adv_scale with auto resolved: the group std for grpo, nothing for the other estimators."""
+    if cfg["adv_scale"] != "auto":
+        return cfg["adv_scale"]
+    return "group" if cfg["estimator"] == "grpo" else "none"
+
+
+def group_advantages(rewards, estimator, scale=None):
+    """(P, G) rewards -> (advantages (P, G), degenerate (P,)) for a group estimator: its baseline,
+    then the group's population std as divisor when scale is "group" (None: what the estimator
+    implies; "batch" is applied later, over the whole batch). Degenerate groups get exactly 0 (what
+    every formula gives in exact arithmetic); the caller applies the rule."""
     degenerate = degenerate_groups(rewards)
     G = rewards.size(1)
-    if estimator == "grpo":
-        adv = grpo_advantages(rewards, on_degenerate="zeros")
-    elif estimator == "dr_grpo":
+    scale = scale or advantage_scale(dict(estimator=estimator, adv_scale="auto"))
+    if estimator in ("grpo", "dr_grpo"):
         adv = rewards - rewards.mean(1, keepdim=True)
     elif estimator == "rloo":
         if G < 2:
@@ -212,10 +289,21 @@ def group_advantages(rewards, estimator):
         adv = rewards - (rewards.sum(1, keepdim=True) - rewards) / (G - 1)
     else:
         raise ValueError(f"{estimator!r} is not a group estimator")
+    if scale == "group":
+        adv = adv / torch.where(degenerate[:, None], 1.0, rewards.std(1, correction=0, keepdim=True))
     return torch.where(degenerate[:, None], 0.0, adv), degenerate
 
 
-def process_advantages(step_rewards, step_ends, mask, group_size, estimator):
+def batch_scale(advantages, kept, run):
+    """adv_scale=batch: divide by the population std of the advantages of every kept response of
+    the global batch (summed over ranks). advantages, kept: lists of this rank's (N,) tensors."""
+    a = torch.cat(advantages)[torch.cat(kept)]
+    s, sq, n = C.all_reduce_sum([float(a.sum()), float((a ** 2).sum()), len(a)], run)
+    std = max(sq / max(n, 1) - (s / max(n, 1)) ** 2, 0.0) ** 0.5
+    return [adv / std if std > 0 else adv for adv in advantages]
+
+
+def process_advantages(step_rewards, step_ends, mask, group_size, estimator, scale=None):
     """Process supervision as in the GRPO paper (Shao et al. 2024, §4.1.3; SPEC §3 Process vs
     outcome): the step rewards of a group's G responses are normalised together,
         r̃_j = (r_j − mean(R)) / std(R)      R = every step reward of the group (dr_grpo: r_j − mean(R)),
@@ -229,22 +317,34 @@ def process_advantages(step_rewards, step_ends, mask, group_size, estimator):
     n = on.sum(1, keepdim=True).clamp(min=1)
     degenerate = (torch.where(on, r, float("-inf")).amax(1) == torch.where(on, r, float("inf")).amin(1)) | ~on.any(1)
     centred = torch.where(on, r - torch.where(on, r, 0.0).sum(1, keepdim=True) / n, 0.0)
-    if estimator == "grpo":
+    if (scale or advantage_scale(dict(estimator=estimator, adv_scale="auto"))) == "group":
         std = ((centred ** 2).sum(1, keepdim=True) / n).sqrt()
         centred = centred / torch.where(degenerate[:, None], 1.0, std)
     normalised = torch.where(degenerate[:, None], 0.0, centred).reshape(N, T)
     return normalised.flip(1).cumsum(1).flip(1) * mask, degenerate
 
 
-def rlvp_advantages(outcome, path, estimator, beta):
+def rlvp_advantages(outcome, path, estimator, beta, scale=None):
     """RLVP (SPEC §3, "reward the outcome, constrain the process"): R = O + β·Φ with the two channels
     normalised separately, then combined: each goes through the group estimator on its own (grpo:
     z-scored over the group), A = Â(O) + β·Â(Φ), so a dense path signal cannot drown the sparse
     outcome however many actions it counts. outcome, path (P, G). A channel whose group is all equal
     adds 0; the group is degenerate when both are."""
-    outcome_adv, outcome_flat = group_advantages(outcome, estimator)
-    path_adv, path_flat = group_advantages(path, estimator)
+    outcome_adv, outcome_flat = group_advantages(outcome, estimator, scale)
+    path_adv, path_flat = group_advantages(path, estimator, scale)
     return outcome_adv + beta * path_adv, outcome_flat & path_flat
+
+
+def correlation(sums):
+    """Pearson's r from summed moments (corr_n, corr_x, corr_y, corr_xy, corr_xx, corr_yy); 0 when
+    either side does not vary."""
+    n = sums["corr_n"]
+    if n < 2:
+        return 0.0
+    cov = sums["corr_xy"] / n - sums["corr_x"] * sums["corr_y"] / n ** 2
+    vx = sums["corr_xx"] / n - (sums["corr_x"] / n) ** 2
+    vy = sums["corr_yy"] / n - (sums["corr_y"] / n) ** 2
+    return cov / (vx * vy) ** 0.5 if vx > 1e-12 and vy > 1e-12 else 0.0
 
 
 def overlong_penalty(lengths, limit, cache):
@@ -271,33 +371,66 @@ def aggregate(values, mask, loss_agg, max_len):
     raise ValueError(f"loss_agg must be one of {CHOICES['loss_agg']}, got {loss_agg!r}")
 
 
-def policy_loss(logp, old_logp, advantages, mask, cfg, ref_logp=None):
-    """The clipped surrogate (+ β·k3) aggregated per cfg. logp (B, T) with gradient, old_logp and
-    ref_logp (B, T) constants, advantages (B,) or (B, T), mask (B, T) 0/1. Returns (loss_sum, count, metrics)."""
+def policy_loss(logp, old_logp, advantages, mask, cfg, ref_logp=None, tis_weight=None):
+    """The policy term (+ β·k3) aggregated per cfg: the clipped surrogate or CISPO, on token or
+    sequence ratios (formulas at the top). logp (B, T) with gradient, old_logp, ref_logp and
+    tis_weight (B, T) constants, advantages (B,) or (B, T), mask (B, T) 0/1.
+    Returns (loss_sum, count, metrics)."""
     on = mask > 0
     log_ratio = torch.where(on, logp - old_logp, 0.0)  # 0 off the response: no exp(garbage) on padding
+    if cfg["ratio_level"] == "sequence":  # GSPO: value s_i on every token, gradient s_i·∇log π_θ(y_it)
+        seq = log_ratio.sum(1, keepdim=True) / on.sum(1, keepdim=True).clamp(min=1)
+        log_ratio = torch.where(on, seq.detach() + logp - logp.detach(), 0.0)
     ratio = torch.exp(log_ratio)
     adv = advantages[:, None] if advantages.dim() == 1 else advantages  # per response, or per token (process)
     low, high = 1 - cfg["eps_low"], 1 + cfg["eps_high"]
-    per_token = -torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
+    if cfg["policy_loss"] == "cispo":  # the capped ratio is a constant weight: every token keeps its gradient
+        per_token = -ratio.clamp(low, high).detach() * adv * torch.where(on, logp, 0.0)
+    else:
+        per_token = -torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
+    if tis_weight is not None:  # truncated importance sampling: min(π_old/π_sampler, C), a constant
+        per_token = per_token * tis_weight
     metrics = {}
     if cfg["kl"] == "k3_loss":
         kl = kl_estimate(logp, torch.where(on, ref_logp, logp), "k3")
         per_token = per_token + cfg["kl_coef"] * kl
         metrics["kl_k3"] = float((kl.detach() * on).sum() / on.sum().clamp(min=1))
     loss_sum, count = aggregate(per_token, mask, cfg["loss_agg"], cfg["max_new_tokens"])
-    with torch.no_grad():
-        clipped = on & (((adv > 0) & (ratio > high)) | ((adv < 0) & (ratio < low)))
+    with torch.no_grad():  # clip: tokens whose gradient the clip cut; cispo: tokens whose weight it capped
+        if cfg["policy_loss"] == "cispo":
+            clipped = on & ((ratio > high) | (ratio < low))
+        else:
+            clipped = on & (((adv > 0) & (ratio > high)) | ((adv < 0) & (ratio < low)))
         n = on.sum().clamp(min=1)
         metrics["clip_frac"] = float(clipped.sum() / n)
         metrics["ratio_dev"] = float(((ratio - 1).abs() * on).max()) if on.any() else 0.0
     return loss_sum, count, metrics
 
 
+def tis_weights(old_logp, sampler_logp, mask, cap):
+    """Truncated importance sampling: min(π_old/π_sampler, cap) per token (0 off the response) and
+    the number of tokens at the cap."""
+    on = mask > 0
+    weight = torch.exp(torch.where(on, old_logp - sampler_logp, 0.0))
+    return torch.where(on, weight.clamp(max=cap), 0.0), int((on & (weight > cap)).sum())
+
+
+def rollout_cost(prompts, answers, tokens, gpus, tok_per_s_per_gpu, n_params, flops_per_gpu, mfu):
+    """Why rollouts dominate RL's cost (SPEC §7, seed M14 §11): decoding prompts·answers·tokens at
+    tok_per_s_per_gpu on each of `gpus` against one training pass over the same tokens by 6·N·D
+    FLOPs at flops_per_gpu·mfu. Returns dict(tokens, decode_s, decode_min, train_min, ratio)."""
+    n_tokens = prompts * answers * tokens
+    decode_s = n_tokens / (gpus * tok_per_s_per_gpu)
+    train_s = 6 * n_params * n_tokens / (gpus * flops_per_gpu * mfu)
+    return dict(tokens=n_tokens, decode_s=decode_s, decode_min=decode_s / 60, train_min=train_s / 60,
+                ratio=decode_s / train_s)
+
+
 # ----------------------------------------------------------------------------------------------
 # Rollouts: shards, scoring, rewards, dynamic sampling
 
-PER_TOKEN = ("mask", "old_logprobs", "ref_logprobs")  # (N, T-1), aligned with ids[:, 1:]; no ref with kl=off
+PER_TOKEN = ("mask", "old_logprobs", "ref_logprobs", "sampler_logprobs")  # (N, T-1), aligned with ids[:, 1:];
+# no ref with kl=off, the sampler's log-probs only beside recomputed ones
 TOKEN_KEYS = PER_TOKEN + ("step_advantages",)  # and with reward_mode=process, one advantage per token
 PER_ROW = ("rewards", "reward", "advantages", "lengths", "truncated", "seq_len", "keep", "prompt_len")  # (N,)
 
@@ -342,12 +475,16 @@ def sample_round(run, model, it, shard, round_):
     cfg, G = run.cfg, run.cfg["group_size"]
     rng = C.seeded_rng(run, it, shard, round_)
     problems = run.env.problems("train", C.shard_size(run), seed=int(rng.integers(2 ** 31)))
-    ro = C.rollouts(run, model, problems, G, temperature=cfg["temperature"],
+    if cfg["prompt_sampling"] == "edge":  # this shard's slice of the iteration's draw from the pool
+        problems = [run.pool[i] for i in run.edge_draw[shard]]
+    sampler = fp8_copy(model) if cfg["break_it"] == "fp8_sampler" else model
+    ro = C.rollouts(run, sampler, problems, G, temperature=cfg["temperature"],
                     max_new_tokens=cfg["max_new_tokens"], seed=int(rng.integers(2 ** 31)))
     ro["prompt_len"] = torch.tensor(ro["prompt_lens"], device=ro["ids"].device)
     t0 = time.time()
     model.eval()  # the sampler restored train mode; score (and later train) with dropout off
-    if run.old_logprobs_mode == "recompute":
+    if run.old_logprobs_mode == "recompute":  # the sampler's numbers kept for the gap and TIS
+        ro["sampler_logprobs"] = ro["old_logprobs"]
         ro["old_logprobs"] = score(run, model, ro["ids"], ro["prompt_len"]) * ro["mask"]
     if cfg["kl"] != "off":  # with kl=off nothing reads π_ref: no forward (evaluation logs the KL)
         ro["ref_logprobs"] = score(run, run.ref_model, ro["ids"], ro["prompt_len"]) * ro["mask"]
@@ -356,6 +493,7 @@ def sample_round(run, model, it, shard, round_):
     # the sampler stops earlier than max_new_tokens when the longest prompt leaves less room
     longest_prompt = max(len(run.tok.prompt_ids(p["prompt"])) for p in problems)
     limit = min(cfg["max_new_tokens"], run.raw_model.config.block_size - longest_prompt)
+    ro["verified"], ro["rewards"] = ro["rewards"], broken_rewards(cfg["break_it"], ro)  # the env's verdict, the training reward
     reward = ro["rewards"] + overlong_penalty(ro["lengths"].cpu(), limit, cfg["overlong_cache"]).to(ro["rewards"].device)
     if cfg["kl"] == "k1_reward":
         reward = reward - cfg["kl_coef"] * ((ro["old_logprobs"] - ro["ref_logprobs"]) * ro["mask"]).sum(1)
@@ -364,7 +502,8 @@ def sample_round(run, model, it, shard, round_):
         ro["advantages"], ro["degenerate"] = torch.zeros_like(reward), torch.zeros(len(problems), dtype=torch.bool)
     elif cfg["reward_mode"] == "process":  # one advantage per token, the response's shared one unused
         steps, ends = C.token_rewards(run, ro, run.env.step_rewards)
-        ro["step_advantages"], ro["degenerate"] = process_advantages(steps, ends, ro["mask"], G, cfg["estimator"])
+        ro["step_advantages"], ro["degenerate"] = process_advantages(steps, ends, ro["mask"], G, cfg["estimator"],
+                                                                     advantage_scale(cfg))
         ro["advantages"] = torch.zeros_like(reward)
     elif cfg["reward_mode"] in ("rlvp", "path"):  # path: Φ alone (no outcome channel), the inaction trap
         signals = C.path_signals(run)
@@ -372,10 +511,11 @@ def sample_round(run, model, it, shard, round_):
                             device=reward.device)
         outcome = reward if cfg["reward_mode"] == "rlvp" else torch.zeros_like(reward)
         beta = cfg["rlvp_beta"] if cfg["reward_mode"] == "rlvp" else 1.0
-        adv, ro["degenerate"] = rlvp_advantages(outcome.view(-1, G), path.view(-1, G), cfg["estimator"], beta)
+        adv, ro["degenerate"] = rlvp_advantages(outcome.view(-1, G), path.view(-1, G), cfg["estimator"], beta,
+                                                advantage_scale(cfg))
         ro["advantages"] = adv.flatten()
     else:
-        adv, ro["degenerate"] = group_advantages(reward.view(-1, G), cfg["estimator"])
+        adv, ro["degenerate"] = group_advantages(reward.view(-1, G), cfg["estimator"], advantage_scale(cfg))
         ro["advantages"] = adv.flatten()
     ro["degenerate"] = ro["degenerate"].to(reward.device)
     return ro
@@ -421,8 +561,124 @@ def rollout_shard(run, model, it, shard):
         time_decode=sum(ro["decode_time"] for ro in rounds), time_verify=sum(ro["verify_time"] for ro in rounds),
         time_score=sum(ro["time_score"] for ro in rounds),
         work=sum(map(run.env.shows_work, first["texts"])),
+        parse_errors=sum(not run.env.parses(t) for t in first["texts"]),
+        group_reward=first["rewards"].view(-1, G).mean(1).tolist(),  # edge sampling's running success
         decoded_tokens=sum(float(ro["lengths"].sum()) for ro in rounds))
+    rejected = first["verified"] == 0  # reward_len_corr's moments: shaped reward y against length x
+    x, y = first["lengths"][rejected].double(), first["reward"][rejected].double()
+    counts.update(corr_n=len(x), corr_x=float(x.sum()), corr_y=float(y.sum()), corr_xy=float((x * y).sum()),
+                  corr_xx=float((x * x).sum()), corr_yy=float((y * y).sum()))
     return batch, counts
+
+
+# ----------------------------------------------------------------------------------------------
+# Options: prompts at the edge of competence, break-it switches and the monitors that catch them
+
+def edge_draw(success, n, rng, low, high):
+    """prompt_sampling=edge: n distinct pool indices, unseen prompts first (pool order), then those
+    with running success in [low, high] at random, then the rest nearest the band's middle.
+    success: (pool,) floats, NaN = never drawn."""
+    seen = ~np.isnan(success)
+    in_band = np.flatnonzero(seen & (success >= low) & (success <= high))
+    rest = np.flatnonzero(seen & ((success < low) | (success > high)))
+    rest = rest[np.argsort(np.abs(success[rest] - (low + high) / 2), kind="stable")]
+    return np.concatenate([np.flatnonzero(~seen), rng.permutation(in_band), rest])[:n]
+
+
+def edge_update(success, drawn, group_success):
+    """The running success of the drawn prompts: the group's mean reward on a first visit, else the
+    mean of the old estimate and the new one (recent visits weigh most: the policy moves)."""
+    old = success[drawn]
+    success[drawn] = np.where(np.isnan(old), group_success, (old + group_success) / 2)
+
+
+def edge_batches(run, it):
+    """Draw iteration `it`'s pool prompts (the same on every rank), one row of indices per shard."""
+    cfg, n = run.cfg, C.shard_size(run)
+    drawn = edge_draw(run.pool_success, cfg["prompts_per_iter"], C.seeded_rng(run, it), cfg["edge_low"], cfg["edge_high"])
+    before = run.pool_success[drawn]
+    in_band = (before >= cfg["edge_low"]) & (before <= cfg["edge_high"])
+    run.stats.update(edge_unseen_frac=float(np.isnan(before).mean()), edge_in_band_frac=float(in_band.mean()))
+    run.edge_draw = drawn.reshape(-1, n)
+
+
+def edge_record(run, group_rewards):
+    """After the rollouts: every rank's groups' mean rewards, summed over ranks, update the pool."""
+    n, n_shards = C.shard_size(run), len(run.edge_draw)
+    mine = np.zeros(n_shards * n)
+    for s, rewards in zip(range(run.rank, n_shards, run.world_size), group_rewards):
+        mine[s * n:(s + 1) * n] = rewards
+    edge_update(run.pool_success, run.edge_draw.reshape(-1), np.array(C.all_reduce_sum(mine.tolist(), run)))
+    run.stats["pool_seen_frac"] = float((~np.isnan(run.pool_success)).mean())
+
+
+@torch.no_grad()
+def fp8_copy(model):
+    """break_it=fp8_sampler: the weights as an FP8 inference engine holds them (e4m3, one scale
+    per tensor so that its largest entry maps to e4m3's largest, 448)."""
+    copy = C.frozen(model)
+    for p in copy.parameters():
+        scale = p.abs().max().clamp(min=1e-12) / 448
+        p.copy_((p / scale).to(torch.float8_e4m3fn).float() * scale)
+    return copy
+
+
+def lax_verify(problem, response):
+    """break_it=format_exploit: the right number anywhere in the response passes, so listing
+    several guesses (or copying one from the prompt) earns the reward."""
+    return 1.0 if str(problem["answer"]) in re.findall(r"-?[0-9]+", response) else 0.0
+
+
+def training_verifier(run):
+    """The verifier the rewards come from (evaluation always uses the environment's own)."""
+    return lax_verify if run.cfg["break_it"] == "format_exploit" else run.env.verify
+
+
+def broken_rewards(kind, ro):
+    """The training reward under break_it=kind (unchanged for none and fp8_sampler)."""
+    if kind == "all_equal":
+        return torch.zeros_like(ro["rewards"])
+    if kind == "length_bonus":
+        return ro["rewards"] + 0.01 * ro["lengths"].to(ro["rewards"])
+    if kind == "format_exploit":
+        return torch.tensor([lax_verify(p, t) for p, t in zip(ro["problems"], ro["texts"])], device=ro["rewards"].device)
+    return ro["rewards"]
+
+
+def alarms(rows, cfg):
+    """The monitors (SPEC §6) over a run's logged rows (metrics.jsonl, in order) -> {alarm: the
+    first iteration it fired}. Each watches one figure against a bound it must not cross:
+        sampler_mismatch   sampler_logprob_gap > 1e-3 or tis_capped_frac > 0.01 (fp32 sampler and
+                           trainer agree to ~1e-6)
+        ratio_drift        ratio_dev > 1e-3 in a run with one optimizer step per rollout batch,
+                           where ρ must be 1 (stale rollouts, or a sampler whose log-probs differ)
+        stale_rollouts     staleness > 0
+        degenerate_groups  degenerate_frac > 0.75: most groups carry no signal
+        entropy_collapse   entropy below a quarter of the first iteration's (or not finite)
+        length_bias        reward_len_corr > 0.5 (rejected answers earn more the longer they are)
+                           or len_mean above twice the first iteration's
+        verifier_errors    verifier_error_rate > 0: the reward's verifier disagrees with the solver
+        parse_errors       parse_error_rate > 0.2 (SPEC §6: above ~20% RL fails)"""
+    train = [r for r in rows if "entropy" in r]
+    if not train:
+        return {}
+    on_policy = cfg["minibatches"] == 1 and cfg["inner_epochs"] == 1
+    first = train[0]
+    tests = dict(
+        sampler_mismatch=lambda r: r.get("sampler_logprob_gap", 0) > 1e-3 or r.get("tis_capped_frac", 0) > 0.01,
+        ratio_drift=lambda r: on_policy and r["ratio_dev"] > 1e-3,
+        stale_rollouts=lambda r: r.get("staleness", 0) > 0,
+        degenerate_groups=lambda r: r["degenerate_frac"] > 0.75,
+        entropy_collapse=lambda r: not r["entropy"] >= first["entropy"] / 4,  # NaN too
+        length_bias=lambda r: r.get("reward_len_corr", 0) > 0.5 or r["len_mean"] > 2 * first["len_mean"],
+        verifier_errors=lambda r: r.get("verifier_error_rate", 0) > 0,
+        parse_errors=lambda r: r.get("parse_error_rate", 0) > 0.2)
+    fired = {}
+    for r in train:
+        for name, test in tests.items():
+            if name not in fired and test(r):
+                fired[name] = r["iter"]
+    return fired
 
 
 # ----------------------------------------------------------------------------------------------
@@ -445,8 +701,22 @@ def check_config(cfg, world_size):
         raise ValueError(f"need inner_epochs >= 1 and 1 <= minibatches <= rollout_prompts*group_size = {shard * G}")
     if cfg["dynamic_sampling_rounds"] and (cfg["on_degenerate"] != "drop" or cfg["estimator"] == "reinforce"):
         raise ValueError("dynamic sampling refills dropped groups: it needs on_degenerate='drop' and a group estimator")
-    if not (0 <= cfg["eps_low"] < 1 and cfg["eps_high"] >= 0):
-        raise ValueError("clip range needs 0 <= eps_low < 1 and eps_high >= 0")
+    if not (0 <= cfg["eps_low"] <= 1 and cfg["eps_high"] >= 0):
+        raise ValueError("clip range needs 0 <= eps_low <= 1 and eps_high >= 0 (eps_low = 1: no lower bound, CISPO's)")
+    if cfg["tis_cap"] < 0 or (cfg["tis_cap"] and cfg["old_logprobs"] != "recompute"):
+        raise ValueError(f"tis_cap={cfg['tis_cap']} weighs tokens by π_old/π_sampler: it needs old_logprobs='recompute' "
+                         f"(got {cfg['old_logprobs']!r}: with the sampler's own log-probs the two are the same numbers)")
+    if cfg["adv_scale"] == "group" and cfg["estimator"] == "reinforce":
+        raise ValueError("adv_scale=group needs a group estimator (reinforce has no groups: use batch)")
+    if cfg["adv_scale"] == "batch" and cfg["reward_mode"] == "process":
+        raise ValueError("adv_scale=batch scales one advantage per response; reward_mode=process has one per token")
+    if cfg["prompt_sampling"] == "edge":
+        if cfg["staleness"] or cfg["dynamic_sampling_rounds"]:
+            raise ValueError("prompt_sampling=edge draws each iteration from the success of the last: it needs "
+                             "staleness=0 and dynamic_sampling_rounds=0")
+        if cfg["prompt_pool"] < P or not 0 <= cfg["edge_low"] <= cfg["edge_high"] <= 1:
+            raise ValueError(f"prompt_sampling=edge needs prompt_pool >= prompts_per_iter={P} and "
+                             f"0 <= edge_low <= edge_high <= 1")
     if cfg["staleness"] not in (0, 1):
         raise ValueError(f"staleness={cfg['staleness']}: choose 0 (synchronous) or 1 (one-step-off rollouts)")
     if cfg["overlong_cache"] >= cfg["max_new_tokens"]:
@@ -484,24 +754,36 @@ def passport(run):
     sync = ("one-step-off (staleness 1): the rollouts of iteration k + 1 are sampled by the weights of k, in a second "
             "thread, while k updates; the loss's ratio is against the sampler's log-probs" if c["staleness"]
             else "synchronous (staleness 0)")
+    loss = "CISPO (capped, detached ratio × log π)" if c["policy_loss"] == "cispo" else "clipped surrogate"
+    scale = {"group": "the group's std", "batch": "the global batch's std", "none": "nothing"}[advantage_scale(c)]
+    tis = (f"truncated importance sampling, weight min(π_old/π_sampler, {c['tis_cap']})" if c["tis_cap"]
+           else "no correction (sampler_logprob_gap logged with old_logprobs=recompute)")
+    prompts = ("fresh problems every iteration" if c["prompt_sampling"] == "uniform" else
+               f"edge sampling from a fixed pool of {c['prompt_pool']}, success band [{c['edge_low']}, {c['edge_high']}]")
+    broken = "" if c["break_it"] == "none" else f"; BROKEN ON PURPOSE: break_it={c['break_it']}"
+    check = run.verifier_check
     return f"""# Post-training passport: {c['out_dir']}
 
 algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation **{c['loss_agg']}**, started from `{c['init_from']}`
 
 ## Data and mode
 - online trajectories: {P} prompts × {G} responses per iteration, {c['max_iters']} iterations
-- prompts: the `{c['env']}` environment's procedurally generated *train* split; evaluation on the *heldout* split
+- prompts: the `{c['env']}` environment's procedurally generated *train* split ({prompts}); evaluation on the *heldout* split
   (disjoint by equation) and *ood* (a digit more in the start value): no train/eval leakage by construction
 - answers written by the current policy (π_old = the weights at the start of the iteration), temperature {c['temperature']}
 - reuse of rollouts: {c['inner_epochs']} epoch(s) × {c['minibatches']} minibatch(es) = {steps} optimizer step(s) per batch, then discarded
 
 ## Reward and verification
-- source: the environment's rule verifier (`envs.py`, `{c['env']}.verify`), 1 or 0 per response
+- source: the environment's rule verifier (`envs.py`, `{c['env']}.verify`), 1 or 0 per response{broken}
+- the verifier's own error rate against the solver: {check['verifier_error_rate']:.3f} on {check['verifier_probes']} probes
+  (each problem's solver answer must pass, another problem's must fail); parse_error_rate is logged every iteration
 - reward_mode {c['reward_mode']}: {REWARD_TEXT[c['reward_mode']].format(**c)}; overlong answers: {overlong}
   (limit {c['max_new_tokens']} new tokens)
 
 ## Optimisation
-- on-policy, clipped surrogate with ε_low = {c['eps_low']}, ε_high = {c['eps_high']}
+- on-policy, {loss} on {c['ratio_level']} ratios with ε_low = {c['eps_low']}, ε_high = {c['eps_high']};
+  advantages: {c['estimator']} baseline, divided by {scale}
+- sampler/trainer mismatch: {tis}
 - models: policy (trained), π_old ({c['old_logprobs']} log-probs → {run.old_logprobs_mode}), π_ref (frozen `{c['init_from']}`);
   no critic, no reward model
 - KL to π_ref: {kl}
@@ -518,6 +800,12 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
 def setup(run):
     check_config(run.cfg, run.world_size)
     C.check_reward_mode(run.cfg, run.env)
+    if run.cfg["break_it"] == "format_exploit" and not isinstance(run.env.problems("train", 1)[0].get("answer"), int):
+        raise ValueError(f"break_it=format_exploit looks for the answer's number: env={run.cfg['env']} has no integer answer")
+    run.verifier_check = C.verifier_check(run.env, training_verifier(run))
+    if run.cfg["prompt_sampling"] == "edge":  # the pool and each prompt's running success (NaN: unseen)
+        run.pool = run.env.problems("train", run.cfg["prompt_pool"], seed=run.cfg["seed"])
+        run.pool_success = np.full(len(run.pool), np.nan)
     run.ref_model = C.load_reference(run)
     mode = run.cfg["old_logprobs"]
     run.old_logprobs_mode = mode if mode != "auto" else ("recompute" if run.device.startswith("cuda") else "sampler")
@@ -573,6 +861,8 @@ def batches(run, it):
     """Rollouts of this rank's shards, advantages, figures for the log, then the optimizer steps:
     inner_epochs × minibatches, each a list of micro-batches of at most batch_size responses."""
     cfg, G = run.cfg, run.cfg["group_size"]
+    if cfg["prompt_sampling"] == "edge":
+        edge_batches(run, it)
     if cfg["staleness"]:
         t0 = time.time()
         rollouts = one_step_off_rollouts(run, it)
@@ -587,18 +877,30 @@ def batches(run, it):
         total, n = C.all_reduce_sum([float(rewards.sum()), len(rewards)], run)
         for b in shards:
             b["advantages"] = b["reward"] - total / n
+    if advantage_scale(cfg) == "batch":  # one std over the global batch (REINFORCE++)
+        scaled = batch_scale([b["advantages"] for b in shards], [b["mask"].sum(1) > 0 for b in shards], run)
+        for b, adv in zip(shards, scaled):
+            b["advantages"] = adv
+    if cfg["prompt_sampling"] == "edge":
+        edge_record(run, [c["group_reward"] for c in counts])
 
     # figures for the log, summed over ranks (round-0 figures: an unbiased sample of the policy)
     lengths = torch.cat([b["lengths"].float() for b in shards])
     sums = {k: sum(c[k] for c in counts)
             for k in ("reward_sum", "reward_n", "degenerate", "groups", "extra_rollouts", "kept_groups", "work",
-                      "all_fail", "violations")}
+                      "all_fail", "violations", "parse_errors", "corr_n", "corr_x", "corr_y", "corr_xy", "corr_xx",
+                      "corr_yy")}
     sums.update(
         len_sum=float(lengths.sum()), len_sq=float((lengths ** 2).sum()), len_n=len(lengths),
         truncated=sum(float(b["truncated"].sum()) for b in shards),
         tokens=sum(float(b["mask"].sum()) for b in shards), shaped=float((rewards * kept).sum()))
     if cfg["kl"] != "off":
         sums["kl"] = sum(float(((b["old_logprobs"] - b["ref_logprobs"]) * b["mask"]).sum()) for b in shards)
+    if run.old_logprobs_mode == "recompute":  # the sampler against the trainer, same weights
+        gaps = [((b["old_logprobs"] - b["sampler_logprobs"]).abs() * b["mask"]) for b in shards]
+        sums["gap"] = sum(float(g.sum()) for g in gaps)
+        sums.update({f"gap_max_{r}": max(float(g.max()) for g in gaps) if r == run.rank else 0.0
+                     for r in range(run.world_size)})  # the max over ranks, through a sum
     sums = C.all_reduce_sum(sums, run)
     len_mean = sums["len_sum"] / sums["len_n"]
     local_time = {k: sum(c[k] for c in counts) for k in ("time_decode", "time_verify", "time_score")}
@@ -616,6 +918,11 @@ def batches(run, it):
     if "kl" in sums:
         run.stats["kl_ref"] = sums["kl"] / max(sums["tokens"], 1.0)
     run.stats["work_frac"] = sums["work"] / sums["reward_n"]
+    run.stats.update(parse_error_rate=sums["parse_errors"] / sums["reward_n"], reward_len_corr=correlation(sums),
+                     verifier_error_rate=run.verifier_check["verifier_error_rate"])
+    if "gap" in sums:
+        run.stats["sampler_logprob_gap"] = sums["gap"] / max(sums["tokens"], 1.0)
+        run.stats["sampler_logprob_gap_max"] = max(sums[f"gap_max_{r}"] for r in range(run.world_size))
     if hasattr(run.env, "path_signals"):  # RLVP's rule engine, counted whatever the reward_mode
         run.stats["violations_per_episode"] = sums["violations"] / sums["reward_n"]
 
@@ -639,8 +946,12 @@ def loss(run, model, batch):
     else:
         logp, entropy = token_logprobs_and_entropy(model(ids[:, :-1]), ids[:, 1:], temperature)
     advantages = batch["step_advantages"] if "step_advantages" in batch else batch["advantages"]
+    tis, capped = (tis_weights(batch["old_logprobs"], batch["sampler_logprobs"], mask, run.cfg["tis_cap"])
+                   if run.cfg["tis_cap"] else (None, 0))
     loss_sum, count, metrics = policy_loss(logp, batch["old_logprobs"], advantages, mask, run.cfg,
-                                           ref_logp=batch.get("ref_logprobs"))
+                                           ref_logp=batch.get("ref_logprobs"), tis_weight=tis)
+    if run.cfg["tis_cap"]:
+        metrics["tis_capped_frac"] = capped / max(float(mask.sum()), 1.0)
     metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
     return loss_sum, count, {**metrics, "tokens": float(mask.sum())}
 
@@ -673,11 +984,19 @@ def evaluate(run, it):
 
 
 def state_dict(run):
-    """staleness=1: the weights that sample the next iteration's rollouts (one_step_off_rollouts)."""
-    return {"sampler": run.sampler.state_dict(), "sampler_iter": run.sampler_iter} if run.cfg["staleness"] else None
+    """staleness=1: the weights that sample the next iteration's rollouts (one_step_off_rollouts);
+    prompt_sampling=edge: the pool's running success."""
+    state = {}
+    if run.cfg["staleness"]:
+        state.update(sampler=run.sampler.state_dict(), sampler_iter=run.sampler_iter)
+    if run.cfg["prompt_sampling"] == "edge":
+        state["pool_success"] = torch.from_numpy(run.pool_success.copy())
+    return state or None
 
 
 def load_state_dict(run, state):
     if run.cfg["staleness"]:
         run.sampler.load_state_dict(state["sampler"])
         run.sampler_iter = state["sampler_iter"]
+    if run.cfg["prompt_sampling"] == "edge":
+        run.pool_success = state["pool_success"].numpy().copy()

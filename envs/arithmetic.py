@@ -122,6 +122,11 @@ class Arithmetic:
     def verify(problem, response):
         return 1.0 if parse_answer(response) == problem["answer"] else 0.0
 
+    @staticmethod
+    def parses(response):
+        """True when the response ends in exactly one "Answer: <integer>" (a parse error otherwise, SPEC §6)."""
+        return parse_answer(response) is not None
+
     def step_rewards(self, problem, response):
         """Process signals [SPEC §3 Process vs outcome]: [(character offset just after the step, reward)]
         per verifiable step. Every written equation "a+b=c." is one: 1 when it is step i of the worked

@@ -167,6 +167,7 @@ class Calculator:
         return TOOL_CALL in response.split("Answer:", 1)[0]
 
     verify = staticmethod(Arithmetic.verify)  # exactly one "Answer: <integer>" at the end, equal to the answer
+    parses = staticmethod(Arithmetic.parses)
 
     def step_rewards(self, problem, response):
         """Process signals [SPEC §3 Process vs outcome]: [(character offset just after the step, reward)]

@@ -241,6 +241,11 @@ class GeneralPoints:
         value, numbers = parsed
         return 1.0 if sorted(numbers) == sorted(problem["values"]) and value == problem["target"] else 0.0
 
+    @staticmethod
+    def parses(response):
+        """True when the response ends in exactly one "Answer: <expression>" that evaluates."""
+        return response.count("Answer:") == 1 and evaluate_expression(response.split("Answer:", 1)[1]) is not None
+
     def corpus(self, n, seed=0):
         """Pre-training text: worked solutions of train hands, without the answer line."""
         return [self.solve(p).rsplit(". Answer:", 1)[0] for p in self.problems("train", n, seed)]

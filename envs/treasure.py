@@ -262,6 +262,11 @@ class Treasure:
         """True when the response plays (writes a call)."""
         return TOOL_CALL in response
 
+    @staticmethod
+    def parses(response):
+        """True when the response plays at least one call (the game has no answer line)."""
+        return bool(tool_calls(response))
+
     def verify(self, problem, response):
         """1.0 when the calls, replayed from the start, open the chest, and every result up to that call
         is the one the game gives: a call the sampler refused (past max_tool_calls) or a result the

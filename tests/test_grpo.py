@@ -52,7 +52,8 @@ def run(tmp_path_factory):
 
 
 def loss_cfg(**kw):
-    return dict(dict(eps_low=0.2, eps_high=0.2, kl="off", kl_coef=0.0, loss_agg="token_mean", max_new_tokens=1), **kw)
+    return dict(dict(eps_low=0.2, eps_high=0.2, kl="off", kl_coef=0.0, loss_agg="token_mean", max_new_tokens=1,
+                     ratio_level="token", policy_loss="clip"), **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,7 +200,8 @@ def test_padding_columns_do_not_change_the_model_loss(run):
         mb = next(iter(grpo.batches(run, 0)))[0]
     padded = dict(mb, ids=torch.cat([mb["ids"], torch.full((len(mb["ids"]), 7), run.tok.pad)], 1))
     for k in grpo.PER_TOKEN:
-        padded[k] = torch.cat([mb[k], torch.zeros(len(mb[k]), 7)], 1)
+        if k in mb:  # sampler_logprobs only beside recomputed ones
+            padded[k] = torch.cat([mb[k], torch.zeros(len(mb[k]), 7)], 1)
     sa, na, _ = grpo.loss(run, run.model, mb)
     sb, nb, _ = grpo.loss(run, run.model, padded)
     assert float(na) == float(nb) and float(sa.detach()) == pytest.approx(float(sb.detach()), abs=1e-5)
@@ -278,7 +280,8 @@ def test_shared_prompts_give_the_same_scores_loss_and_gradients(run):
               old_logprobs=mb["old_logprobs"] + 0.3 * torch.randn(mb["mask"].shape, generator=torch.Generator().manual_seed(0)),
               advantages=torch.randn(len(mb["ids"]), generator=torch.Generator().manual_seed(1)))
     for k in grpo.PER_TOKEN:
-        mb[k] = torch.cat([mb[k], torch.zeros(len(mb[k]), 3)], 1)
+        if k in mb:
+            mb[k] = torch.cat([mb[k], torch.zeros(len(mb[k]), 3)], 1)
     params = [p for p in run.raw_model.parameters() if p.requires_grad]
     results = []
     for share in (False, True):
@@ -526,7 +529,7 @@ def test_staleness_1_resumes_exactly_with_lora_and_enforces_its_bound(tmp_path, 
         T.train(dict(cfg, staleness=2, max_iters=1, out_dir=str(tmp_path / "bad")))
 
 
-@pytest.mark.parametrize("recipe", ["grpo", "dapo", "dr_grpo", "rloo"])
+@pytest.mark.parametrize("recipe", ["grpo", "dapo", "dr_grpo", "rloo", "gspo", "cispo"])
 def test_recipe_configs_train_and_evaluate(recipe, tmp_path, monkeypatch):
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
     overrides = T.parse_args([os.path.join(ROOT, "config", f"{recipe}.py")])

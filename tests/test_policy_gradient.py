@@ -1,0 +1,221 @@
+"""grpo.py's policy-gradient family on numbers: GSPO's and CISPO's gradients against GRPO's and the
+plain policy gradient, the clip band, batch vs group scaling, truncated importance sampling, edge
+prompt sampling (band, resume, DDP), the verifier check, the rollout-cost example, and each break-it
+switch against the monitor that must catch it."""
+
+import json
+import types
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+import common as C
+import envs
+import grpo
+import train as T
+from conftest import TINY, run_ddp
+
+
+def cfg(**kw):
+    return dict(dict(eps_low=0.2, eps_high=0.2, kl="off", kl_coef=0.0, loss_agg="seq_mean_token_mean", max_new_tokens=4,
+                     ratio_level="token", policy_loss="clip"), **kw)
+
+
+def grad(logp, old, adv, mask, c, tis=None):
+    """d(loss_sum / count) / d logp."""
+    logp = logp.detach().requires_grad_(True)
+    loss_sum, count, metrics = grpo.policy_loss(logp, old, adv, mask, c, tis_weight=tis)
+    (loss_sum / count).backward()
+    return logp.grad, metrics
+
+
+# three responses of lengths 4, 2 and 3
+MASK = torch.tensor([[1., 1., 1., 1.], [1., 1., 0., 0.], [1., 1., 1., 0.]])
+LOGP = torch.log(torch.tensor([[.5, .2, .7, .9], [.3, .6, .5, .5], [.8, .1, .4, .5]]))
+ADV = torch.tensor([1.0, -0.5, 2.0])
+
+
+def test_gspo_at_rho_1_is_grpo_with_per_sequence_token_means():
+    """At the first step (π_θ = π_old) GSPO's gradient is GRPO's with seq_mean_token_mean: A_i/|y_i|
+    per token, over N = 3 responses; the loss values agree too."""
+    g_seq, _ = grad(LOGP, LOGP, ADV, MASK, cfg(ratio_level="sequence"))
+    g_tok, _ = grad(LOGP, LOGP, ADV, MASK, cfg())
+    expected = -(ADV[:, None] / MASK.sum(1, keepdim=True)) * MASK / 3
+    assert torch.allclose(g_seq, expected, atol=1e-7) and torch.allclose(g_tok, expected, atol=1e-7)
+
+
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+def test_cispo_at_rho_1_is_the_plain_policy_gradient(ratio_level):
+    """CISPO at ρ = 1 with token_mean: −A_i / (total tokens = 9) on every response token."""
+    g, metrics = grad(LOGP, LOGP, ADV, MASK, cfg(policy_loss="cispo", loss_agg="token_mean", ratio_level=ratio_level))
+    assert torch.allclose(g, -ADV[:, None] * MASK / 9, atol=1e-7) and metrics["clip_frac"] == 0
+
+
+def test_outside_the_band_gspo_stops_the_response_and_cispo_keeps_it_capped():
+    """Response 0 (A = +1) has token log-ratios (+0.5, 0, 0, 0): its sequence ratio exp(0.125) = 1.133
+    is past 1 + 0.1, so GSPO stops all four of its tokens (three of which are inside the band on their
+    own: token-level clipping stops only the first). CISPO keeps every token, the first with the
+    capped weight 1.1, the others with their own ratio 1; response 2 (inside the band) is untouched."""
+    c = cfg(eps_low=0.1, eps_high=0.1)
+    old = LOGP.clone()
+    old[0, 0] -= 0.5
+    g_seq, m_seq = grad(LOGP, old, ADV, MASK, dict(c, ratio_level="sequence"))
+    assert torch.equal(g_seq[0], torch.zeros(4)) and m_seq["clip_frac"] == pytest.approx(4 / 9)
+    assert torch.allclose(g_seq[2], -2.0 / 3 / 3 * MASK[2], atol=1e-7)
+    g_tok, _ = grad(LOGP, old, ADV, MASK, c)
+    assert g_tok[0, 0] == 0 and torch.allclose(g_tok[0, 1:], torch.full((3,), -1 / 4 / 3), atol=1e-7)
+    g_cispo, m_cispo = grad(LOGP, old, ADV, MASK, dict(c, policy_loss="cispo", loss_agg="token_mean"))
+    assert float(g_cispo[0, 0]) == pytest.approx(-1.1 * 1.0 / 9, rel=1e-6)
+    assert torch.allclose(g_cispo[0, 1:], torch.full((3,), -1.0 / 9), atol=1e-7)
+    assert m_cispo["clip_frac"] == pytest.approx(1 / 9)
+    # GSPO-CISPO: the sequence's capped weight 1.1 on all four tokens
+    g_both, _ = grad(LOGP, old, ADV, MASK, dict(c, policy_loss="cispo", loss_agg="token_mean", ratio_level="sequence"))
+    assert torch.allclose(g_both[0], torch.full((4,), -1.1 / 9), atol=1e-6)
+
+
+def test_batch_vs_group_scaling_by_hand():
+    """Groups [1,0,0,0] and [1,1,0,0]: centred (0.75, −0.25 ×3) and (±0.5); the group std is 0.4330
+    and 0.5, the batch std of all eight centred values √(1.75/8) = 0.46771."""
+    rewards = torch.tensor([[1., 0., 0., 0.], [1., 1., 0., 0.]])
+    group, _ = grpo.group_advantages(rewards, "dr_grpo", "group")
+    assert group[0].tolist() == pytest.approx([1.7320508, -0.5773503, -0.5773503, -0.5773503], rel=1e-6)
+    assert group[1].tolist() == pytest.approx([1.0, 1.0, -1.0, -1.0])
+    assert torch.equal(group, grpo.group_advantages(rewards, "grpo")[0])  # grpo = its baseline + group std
+    none, _ = grpo.group_advantages(rewards, "grpo", "none")
+    assert torch.equal(none, grpo.group_advantages(rewards, "dr_grpo")[0])  # the explicit scale wins
+    (batch,) = grpo.batch_scale([none.flatten()], [torch.ones(8, dtype=torch.bool)], types.SimpleNamespace(ddp=False))
+    assert batch.tolist() == pytest.approx([1.6035675, -0.5345225, -0.5345225, -0.5345225,
+                                            1.0690450, 1.0690450, -1.0690450, -1.0690450], rel=1e-6)
+    kept = torch.tensor([True] * 4 + [False] * 4)  # a dropped group is in no std
+    (only_first,) = grpo.batch_scale([none.flatten()], [kept], types.SimpleNamespace(ddp=False))
+    assert only_first[:4].tolist() == pytest.approx(group[0].tolist(), rel=1e-6)
+
+
+def test_tis_weight_is_one_when_sampler_and_trainer_agree_and_capped_when_not():
+    mask = torch.tensor([[1., 1., 1., 0.]])
+    old = torch.log(torch.tensor([[.5, .2, .4, .3]]))
+    w, capped = grpo.tis_weights(old, old.clone(), mask, 2.0)
+    assert torch.equal(w, mask) and capped == 0
+    sampler = old + torch.tensor([[-np.log(3.0), np.log(2.0), 0.0, 5.0]])  # ratios 3, 0.5, 1 (and padding)
+    w, capped = grpo.tis_weights(old, sampler, mask, 2.0)
+    assert w.tolist()[0] == pytest.approx([2.0, 0.5, 1.0, 0.0]) and capped == 1
+    g, _ = grad(LOGP[:1], LOGP[:1], ADV[:1], MASK[:1], cfg(loss_agg="token_mean"), tis=torch.tensor([[2.0, .5, 1., 1.]]))
+    assert torch.allclose(g, -torch.tensor([[2.0, .5, 1., 1.]]) / 4, atol=1e-7)
+
+
+def test_edge_draw_stays_in_the_band_while_in_band_prompts_remain():
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        success = rng.uniform(size=64)
+        success[rng.uniform(size=64) < 0.2] = np.nan
+        n = int(rng.integers(1, 40))
+        drawn = grpo.edge_draw(success, n, np.random.default_rng(seed), 0.2, 0.8)
+        unseen = np.flatnonzero(np.isnan(success))
+        in_band = np.flatnonzero((success >= 0.2) & (success <= 0.8))
+        assert len(set(drawn.tolist())) == len(drawn) == n
+        assert drawn[:min(n, len(unseen))].tolist() == unseen[:n].tolist()  # unseen first, in pool order
+        later = drawn[len(unseen):]
+        k = min(len(later), len(in_band))
+        assert set(later[:k].tolist()) <= set(in_band.tolist())  # the band before anything outside it
+    s = np.array([np.nan, 0.5, 0.0])
+    grpo.edge_update(s, np.array([0, 1]), np.array([0.25, 1.0]))
+    assert s.tolist() == [0.25, 0.75, 0.0]
+
+
+def coin_reward(problem, text):
+    return float(zlib.crc32(text.encode()) % 2)
+
+
+EDGE = dict(TINY, algo="grpo", prompts_per_iter=4, group_size=4, max_new_tokens=8, prompt_sampling="edge",
+            prompt_pool=6, learning_rate=1e-3, rollout_prompts=2)
+
+
+def test_edge_sampling_resumes_exactly(tmp_path, monkeypatch):
+    """2 iterations + resume to 4 draw what 4 straight do: the pool's success is checkpointed."""
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
+    straight = T.train(dict(EDGE, max_iters=4, out_dir=str(tmp_path / "straight")))
+    T.train(dict(EDGE, max_iters=2, out_dir=str(tmp_path / "resumed")))
+    resumed = T.train(dict(algo="grpo", init_from="resume", max_iters=4, out_dir=str(tmp_path / "resumed")))
+    assert np.array_equal(straight.pool_success, resumed.pool_success, equal_nan=True)
+    assert np.array_equal(straight.edge_draw, resumed.edge_draw)
+    assert all(torch.equal(a, b) for a, b in zip(straight.raw_model.state_dict().values(),
+                                                 resumed.raw_model.state_dict().values()))
+    assert not np.isnan(straight.pool_success).any()  # 16 draws from a pool of 6: every prompt came back
+
+
+def edge_run(cfg):
+    envs.Arithmetic.verify = staticmethod(coin_reward)
+    run = T.train(cfg)
+    return run.pool_success.tolist(), run.edge_draw.tolist()
+
+
+@pytest.mark.slow
+def test_edge_sampling_is_identical_on_two_ranks(tmp_path):
+    cfg = dict(EDGE, max_iters=3)
+    (s0, d0), (s1, d1) = run_ddp(edge_run, dict(cfg, out_dir=str(tmp_path / "ddp")))
+    s, d = edge_run(dict(cfg, out_dir=str(tmp_path / "one")))
+    assert d0 == d1 == d and np.allclose(s0, s, equal_nan=True) and np.allclose(s1, s, equal_nan=True)
+
+
+def test_verifier_check_catches_a_broken_verifier():
+    env = envs.make_env("arithmetic")
+    assert C.verifier_check(env, env.verify)["verifier_error_rate"] == 0
+    always = C.verifier_check(env, lambda p, r: 1.0)
+    assert always["verifier_false_positives"] == always["verifier_probes"] - 64 > 50
+    assert C.verifier_check(env, lambda p, r: 0.0)["verifier_false_negatives"] == 64
+    assert C.verifier_check(env, grpo.lax_verify)["verifier_false_positives"] > 0  # the format exploit
+    assert env.parses("3+4=7. Answer: 7") and not env.parses("Answer: 7 8")
+
+
+def test_rollout_cost_example():
+    """SPEC §5 / M14 §11: 256 × 8 × 4,000 tokens at 8 × 209.4 tok/s against 6ND at 8 × 990 TFLOP/s × 0.4."""
+    c = grpo.rollout_cost(256, 8, 4000, 8, 209.4, 8.03e9, 990e12, 0.4)
+    assert c["tokens"] == 8_192_000 and round(c["decode_s"], 1) == 4890.2 and round(c["decode_min"], 1) == 81.5
+    assert round(c["train_min"], 6) == 2.076444 and round(c["ratio"], 4) == 39.2511
+
+
+def test_config_errors(tmp_path):
+    base = dict(TINY, algo="grpo", prompts_per_iter=2, group_size=2, max_iters=0, out_dir=str(tmp_path / "x"))
+    for bad, match in [(dict(tis_cap=2.0), "old_logprobs='recompute'"), (dict(estimator="reinforce", adv_scale="group"),
+                       "group estimator"), (dict(prompt_sampling="edge", staleness=1), "staleness=0"),
+                       (dict(prompt_sampling="edge", prompt_pool=1), "prompt_pool"), (dict(ratio_level="seq"), "ratio_level")]:
+        with pytest.raises(ValueError, match=match):
+            T.train(dict(base, **bad))
+
+
+# ---------------------------------------------------------------------------------------------
+# Break-it switches: each failure on a tiny run, and the monitor that must catch it
+
+# 32 responses of up to 32 tokens: a random model's lengths vary (an end token now and then)
+BREAK = dict(TINY, algo="grpo", prompts_per_iter=4, group_size=8, max_new_tokens=32, max_iters=2, checkpoint=False,
+             warmup_iters=0)
+
+
+def alarms_of(tmp_path, name, **overrides):
+    run = T.train(dict(BREAK, out_dir=str(tmp_path / name), **overrides))
+    rows = [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
+    return grpo.alarms(rows, run.cfg)
+
+
+@pytest.mark.parametrize("overrides,alarm", [
+    (dict(break_it="fp8_sampler", old_logprobs="recompute", tis_cap=1.05), "sampler_mismatch"),
+    (dict(break_it="fp8_sampler", old_logprobs="sampler"), "ratio_drift"),
+    (dict(staleness=1), "stale_rollouts"),
+    (dict(staleness=1, learning_rate=1e-2), "ratio_drift"),
+    (dict(break_it="all_equal"), "degenerate_groups"),
+    (dict(learning_rate=0.5, max_iters=4, minibatches=4, grad_clip=0.0, max_new_tokens=16), "entropy_collapse"),
+    (dict(break_it="length_bonus"), "length_bias"),
+    (dict(break_it="format_exploit"), "verifier_errors"),
+])
+def test_each_break_it_switch_fires_its_monitor(tmp_path, monkeypatch, overrides, alarm):
+    if overrides.get("break_it") != "format_exploit":  # that one is checked against the true verifier
+        monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
+    assert alarm in alarms_of(tmp_path, "broken", **overrides)
+
+
+def test_the_unbroken_run_fires_no_monitor(tmp_path, monkeypatch):
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
+    fired = alarms_of(tmp_path, "clean", old_logprobs="recompute", tis_cap=1.05, max_iters=3)
+    assert set(fired) <= {"parse_errors", "verifier_errors"}  # a random model parses nothing; coin_reward is no verifier
