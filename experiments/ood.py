@@ -43,7 +43,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import common as C  # noqa: E402
-import envs  # noqa: E402
+from envs import Arithmetic  # noqa: E402
+from envs.treasure import MAP_TEXT, ROOM_NAMES, ROOMS, optimal_episode  # noqa: E402
 import train as T  # noqa: E402  (after the path: the script runs from anywhere)
 from experiments.generalpoints import run  # noqa: E402  (train.train with the keys of the run's algorithm)
 
@@ -68,20 +69,20 @@ def one_swapped(problems, seed):
     rng, out = random.Random(f"one-swapped-{seed}"), []
     for p in problems:
         names = dict(p["names"])
-        room = rng.choice(envs.ROOMS)
-        names[room] = rng.choice(sorted(n for r in envs.ROOMS if r != room for n in envs.ROOM_NAMES[r]
+        room = rng.choice(ROOMS)
+        names[room] = rng.choice(sorted(n for r in ROOMS if r != room for n in ROOM_NAMES[r]
                                         if n not in names.values()))
-        plan = [action for action, _ in envs.optimal_episode(tuple(names[r] for r in envs.ROOMS))]
-        out.append({"prompt": envs.MAP_TEXT.format(**names), "names": names, "answer": ", ".join(plan)})
+        plan = [action for action, _ in optimal_episode(tuple(names[r] for r in ROOMS))]
+        out.append({"prompt": MAP_TEXT.format(**names), "names": names, "answer": ", ".join(plan)})
     return out
 
 
 # candidate splits: name -> (environment, n, seed) -> problems
 CANDIDATES = dict(
     arithmetic={"ood": lambda env, n, seed: env.problems("ood", n, seed),
-                "steps+1": lambda env, n, seed: envs.Arithmetic(n_ops=env.n_ops + 1).problems("heldout", n, seed),
-                "steps+2": lambda env, n, seed: envs.Arithmetic(n_ops=env.n_ops + 2).problems("heldout", n, seed),
-                "steps-1": lambda env, n, seed: envs.Arithmetic(n_ops=env.n_ops - 1).problems("heldout", n, seed),
+                "steps+1": lambda env, n, seed: Arithmetic(n_ops=env.n_ops + 1).problems("heldout", n, seed),
+                "steps+2": lambda env, n, seed: Arithmetic(n_ops=env.n_ops + 2).problems("heldout", n, seed),
+                "steps-1": lambda env, n, seed: Arithmetic(n_ops=env.n_ops - 1).problems("heldout", n, seed),
                 "reworded": lambda env, n, seed: reworded(env.problems("heldout", n, seed))},
     treasure={"ood": lambda env, n, seed: env.problems("ood", n, seed),
               "one_swapped": lambda env, n, seed: one_swapped(env.problems("heldout", n, seed), seed)},
