@@ -41,42 +41,62 @@ kl_estimator — three ways to turn the teacher's scores into that loss (formula
              from the teacher, but biased: the student's mass outside K_t (tokens the teacher rules
              out: what reverse KL exists to punish) is not penalised, and the values are the KL
              between the renormalised distributions. kl_topk = V gives `full` exactly.
+    teacher_samples  off-policy distillation, the baseline OPD is measured against: the *teacher*
+             samples the answers for the same prompts and the student is trained by cross-entropy
+             on them, ℓ_t = −log p(y_t), y ~ π_t: SFT on teacher samples, a one-sample estimate of the
+             gradient of the forward KL(π_t‖π_s) = E_{y~π_t}[log π_t(y) − log π_s(y)] on the teacher's
+             own prefixes (the student never sees where its own mistakes lead). rollout_tokens counts
+             the teacher's samples, reward and work_frac describe them.
   Whatever the estimator, `reverse_kl` logs the exact KL_t, token mean over the sampled positions.
   The teacher's full distribution is held for that log and for `full`; with a 50k vocabulary that is
   large (N·T·V floats per rollout batch: lower batch_size / prompts_per_iter on a big model).
+
+anchor_coef — β of a KL anchor to the starting (SFT) model π_init, added to every estimator on the
+  same sampled positions, exact over the vocabulary (r = π_init(·|c_t) at τ, a frozen copy):
+
+         ℓ_t ← ℓ_t + β Σ_v p(v)(log p(v) − log r(v))
+
+  For `full` the sum is (1 + β)·KL(p ‖ q^{1/(1+β)} r^{β/(1+β)} / Z) + const: the student is pulled
+  towards a geometric mixture of the teacher and its own starting point, so where the teacher has
+  one habit (OPSD's bare answer) and the student another (its worked steps), the student keeps part
+  of its own. `anchor_kl` logs Σ_v p(log p − log r), token mean.
 
 teacher — where π_t comes from:
     DIR   a frozen checkpoint (common.load_model + common.frozen): any size, the same tokenizer (a
           vocabulary of another size is refused, naming both); it sees the student's prompt.
     self  OPSD: the student's own current weights, run under torch.no_grad on a privileged prompt
-          (PRIVILEGED below, chosen by `privileged`): the user message is the problem followed by
-          "\n(Reference answer: <answer>)" or "\n(Reference solution: <env.solve(problem)>)", then the
-          student's answer tokens unchanged. The student sees only the problem. The gradient flows only through the student's
+          (PRIVILEGED below, chosen by `privileged`), then the student's answer tokens unchanged:
+          `answer` is the problem followed by "\n(Reference answer: <answer>)"; `solution` is a
+          verified worked solution, "(Reference solution: <env.solve(problem)>)", the demonstration
+          the verifier accepts, in place of the problem's text (it names every operand and step).
+          The student sees only the problem. The gradient flows only through the student's
           log-probs on the plain prompt; the teacher's log-probs are constants (scored before the
           step, no graph), so the model is not also trained to read the reference. The chapter's
           warning: naive OPSD can erase the model's own style of reasoning: the teacher's
           distribution is the model *copying* a solution, and matching it token by token trades
           the student's way of working for the reference's wording (watch work_frac and the
-          samples). The privileged prompt is longer: answer positions past the teacher's context
-          (block_size) are not graded (out of the loss and its count; logged as ungraded_frac).
-          With the byte tokenizer and block_size 128 a long word problem plus its whole solution
-          leaves no room at all, hence the short `answer` template by default.
+          samples). Answer positions past the teacher's context (block_size) are not graded
+          (out of the loss and its count; logged as ungraded_frac): with the byte tokenizer and
+          block_size 128, a word problem plus its solution left half the answers partly ungraded,
+          hence the solution alone: it leaves room for max_new_tokens = 64 on every problem;
+          `answer` for every worked demonstration, not for 64 tokens after the longest problems (tested).
 
 Rollouts are sampled in shards of rollout_prompts prompts, shard s of iteration it seeded by
 (seed, it, s); rank r takes shards r, r + world_size, ...: two ranks take the same step as one
 process (tested). Student and teacher are scored with dropout off (eval mode).
 
-Logged every iteration: reverse_kl, entropy (student, on its own samples), tokens (response tokens
+Logged every iteration: reverse_kl, anchor_kl, entropy (student, on its own samples), tokens (response tokens
 with loss weight, summed by the loop), reward (verifier accuracy of the rollouts), len_mean,
 truncated_frac, ungraded_frac, work_frac (share of answers that show their work), rollout_tokens, and the time
 split time_decode / time_teacher / time_update.
 
-A teacher for the default task, made with the project's own scripts (a model twice as deep and
-wide as the default student, SFT then GRPO; the student is the default `python train.py`):
+A teacher for the default task, made with the project's own scripts (config/teacher.py: 6 layers ×
+192, SFT on worked demonstrations, then 10 GRPO iterations; the student is the default 4 × 128 SFT):
 
-    python train.py config/teacher.py                                        # SFT, 8 layers × 256, out/teacher_sft
-    python train.py --algo grpo config/grpo.py --init_from=out/teacher_sft --out_dir=out/teacher --max_iters=100
-    python experiments/opd_vs_grpo.py --student=out/sft --teacher=out/teacher  # OPD × 3, OPSD, GRPO side by side
+    python train.py config/teacher.py --out_dir=out/teacher_sft
+    python train.py --algo grpo --init_from=out/teacher_sft --out_dir=out/teacher --max_iters=10 --eval_interval=5
+    python experiments/distill.py --student=out/sft --teacher=out/teacher   # GRPO, OPD × 2, off-policy, to the plateau
+    python experiments/opsd.py --student=out/sft                            # OPSD: answer / solution, ± anchor
 """
 
 import os
@@ -95,7 +115,8 @@ defaults = dict(
     teacher="",                # a checkpoint directory (OPD) or "self" (OPSD)
     kl_estimator="full",       # full | sampled | topk
     kl_topk=16,                # k of the topk estimator (k = vocab size: exactly full)
-    privileged="answer",       # OPSD: what the teacher's prompt adds (PRIVILEGED): answer | solution
+    anchor_coef=0.0,           # β: + β·KL(π_s‖π_init) on the student's samples, keeps its own way of answering (0 = off)
+    privileged="answer",       # OPSD: the teacher's privileged prompt (PRIVILEGED): answer | solution
     prompts_per_iter=128,      # prompts per iteration, global over ranks (GRPO's default 16 × 8 rollouts)
     samples_per_prompt=1,      # answers per prompt: distillation needs no group, every token is graded
     rollout_prompts=0,         # prompts per sampler call (a shard); 0 = prompts_per_iter / world_size
@@ -105,22 +126,27 @@ defaults = dict(
     learning_rate=1e-4, min_lr=1e-4, warmup_iters=5, max_iters=30, eval_interval=10, log_interval=1,
 )
 
-ESTIMATORS = ("full", "sampled", "topk")
-PRIVILEGED = dict(answer="{prompt}\n(Reference answer: {answer})",  # OPSD: what the teacher sees, the student not
-                  solution="{prompt}\n(Reference solution: {solution})")
+ESTIMATORS = ("full", "sampled", "topk", "teacher_samples")
+# OPSD: what the teacher sees, the student not. The worked solution names every operand and operation,
+# so it stands in for the problem's text: problem + solution + answer would not fit the 128-token context
+PRIVILEGED = dict(answer="{prompt}\n(Reference answer: {answer})",
+                  solution="(Reference solution: {solution})")
 
 
 # ----------------------------------------------------------------------------------------------
 # The math (a pure function, tested on numbers)
 
-def distillation_loss(student_logits, targets, teacher_logprobs, mask, estimator, temperature=1.0, topk=16):
+def distillation_loss(student_logits, targets, teacher_logprobs, mask, estimator, temperature=1.0, topk=16,
+                      anchor_logprobs=None, anchor_coef=0.0):
     """Per-token reverse KL to the teacher on the sampled positions. student_logits (B, T, V) with
     gradient; targets (B, T) the sampled tokens; teacher_logprobs (B, T, V) log π_t at temperature τ,
-    constants; mask (B, T) 1 on response tokens. Returns (loss_sum, count, reverse_kl_sum,
-    entropy_sum): sums over the masked positions, count = their number."""
+    constants; mask (B, T) 1 on response tokens; anchor_logprobs (B, T, V) log π_init, constants, for
+    the anchor term (anchor_coef > 0). Returns (loss_sum, count, reverse_kl_sum, entropy_sum,
+    anchor_kl_sum): sums over the masked positions, count = their number."""
     student_logprobs = F.log_softmax(student_logits.float() / temperature, dim=-1)
     on = mask > 0
-    exact = (student_logprobs.exp() * (student_logprobs - teacher_logprobs)).sum(-1)  # KL_t (B, T)
+    p = student_logprobs.exp()
+    exact = (p * (student_logprobs - teacher_logprobs)).sum(-1)  # KL_t (B, T)
     if estimator == "full":
         per_token = exact
     elif estimator == "sampled":
@@ -130,17 +156,22 @@ def distillation_loss(student_logits, targets, teacher_logprobs, mask, estimator
         per_token = -advantage * logp
     elif estimator == "topk":
         top = teacher_logprobs.topk(min(topk, teacher_logprobs.size(-1)), dim=-1).indices
-        p = student_logprobs.gather(-1, top)
-        q = teacher_logprobs.gather(-1, top)
-        p, q = p - p.logsumexp(-1, keepdim=True), q - q.logsumexp(-1, keepdim=True)  # renormalised on K_t
-        per_token = (p.exp() * (p - q)).sum(-1)
+        top_p, top_q = student_logprobs.gather(-1, top), teacher_logprobs.gather(-1, top)
+        top_p, top_q = top_p - top_p.logsumexp(-1, keepdim=True), top_q - top_q.logsumexp(-1, keepdim=True)
+        per_token = (top_p.exp() * (top_p - top_q)).sum(-1)  # renormalised on K_t
+    elif estimator == "teacher_samples":
+        per_token = -student_logprobs.gather(-1, targets[..., None]).squeeze(-1)  # targets sampled by π_t
     else:
         raise ValueError(f"kl_estimator={estimator!r}: choose from {ESTIMATORS}")
+    anchor = torch.zeros_like(exact)
+    if anchor_coef:
+        anchor = (p * (student_logprobs - anchor_logprobs)).sum(-1)
+        per_token = per_token + anchor_coef * anchor
     with torch.no_grad():
-        entropy = -(student_logprobs.exp() * student_logprobs).sum(-1)
+        entropy = -(p * student_logprobs).sum(-1)
     # where, not *: whatever the logits hold on prompt and padding, no value or gradient leaks from there
     return (torch.where(on, per_token, 0.0).sum(), on.sum(), torch.where(on, exact.detach(), 0.0).sum(),
-            torch.where(on, entropy, 0.0).sum())
+            torch.where(on, entropy, 0.0).sum(), torch.where(on, anchor.detach(), 0.0).sum())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -152,6 +183,18 @@ def teacher_prompt(run, problem):
         return problem["prompt"]
     return PRIVILEGED[run.cfg["privileged"]].format(prompt=problem["prompt"], answer=problem["answer"],
                                                     solution=run.env.solve(problem))
+
+
+@torch.no_grad()
+def anchor_logprobs(run, ro):
+    """log π_init(·| student prompt, y_<t) at τ (N, T-1, V), the anchor's constants: the frozen
+    starting model reads exactly what the student read, in chunks of batch_size rows."""
+    out = torch.zeros(*ro["mask"].shape, run.ref_model.config.vocab_size, device=ro["mask"].device)
+    for rows in C.chunks(range(len(ro["ids"])), run.cfg["batch_size"]):
+        with run.autocast:
+            logits = run.ref_model(ro["ids"][rows.start:rows.stop, :-1])
+        out[rows.start:rows.stop] = F.log_softmax(logits.float() / run.cfg["temperature"], dim=-1)
+    return out
 
 
 @torch.no_grad()
@@ -190,11 +233,14 @@ def rollout_shard(run, it, shard):
     cfg = run.cfg
     rng = C.seeded_rng(run, it, shard)
     problems = run.env.problems("train", C.shard_size(run), seed=int(rng.integers(2 ** 31)))
-    ro = C.rollouts(run, run.raw_model, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"],
+    sampler = run.teacher if cfg["kl_estimator"] == "teacher_samples" else run.raw_model  # off-policy: the teacher writes
+    ro = C.rollouts(run, sampler, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"],
                     max_new_tokens=cfg["max_new_tokens"], seed=int(rng.integers(2 ** 31)))
     run.raw_model.eval()  # the sampler restored train mode: the teacher (if self) and the loss run without dropout
     t0 = time.time()
     ro["teacher_logprobs"], graded = teacher_logprobs(run, ro)
+    if cfg["anchor_coef"]:
+        ro["anchor_logprobs"] = anchor_logprobs(run, ro)
     ro["time_teacher"] = time.time() - t0
     ro["ungraded"] = float((ro["mask"] - graded).sum())
     ro["mask"] = graded  # the loss and its count: graded positions only
@@ -216,6 +262,12 @@ def setup(run):
     if shard < 1 or P % shard or (P // shard) % run.world_size or cfg["samples_per_prompt"] < 1 or cfg["kl_topk"] < 1:
         raise ValueError(f"prompts_per_iter={P} must split into shards of rollout_prompts={shard} prompts, a whole "
                          f"number per each of {run.world_size} ranks; samples_per_prompt and kl_topk must be >= 1")
+    if cfg["teacher"] == "self" and cfg["kl_estimator"] == "teacher_samples":
+        raise ValueError("kl_estimator=teacher_samples trains on a separate teacher's samples: it needs --teacher=DIR")
+    if cfg["anchor_coef"] < 0:
+        raise ValueError(f"anchor_coef={cfg['anchor_coef']} must be >= 0")
+    if cfg["anchor_coef"]:
+        run.ref_model = C.load_reference(run)  # π_init: the starting weights, frozen
     if cfg["teacher"] == "self":
         run.teacher = run.raw_model  # OPSD: the current weights, read under no_grad
     else:
@@ -243,6 +295,10 @@ def passport(run):
         t = run.teacher.config
         teacher = (f"`{c['teacher']}`, frozen, {t.n_layer} layers × {t.n_embd} "
                    f"({count_parameters(run.teacher)[1]:,} parameters)")
+    signal = ("cross-entropy on the teacher's own samples (off-policy distillation)" if c["kl_estimator"] == "teacher_samples"
+              else "per-token reverse KL(π_student ‖ π_teacher) on the student's sampled positions")
+    anchor = (f"anchor: + {c['anchor_coef']} · KL(π_student ‖ π_init) on the same positions, π_init = `{c['init_from']}` "
+              f"frozen" if c["anchor_coef"] else "no reward model, no critic, no KL to a reference beyond the teacher itself")
     return f"""# Post-training passport: {c['out_dir']}
 
 algorithm: `--algo opd`, on-policy distillation, started from `{c['init_from']}`
@@ -255,9 +311,9 @@ algorithm: `--algo opd`, on-policy distillation, started from `{c['init_from']}`
 
 ## Signal
 - teacher: {teacher}
-- loss: per-token reverse KL(π_student ‖ π_teacher) on the student's sampled positions, estimator
+- loss: {signal}, estimator
   **{c['kl_estimator']}**{f" (k = {c['kl_topk']})" if c['kl_estimator'] == 'topk' else ''}; both at temperature {c['temperature']}
-- no reward model, no critic, no KL to a reference beyond the teacher itself
+- {anchor}
 
 ## Infrastructure
 - {run.device} × {run.world_size}; rollouts in shards of {C.shard_size(run)} prompts, micro-batches of {c['batch_size']}
@@ -286,7 +342,7 @@ def batches(run, it):
         for rows in C.chunks(range(len(ro["ids"])), run.cfg["batch_size"]):
             width = max(int(seq_len[rows.start:rows.stop].max()), 2)  # cut the shard's padding to the chunk's own
             micro_batches.append({k: ro[k][rows.start:rows.stop, :width if k == "ids" else width - 1]
-                                  for k in ("ids", "mask", "teacher_logprobs")})
+                                  for k in ("ids", "mask", "teacher_logprobs", "anchor_logprobs") if k in ro})
     return [micro_batches]
 
 
@@ -294,11 +350,12 @@ def loss(run, model, batch):
     """One micro-batch: the student's logits at τ on its own answers, the estimator's loss."""
     ids, mask = batch["ids"], batch["mask"]
     logits = model(ids[:, :-1])
-    loss_sum, count, reverse_kl, entropy = distillation_loss(
+    loss_sum, count, reverse_kl, entropy, anchor_kl = distillation_loss(
         logits, ids[:, 1:], batch["teacher_logprobs"], mask, run.cfg["kl_estimator"], run.cfg["temperature"],
-        run.cfg["kl_topk"])
+        run.cfg["kl_topk"], batch.get("anchor_logprobs"), run.cfg["anchor_coef"])
     n = max(float(count), 1.0)
-    return loss_sum, count, dict(reverse_kl=float(reverse_kl) / n, entropy=float(entropy) / n, tokens=float(count))
+    return loss_sum, count, dict(reverse_kl=float(reverse_kl) / n, entropy=float(entropy) / n,
+                                 anchor_kl=float(anchor_kl) / n, tokens=float(count))
 
 
 @torch.no_grad()

@@ -20,11 +20,11 @@ SMALL = dict(algo="opd", prompts_per_iter=4, samples_per_prompt=2, max_new_token
              eval_samples=2, learning_rate=1e-3, warmup_iters=0)
 
 
-def write_checkpoint(directory, seed, n_layer=2, n_embd=32, vocab_size=None):
+def write_checkpoint(directory, seed, n_layer=2, n_embd=32, vocab_size=None, block_size=128):
     """A random tiny GPT saved as a checkpoint directory (what load_model and --init_from read)."""
     vocab_size = vocab_size or -(-Tokenizer("byte").n_vocab // 64) * 64
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(block_size=128, vocab_size=vocab_size, n_layer=n_layer, n_head=2, n_embd=n_embd))
+    model = GPT(GPTConfig(block_size=block_size, vocab_size=vocab_size, n_layer=n_layer, n_head=2, n_embd=n_embd))
     os.makedirs(directory, exist_ok=True)
     torch.save(dict(model=model.state_dict(), model_args=dataclasses.asdict(model.config), kind="lm",
                     lora_rank=0, lora_alpha=32.0, tokenizer="byte"), os.path.join(directory, "ckpt.pt"))
@@ -56,8 +56,8 @@ def test_kl_and_its_gradient_are_zero_when_student_equals_teacher():
     logits = torch.randn(2, 3, 7, requires_grad=True)
     teacher = F.log_softmax(logits.detach() / 0.7, dim=-1)
     targets, mask = torch.randint(7, (2, 3)), torch.ones(2, 3)
-    for estimator in opd.ESTIMATORS:
-        loss_sum, count, reverse_kl, _ = opd.distillation_loss(logits, targets, teacher, mask, estimator, 0.7, topk=3)
+    for estimator in ("full", "sampled", "topk"):  # teacher_samples is a cross-entropy: the teacher's entropy
+        loss_sum, count, reverse_kl, _, _ = opd.distillation_loss(logits, targets, teacher, mask, estimator, 0.7, topk=3)
         grad, = torch.autograd.grad(loss_sum, logits)
         assert abs(float(loss_sum.detach())) < 1e-6 and abs(float(reverse_kl)) < 1e-6 and int(count) == 6, estimator
         assert grad.abs().max() < 1e-6, estimator
@@ -88,7 +88,7 @@ def test_sampled_and_topk_agree_with_full_in_expectation():
     teacher = F.log_softmax(torch.randn(1, 1, V) / tau, dim=-1)
     mask = torch.ones(1, 1)
     p = F.softmax(logits.detach() / tau, dim=-1).flatten()
-    full, _, exact, _ = opd.distillation_loss(logits, torch.zeros(1, 1, dtype=torch.long), teacher, mask, "full", tau)
+    full, _, exact, _, _ = opd.distillation_loss(logits, torch.zeros(1, 1, dtype=torch.long), teacher, mask, "full", tau)
     full_grad, = torch.autograd.grad(full, logits)
 
     expected_grad, expected_k1 = torch.zeros_like(full_grad), 0.0
@@ -110,6 +110,38 @@ def test_sampled_and_topk_agree_with_full_in_expectation():
     assert float(topk.detach()) == pytest.approx(float((p_k * (p_k / q_k).log()).sum()), abs=1e-6)
 
 
+def test_teacher_samples_is_the_cross_entropy_and_follows_the_forward_kl():
+    """Off-policy distillation: ℓ = −log p(y) of the teacher's token (printed digits), and over y ~ q
+    enumerated its expected gradient is ∇ KL(q‖p), the forward KL."""
+    logits = torch.tensor([[[1.0, 0.0, -1.0]]], requires_grad=True)
+    q = torch.tensor([0.2, 0.5, 0.3])
+    teacher, mask = q.log().view(1, 1, 3), torch.ones(1, 1)
+    loss = opd.distillation_loss(logits, torch.tensor([[1]]), teacher, mask, "teacher_samples")[0]
+    assert round(float(loss.detach()), 4) == 1.4076  # −log softmax([1, 0, −1])[1] = log(e + 1 + 1/e)
+    expected = sum(q[y] * torch.autograd.grad(opd.distillation_loss(logits, torch.tensor([[y]]), teacher, mask,
+                                                                     "teacher_samples")[0], logits)[0] for y in range(3))
+    forward_kl = (q * (q.log() - F.log_softmax(logits[0, 0], -1))).sum()
+    torch.testing.assert_close(expected, torch.autograd.grad(forward_kl, logits)[0])
+
+
+def test_anchor_pulls_to_the_geometric_mixture_of_teacher_and_start():
+    """full + β·KL(p‖r) has the gradient of (1 + β)·KL(p ‖ m), m ∝ q^(1/(1+β)) r^(β/(1+β)); the
+    anchor's own sum is KL(p‖r); β = 0 is the plain loss."""
+    torch.manual_seed(3)
+    logits = torch.randn(1, 2, 5, requires_grad=True)
+    q, r = F.log_softmax(torch.randn(1, 2, 5), -1), F.log_softmax(torch.randn(1, 2, 5), -1)
+    targets, mask, beta = torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), 0.5
+    loss, _, _, _, anchor_kl = opd.distillation_loss(logits, targets, q, mask, "full", anchor_logprobs=r,
+                                                     anchor_coef=beta)
+    m = F.log_softmax((q + beta * r) / (1 + beta), -1)
+    p = F.log_softmax(logits, -1)
+    mixture = (1 + beta) * (p.exp() * (p - m)).sum()
+    torch.testing.assert_close(torch.autograd.grad(loss, logits)[0], torch.autograd.grad(mixture, logits)[0])
+    torch.testing.assert_close(anchor_kl, (p.exp() * (p - r)).sum().detach())
+    plain = opd.distillation_loss(logits, targets, q, mask, "full", anchor_logprobs=r, anchor_coef=0.0)[0]
+    torch.testing.assert_close(plain, opd.distillation_loss(logits, targets, q, mask, "full")[0])
+
+
 def test_prompt_and_padding_positions_contribute_nothing():
     torch.manual_seed(3)
     V = 7
@@ -125,7 +157,7 @@ def test_prompt_and_padding_positions_contribute_nothing():
         results = []
         for x, t, y in ((logits, teacher, targets), (garbage_logits, garbage_teacher, garbage_targets)):
             x = x.clone().requires_grad_(True)
-            loss_sum, count, reverse_kl, _ = opd.distillation_loss(x, y, t, mask, estimator, topk=3)
+            loss_sum, count, reverse_kl, _, _ = opd.distillation_loss(x, y, t, mask, estimator, topk=3)
             results.append((loss_sum.detach(), reverse_kl, torch.autograd.grad(loss_sum, x)[0]))
             assert int(count) == 4
         (a, kl_a, grad_a), (b, kl_b, grad_b) = results
@@ -178,14 +210,51 @@ def test_temperature_reaches_teacher_and_student(models, tmp_path, teacher):
 
 
 def test_opsd_grades_only_what_fits_the_teachers_context(models, tmp_path):
-    """The whole reference solution makes long word problems' teacher prompts longer than the
-    context (128 + 1 with the target): their answers are graded only as far as the teacher sees."""
-    run = opd_run(models, tmp_path, max_iters=0, teacher="self", privileged="solution")
+    """A context of 96 positions: the privileged prompt (problem + reference answer) leaves less room
+    than some answers take, and they are graded only as far as the teacher sees (96 + 1 with the target)."""
+    student = write_checkpoint(tmp_path / "short", seed=0, block_size=96)
+    run = opd_run((student, models[1]), tmp_path, max_iters=0, teacher="self", prompts_per_iter=8)
     ro = opd.rollout_shard(run, 0, 0)
     for i, problem in enumerate(ro["problems"]):
-        prompt = run.tok.prompt_ids(f"{problem['prompt']}\n(Reference solution: {run.env.solve(problem)})")
-        assert int(ro["mask"][i].sum()) == max(0, min(int(ro["lengths"][i]), 129 - len(prompt)))
-    assert ro["ungraded"] == float(ro["lengths"].sum() - ro["mask"].sum())
+        prompt = run.tok.prompt_ids(f"{problem['prompt']}\n(Reference answer: {problem['answer']})")
+        assert int(ro["mask"][i].sum()) == max(0, min(int(ro["lengths"][i]), 97 - len(prompt)))
+    assert ro["ungraded"] == float(ro["lengths"].sum() - ro["mask"].sum()) > 0
+
+
+def test_opsd_solution_grades_every_answer_position_at_the_default_context(models, tmp_path):
+    """At block_size 128 the solution's privileged prompt leaves room for a full max_new_tokens = 64
+    answer on every train problem, and a run's answers are graded at every position; the answer's
+    prompt (problem + answer) leaves room for every worked demonstration, not for 64 tokens."""
+    run = opd_run(models, tmp_path, max_iters=0, teacher="self", privileged="solution", max_new_tokens=64)
+    problems = run.env.problems("train", 2000)
+    longest = max(len(run.tok.prompt_ids(opd.teacher_prompt(run, p))) for p in problems)
+    assert longest + 64 <= 128 + 1, longest
+    ro = opd.rollout_shard(run, 0, 0)
+    assert ro["ungraded"] == 0 and float(ro["mask"].sum()) == float(ro["lengths"].sum())
+    assert opd.teacher_prompt(run, problems[0]) == f"(Reference solution: {run.env.solve(problems[0])})"
+    run.cfg["privileged"] = "answer"
+    needed = [len(run.tok.prompt_ids(opd.teacher_prompt(run, p))) + len(run.tok.response_ids(run.env.solve(p)))
+              for p in problems]
+    assert max(needed) <= 128 + 1 < max(len(run.tok.prompt_ids(opd.teacher_prompt(run, p))) for p in problems) + 64
+
+
+def test_offpolicy_rollouts_are_the_teachers_and_the_anchor_starts_at_zero(models, tmp_path):
+    """kl_estimator=teacher_samples: the sampler's log-probs are the teacher's on its own prompt, not
+    the student's. anchor_coef: π_init is a frozen copy, so before any step the anchor KL is 0."""
+    run = opd_run(models, tmp_path, max_iters=0, kl_estimator="teacher_samples", anchor_coef=0.5)
+    ro = opd.rollout_shard(run, 0, 0)
+    with torch.no_grad():
+        scored = {name: F.log_softmax(m(ro["ids"][:, :-1]), -1).gather(-1, ro["ids"][:, 1:, None])[..., 0]
+                  for name, m in (("teacher", run.teacher), ("student", run.raw_model))}
+    on = ro["mask"] > 0
+    torch.testing.assert_close(ro["old_logprobs"][on], scored["teacher"][on], atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(ro["old_logprobs"][on], scored["student"][on], atol=1e-2)
+    assert not any(p.requires_grad for p in run.ref_model.parameters())
+    batch = opd.batches(run, 0)[0][0]
+    _, _, metrics = opd.loss(run, run.model, batch)
+    assert abs(metrics["anchor_kl"]) < 1e-6
+    with pytest.raises(ValueError, match="teacher_samples"):
+        opd_run(models, tmp_path, max_iters=0, teacher="self", kl_estimator="teacher_samples")
 
 
 def test_vocabulary_mismatch_is_refused_naming_both_sizes(models, tmp_path):
@@ -196,19 +265,22 @@ def test_vocabulary_mismatch_is_refused_naming_both_sizes(models, tmp_path):
         opd_run(models, tmp_path, max_iters=0, teacher="")
     with pytest.raises(ValueError, match="kl_estimator"):
         opd_run(models, tmp_path, max_iters=0, kl_estimator="forward")
+    with pytest.raises(ValueError, match="anchor_coef"):
+        opd_run(models, tmp_path, max_iters=0, anchor_coef=-1.0)
 
 
 # ---------------------------------------------------------------------------------------------
 # The shared loop: metrics, resume, LoRA, DDP
 
 @pytest.mark.parametrize("estimator,extra", [("full", {}), ("sampled", {}), ("topk", {"kl_topk": 4}),
+                                             ("teacher_samples", {"anchor_coef": 0.5}),
                                              ("full", {"teacher": "self", "lora_rank": 2})])
 def test_trains_logs_and_evaluates(models, tmp_path, estimator, extra):
     run = opd_run(models, tmp_path, kl_estimator=estimator, max_iters=2, eval_interval=2, **extra)
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     train_rows = [r for r in rows if "loss" in r]
     assert [r["iter"] for r in train_rows] == [1, 2]
-    for key in ("reverse_kl", "entropy", "tokens", "reward", "len_mean", "work_frac", "rollout_tokens", "ungraded_frac",
+    for key in ("reverse_kl", "anchor_kl", "entropy", "tokens", "reward", "len_mean", "work_frac", "rollout_tokens", "ungraded_frac",
                 "time_decode", "time_teacher", "time_update"):
         assert all(key in r for r in train_rows), key
     assert train_rows[0]["reverse_kl"] > 0
