@@ -1,0 +1,375 @@
+"""
+Distillation to the plateau (SPEC §3 On-policy distillation; the chapter's "online + dense signal"):
+RL selects among the behaviours a student already has, distillation teaches what a teacher knows,
+token by token. From one SFT student and a larger teacher, four arms, each with 128 sampled answers
+per iteration and the same learning rate (1e-4, constant after 5 warm-up iterations):
+
+    grpo         GRPO (config/grpo.py), 16 prompts × 8 answers, the verifier's reward only
+    opd_full     OPD, 128 prompts × 1, exact per-token reverse KL to the teacher on the student's samples
+    opd_sampled  OPD, the one-sample reverse-KL estimator (one teacher log-prob per token)
+    offpolicy    off-policy distillation: the teacher answers the same 128 prompts, the student is
+                 trained by cross-entropy on those answers (opd.py, kl_estimator=teacher_samples)
+
+Each arm runs until it stops improving or reaches --cap iterations: it has plateaued when none of
+its last three evaluations beats the best evaluation before them by more than the band (2 binomial
+standard errors of that best accuracy at --eval_problems problems), after at least --min_iters.
+Greedy held-out accuracy on --eval_problems problems (the same problems at every point) is measured
+at iterations 2, 4, ..., 10, then every 5 to 30, every 10 to 60, every 20 after: finer early, where
+the curves move. Every arm runs for each of --seeds.
+
+Reported per arm and seed: the plateau (mean of the last three evaluations), the student rollout
+tokens and the training wall time (rollouts + teacher + update, evaluation excluded) to reach 50%,
+75% and 90% of the way from the student's start to the teacher; and the goal (Thinking Machines'
+framing): OPD reaches the accuracy GRPO ends its budget with in at most 1/5 of GRPO's rollout tokens
+and ends above it by more than the band. The evidence either way: the per-position reverse KL to the
+teacher on the student's own samples of --kl_problems held-out prompts, before (the SFT student) and
+after each arm (its first seed), and the share of it on each kind of token (the first token, which
+picks bare or worked; operands, operators, results of the steps, the final answer, the rest).
+
+The teacher is a one-time preparation (config/teacher.py; about 30 minutes on one core):
+
+    python train.py config/teacher.py --out_dir=out/teacher_sft
+    python train.py --algo grpo --init_from=out/teacher_sft --out_dir=out/teacher --max_iters=10 --eval_interval=5
+
+then
+
+    python experiments/distill.py --student=out/sft --teacher=out/teacher
+    python experiments/distill.py --student=out/sft --teacher=out/teacher --quick     # a tiny run (tests)
+
+--set key=value (repeatable) passes a train.py key to every arm. Writes results.json and
+distill.png (accuracy against student rollout tokens; the per-position KL) into --out.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402  (after the path: the script runs from anywhere)
+import torch.nn.functional as F  # noqa: E402
+
+import common as C  # noqa: E402
+import train as T  # noqa: E402
+
+ARMS = dict(
+    grpo=dict(T.parse_args([os.path.join(ROOT, "config", "grpo.py")]), algo="grpo", group_size=8),  # 16 × 8 = 128
+    opd_full=dict(algo="opd", kl_estimator="full"),
+    opd_sampled=dict(algo="opd", kl_estimator="sampled"),
+    offpolicy=dict(algo="opd", kl_estimator="teacher_samples"),
+)
+FRACTIONS = (0.5, 0.75, 0.9)  # of the way from the student's start to the teacher
+QUICK = dict(cap=4, min_iters=2, eval_problems=16, kl_problems=8, seeds="1",
+             set=["prompts_per_iter=4", "max_new_tokens=24", "batch_size=4", "eval_batch_size=16"])
+QUICK_GRPO = dict(prompts_per_iter=2, group_size=2, eval_pass_k=0, eval_best_of_n=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluation points and the plateau rule (shared with experiments/opsd.py)
+
+def schedule(cap):
+    """Evaluation iterations: every 2 to 10, every 5 to 30, every 10 to 60, every 20 after; cap last."""
+    its = list(range(2, 11, 2)) + list(range(15, 31, 5)) + list(range(40, 61, 10)) + list(range(80, cap + 1, 20))
+    return [i for i in its if i < cap] + [cap]
+
+
+def band(p, n):
+    """Two binomial standard errors of an accuracy p measured on n problems."""
+    return 2 * math.sqrt(max(p * (1 - p), 1e-12) / n)
+
+
+def plateaued(points, n, min_iters):
+    """No gain beyond the band over the last three evaluations: none of them beats the best before
+    them by more than the band of that best; only from min_iters on."""
+    accs = [p["acc"] for p in points]
+    if len(accs) < 4 or points[-1]["iter"] < min_iters:
+        return False
+    best = max(accs[:-3])
+    return max(accs[-3:]) <= best + band(best, n)
+
+
+def evaluate(run, model, n):
+    """Greedy held-out accuracy, worked-answer share and answer length on the first n held-out problems."""
+    was_training = model.training
+    model.eval()
+    m = C.env_accuracy(run, model, "heldout", n)[0]
+    model.train(was_training)
+    return dict(acc=m["heldout_acc"], work=m["heldout_work"], len=m["heldout_len"])
+
+
+def progress(out_dir, arm):
+    """{iteration: (rollout tokens so far, training seconds so far)} from a run's metrics.jsonl.
+    GRPO logs the mean answer length of its P × G rollouts, OPD the total."""
+    tokens = seconds = 0.0
+    out = {0: (0.0, 0.0)}
+    for line in open(os.path.join(out_dir, "metrics.jsonl")):
+        r = json.loads(line)
+        if "loss" in r:
+            tokens += r.get("rollout_tokens", r["len_mean"] * arm.get("prompts_per_iter", 0) * arm.get("group_size", 0))
+            seconds += r["iter_time"]
+            out[r["iter"]] = (tokens, seconds)
+    return out
+
+
+def train_arm(arm, student, out_dir, its, n, start, min_iters=None):
+    """Train one arm from `student`, stopping at each iteration of `its` to evaluate (the run is
+    checkpointed and resumed: the learning-rate schedule is constant after warm-up, so this is one
+    uninterrupted run), until the plateau rule holds (min_iters=None: never) or its last entry.
+    Returns (points, run): points = [{iter, acc, work, len, tokens, seconds}], iteration 0 = start."""
+    points, done, run = [dict(start, iter=0, tokens=0.0, seconds=0.0)], 0, None
+    for it in its:
+        run = T.train(dict(arm, init_from=student if done == 0 else "resume", out_dir=out_dir, max_iters=it,
+                           eval_interval=0, checkpoint=True, plot=False, lr_decay_iters=its[-1]))
+        cfg = T.make_config(dict(arm, init_from=student))
+        tokens, seconds = progress(out_dir, cfg)[it]
+        points.append(dict(evaluate(run, run.raw_model, n), iter=it, tokens=tokens, seconds=seconds))
+        print(f"[{os.path.basename(out_dir)}] iter {it}: held-out {points[-1]['acc']:.3f}, "
+              f"work {points[-1]['work']:.2f}, rollout tokens {tokens:,.0f}", flush=True)
+        done = it
+        if min_iters is not None and plateaued(points, n, min_iters):
+            break
+    return points, run
+
+
+def first_reaching(points, target):
+    """The first point at or above target: dict(iter, tokens, seconds), or None."""
+    return next(({k: p[k] for k in ("iter", "tokens", "seconds")} for p in points if p["acc"] >= target), None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Evidence: where the reverse KL to the teacher sits in the student's answers
+
+ROLES = ("first", "operand", "operator", "result", "answer", "other")
+
+
+def char_roles(text):
+    """The role of each character of an arithmetic answer: operand / operator / result digits of a
+    written step ("7+9=16."), the final answer's digits, everything else (format, spaces, the words)."""
+    roles, after_answer, in_result = [], False, False
+    for i, ch in enumerate(text):
+        if text.startswith("Answer:", i):
+            after_answer = True
+        if after_answer:
+            roles.append("answer" if ch.isdigit() or ch == "-" and text[i + 1:i + 2].isdigit() else "other")
+            continue
+        if ch == "=":
+            in_result = True
+            roles.append("operator")
+        elif ch in "+-":
+            roles.append("operator")
+        elif ch.isdigit():
+            roles.append("result" if in_result else "operand")
+        else:
+            in_result = False
+            roles.append("other")
+    return roles
+
+
+@torch.no_grad()
+def kl_profile(run, student, teacher, n, max_positions=48):
+    """Reverse KL(π_s‖π_t) at τ = 1 on the student's own samples of n held-out prompts (both read the
+    same prompt): the mean KL at each answer position (and its token count), and per token role
+    (ROLES; the first answer token is its own role) the share of the summed KL and the mean KL."""
+    problems = run.env.problems("heldout", n, seed=3)
+    ro = C.rollouts(run, student, problems, 1, temperature=1.0, seed=5)
+    ids, mask = ro["ids"], ro["mask"]
+    kl = torch.zeros_like(mask)
+    for rows in C.chunks(range(len(ids)), run.cfg["eval_batch_size"]):
+        s = F.log_softmax(student(ids[rows.start:rows.stop, :-1]).float(), dim=-1)
+        t = F.log_softmax(teacher(ids[rows.start:rows.stop, :-1]).float(), dim=-1)
+        kl[rows.start:rows.stop] = (s.exp() * (s - t)).sum(-1) * mask[rows.start:rows.stop]
+    by_position = [[0.0, 0] for _ in range(max_positions)]
+    by_role = {r: [0.0, 0] for r in ROLES}
+    for i, response in enumerate(ro["responses"]):
+        values = kl[i][mask[i] > 0].tolist()
+        offsets, text = [], ""
+        for token in response:  # each token's first character, for its role
+            offsets.append(len(text))
+            text += run.tok.decode([token]) if token != run.tok.eos else ""
+        roles = char_roles(text) + ["other"]
+        for pos, (value, offset) in enumerate(zip(values, offsets)):
+            role = "first" if pos == 0 else roles[min(offset, len(roles) - 1)]
+            by_role[role][0] += value
+            by_role[role][1] += 1
+            if pos < max_positions:
+                by_position[pos][0] += value
+                by_position[pos][1] += 1
+    total = sum(v for v, _ in by_role.values()) or 1.0
+    return dict(mean_kl_per_token=total / max(float(mask.sum()), 1.0),
+                by_position=[(v / c if c else None, c) for v, c in by_position],
+                by_role={r: dict(share=v / total, mean=v / c if c else None, tokens=c) for r, (v, c) in by_role.items()})
+
+
+# ----------------------------------------------------------------------------------------------
+# The study
+
+def summarise(points, start, teacher, n):
+    """One seed's curve: its plateau (mean of the last three evaluations), where it stopped, and
+    the first point at 50 / 75 / 90% of the way from start to teacher."""
+    last = points[-3:]
+    return dict(plateau=sum(p["acc"] for p in last) / len(last), stopped_at=points[-1]["iter"],
+                tokens=points[-1]["tokens"], seconds=points[-1]["seconds"], work=points[-1]["work"],
+                band=band(points[-1]["acc"], n),
+                milestones={f"{f:.2f}": first_reaching(points, start + f * (teacher - start)) for f in FRACTIONS})
+
+
+def goal(results, n):
+    """Per OPD arm: the student rollout tokens to GRPO's end-of-budget accuracy (the mean plateau
+    over seeds) against GRPO's own tokens (mean over seeds), and the plateau gap against its band."""
+    if "grpo" not in results:
+        return {}
+    mean = lambda name, key: sum(s["summary"][key] for s in results[name]) / len(results[name])
+    grpo_acc, grpo_tokens = mean("grpo", "plateau"), mean("grpo", "tokens")
+    out = dict(grpo_end_acc=grpo_acc, grpo_tokens=grpo_tokens)
+    for name in (a for a in ("opd_full", "opd_sampled") if a in results):
+        reached = [first_reaching(s["points"], grpo_acc) for s in results[name]]
+        tokens = [r["tokens"] for r in reached if r] if all(reached) else None
+        acc = mean(name, "plateau")
+        gap_band = 2 * math.sqrt((acc * (1 - acc) + grpo_acc * (1 - grpo_acc)) / n)
+        ratio = sum(tokens) / len(tokens) / grpo_tokens if tokens and grpo_tokens else None
+        out[name] = dict(tokens_to_grpo_end=tokens, token_ratio=ratio, plateau=acc, gap=acc - grpo_acc,
+                         gap_band=gap_band, met=bool(ratio is not None and ratio <= 0.2 and acc - grpo_acc > gap_band))
+    return out
+
+
+def print_tables(results, start, teacher, goals):
+    print(f"\nheld-out accuracy: student {start:.3f}, teacher {teacher:.3f}; targets "
+          + ", ".join(f"{int(f * 100)}% {start + f * (teacher - start):.3f}" for f in FRACTIONS))
+    print(f"\n{'arm':<12} {'seed':>4} {'plateau':>7} {'stopped':>7} {'work':>5} "
+          + " ".join(f"{f'to {int(f * 100)}%: it / tokens / s':>28}" for f in FRACTIONS))
+    for name, seeds in results.items():
+        for s in seeds:
+            m = s["summary"]
+            cells = [f"{r['iter']} / {r['tokens']:,.0f} / {r['seconds']:.0f}" if r else "never"
+                     for r in m["milestones"].values()]
+            print(f"{name:<12} {s['seed']:>4} {m['plateau']:>7.3f} {m['stopped_at']:>7} {m['work']:>5.2f} "
+                  + " ".join(f"{c:>28}" for c in cells))
+    if goals:
+        print(f"\nGRPO ends at {goals['grpo_end_acc']:.3f} after {goals['grpo_tokens']:,.0f} rollout tokens (seed mean)")
+        for name in ("opd_full", "opd_sampled"):
+            if name in goals:
+                g = goals[name]
+                ratio = f"{g['token_ratio']:.2f}× GRPO's tokens" if g["token_ratio"] is not None else "never (a seed)"
+                print(f"{name}: reaches it in {ratio}; plateau {g['plateau']:.3f}, {g['gap']:+.3f} vs GRPO "
+                      f"(band ± {g['gap_band']:.3f}); goal {'met' if g['met'] else 'not met'}")
+
+
+def print_profiles(profiles):
+    print(f"\nreverse KL to the teacher on the student's samples: mean per token, and share per token role")
+    print(f"{'model':<12} {'KL/token':>8} " + " ".join(f"{r:>9}" for r in ROLES))
+    for name, p in profiles.items():
+        print(f"{name:<12} {p['mean_kl_per_token']:>8.3f} " + " ".join(f"{p['by_role'][r]['share']:>9.2f}" for r in ROLES))
+
+
+def plot(results, start, teacher, profiles, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    colors = dict(grpo="tab:red", opd_full="tab:blue", opd_sampled="tab:cyan", offpolicy="tab:green")
+    for name, seeds in results.items():
+        for k, s in enumerate(seeds):
+            left.plot([p["tokens"] for p in s["points"]], [p["acc"] for p in s["points"]], marker=".",
+                      color=colors.get(name), linestyle="-" if k == 0 else "--", label=f"{name} seed {s['seed']}")
+    for f in FRACTIONS:
+        left.axhline(start + f * (teacher - start), color="grey", linestyle=":", linewidth=0.8)
+    left.axhline(teacher, color="black", linestyle="-", linewidth=0.8, label=f"teacher {teacher:.3f}")
+    left.set_xscale("symlog", linthresh=1e4)
+    left.set_xlabel("sampled tokens (offpolicy: the teacher's; the others: the student's)")
+    left.set_ylabel("held-out accuracy (greedy)")
+    left.set_title("to the plateau; dotted: 50 / 75 / 90% of the way to the teacher", fontsize=9)
+    left.legend(fontsize=7)
+    for name, p in profiles.items():
+        xs = [i for i, (v, c) in enumerate(p["by_position"]) if v is not None and c >= 5]
+        right.plot(xs, [p["by_position"][i][0] for i in xs], marker=".", label=name,
+                   color=colors.get(name, "black"))
+    right.set_xlabel("answer position (token)")
+    right.set_ylabel("reverse KL(student ‖ teacher), mean")
+    right.set_title("per-position KL on the student's own samples", fontsize=9)
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def study_parser(doc, arms, out):
+    """The options both studies share: the student, the arms, the evaluation size, --out, --quick, --set."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--student", default="out/sft", help="the SFT checkpoint every arm starts from")
+    parser.add_argument("--arms", default=",".join(arms), help=f"comma-separated, from {', '.join(arms)}")
+    parser.add_argument("--eval_problems", type=int, default=500, help="held-out problems per evaluation")
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--quick", action="store_true", help="a tiny run of every step (the tests)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every arm")
+    return parser
+
+
+def parse_study(parser, argv, quick):
+    """Parsed arguments, --quick's tiny values applied (its --set keys after the user's)."""
+    args = parser.parse_args(argv)
+    if args.quick:
+        for key, value in quick.items():
+            setattr(args, key, args.set + value if key == "set" else value)
+    return args
+
+
+def require_checkpoint(what, path, make):
+    if not os.path.isfile(os.path.join(path, "ckpt.pt")):
+        sys.exit(f"error: no {what} checkpoint at {path}/ckpt.pt; make it once with: {make}")
+
+
+def parse(argv=None):
+    parser = study_parser(__doc__, ARMS, "out/distill")
+    parser.add_argument("--teacher", default="out/teacher", help="the teacher checkpoint (see above to make it)")
+    parser.add_argument("--seeds", default="1337,1338", help="comma-separated training seeds")
+    parser.add_argument("--cap", type=int, default=120, help="iterations at most per arm")
+    parser.add_argument("--min_iters", type=int, default=30, help="no plateau stop before this iteration")
+    parser.add_argument("--kl_problems", type=int, default=200, help="held-out prompts for the KL profiles")
+    args = parse_study(parser, argv, QUICK)
+    require_checkpoint("student", args.student, f"python train.py --algo sft --out_dir={args.student}")
+    require_checkpoint("teacher", args.teacher, f"python train.py config/teacher.py --out_dir={args.teacher}_sft && "
+                       f"python train.py --algo grpo --init_from={args.teacher}_sft --out_dir={args.teacher} "
+                       f"--max_iters=10 --eval_interval=5")
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
+    common = T.parse_args([f"--{kv}" for kv in args.set])
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    # one run holds the student (raw_model) and the teacher: both evaluated the way every arm is
+    base = T.train(dict(common, algo="opd", init_from=args.student, teacher=args.teacher, max_iters=0, eval_interval=0,
+                        checkpoint=False, plot=False, out_dir=os.path.join(args.out, "start")))
+    start = evaluate(base, base.raw_model, args.eval_problems)
+    teacher_eval = evaluate(base, base.teacher, args.eval_problems)
+    print(f"student {start['acc']:.3f} (work {start['work']:.2f}), teacher {teacher_eval['acc']:.3f}", flush=True)
+    profiles = {"student": kl_profile(base, base.raw_model, base.teacher, args.kl_problems)}
+    results = {}
+    for name in args.arms.split(","):
+        arm = ARMS[name] | common | (QUICK_GRPO if args.quick and name == "grpo" else {})
+        if arm["algo"] == "opd":
+            arm["teacher"] = args.teacher
+        results[name] = []
+        for k, seed in enumerate(int(s) for s in args.seeds.split(",")):
+            points, run = train_arm(dict(arm, seed=seed), args.student, os.path.join(args.out, f"{name}_{seed}"),
+                                    schedule(args.cap), args.eval_problems, start, args.min_iters)
+            results[name].append(dict(seed=seed, points=points, summary=summarise(
+                points, start["acc"], teacher_eval["acc"], args.eval_problems)))
+            if k == 0:
+                profiles[name] = kl_profile(base, run.raw_model.eval(), base.teacher, args.kl_problems)
+    goals = goal(results, args.eval_problems)
+    print_tables(results, start["acc"], teacher_eval["acc"], goals)
+    print_profiles(profiles)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(dict(args=vars(args), student=start, teacher=teacher_eval, arms=results, goal=goals,
+                       kl_profiles=profiles, wall_seconds=time.time() - t0), f, indent=1)
+    plot(results, start["acc"], teacher_eval["acc"], profiles, os.path.join(args.out, "distill.png"))
+    print(f"\nresults.json and distill.png in {args.out} ({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
