@@ -508,7 +508,7 @@ def sample_round(run, model, it, shard, round_):
     elif cfg["reward_mode"] in ("rlvp", "path"):  # path: Φ alone (no outcome channel), the inaction trap
         signals = C.path_signals(run)
         path = torch.tensor([sum(v for _, v in signals(p, t)) for p, t in zip(ro["problems"], ro["texts"])],
-                            device=reward.device)
+                            dtype=torch.float32, device=reward.device)  # float even when no row has a signal
         outcome = reward if cfg["reward_mode"] == "rlvp" else torch.zeros_like(reward)
         beta = cfg["rlvp_beta"] if cfg["reward_mode"] == "rlvp" else 1.0
         adv, ro["degenerate"] = rlvp_advantages(outcome.view(-1, G), path.view(-1, G), cfg["estimator"], beta,
