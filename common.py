@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from envs import make_env
+from envs import GSM8K, make_env
 from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora, sequence_logprobs
 from sampler import sample
 from tokenizer import make_tokenizer
@@ -132,8 +132,9 @@ def read_json_rows(path):
     return rows
 
 
-def load_rows(path):
-    """The rows (dicts) of a jsonl / json / parquet file, or of a hub dataset when online (`datasets`)."""
+def load_rows(path, split="train"):
+    """The rows (dicts) of a jsonl / json / parquet file, or of a hub dataset's `split` when online
+    (`datasets`; NAME or NAME:CONFIG, e.g. openai/gsm8k:main)."""
     if os.path.isfile(path):
         if not path.endswith(".parquet"):
             return read_json_rows(path)
@@ -148,7 +149,29 @@ def load_rows(path):
     if os.path.splitext(path)[1] in (".json", ".jsonl", ".parquet"):
         raise FileNotFoundError(f"data file {path} does not exist")
     from datasets import load_dataset
-    return list(load_dataset(path, split="train"))
+    name, _, config = path.partition(":")
+    return list(load_dataset(name, config or None, split=split))
+
+
+def dataset_splits(path, check):
+    """(train, held-out) rows of a dataset environment, each row through check(row) (a ValueError
+    naming the field becomes one naming the file and row too): a hub dataset's train and test
+    splits, or a local file's rows with the last tenth (at least one) held out."""
+    def checked(rows, where):
+        out = []
+        for i, row in enumerate(rows, start=1):
+            try:
+                out.append(check(row))
+            except ValueError as e:
+                raise ValueError(f"{where}: row {i}: {e}") from None
+        return out
+    if os.path.isfile(path):
+        rows = checked(load_rows(path), path)
+        held = max(1, len(rows) // 10)
+        if len(rows) < 2:
+            raise ValueError(f"{path}: needs at least 2 rows (train and held out)")
+        return rows[:-held], rows[-held:]
+    return checked(load_rows(path, "train"), f"{path} (train)"), checked(load_rows(path, "test"), f"{path} (test)")
 
 
 def encode_rows(run, path, rows, encode):
@@ -227,7 +250,10 @@ def is_hf_checkpoint(name):
 
 
 def config_env(cfg):
-    """The environment a run's configuration names (the task its data, rewards and evaluation use)."""
+    """The environment a run's configuration names (the task its data, rewards and evaluation use);
+    gsm8k is built from the rows of env_data rather than generated."""
+    if cfg["env"] == "gsm8k":
+        return GSM8K(*dataset_splits(cfg["env_data"], GSM8K.check_row))
     return make_env(cfg["env"], digits=cfg["env_digits"], n_ops=cfg["env_ops"], direct_frac=cfg["env_direct_frac"])
 
 
@@ -389,6 +415,8 @@ def env_accuracy(run, model, split, n, temperature=0.0, samples=1, seed=0):
     """Exact-match accuracy on `n` problems of `split`, sampled with the KV-cache sampler; with
     samples > 1 also pass@samples. Problems are spread over ranks and the counts summed.
     Returns (metrics, transcripts of the first few problems)."""
+    if split not in getattr(run.env, "splits", ("train", "heldout", "ood")):
+        return {}, []  # (a dataset has no ood split: no figures for it)
     problems = run.env.problems(split, n, seed=seed)[run.rank::run.world_size]
     prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(samples)]
     tokens = generate(run, model, prompts, temperature=temperature, seed=seed)[0]

@@ -15,8 +15,10 @@ SPEC §3 "Reward model", "DPO"; M14 §3–5.
 - --data=FILE (json / jsonl / parquet, through common.load_rows): rows {"prompt", "chosen",
   "rejected"} for pairs, or {"prompt", "completion", "label": bool} for KTO's single labelled
   examples. A prompt is a string or a list of {"role", "content"} messages; a response is a string
-  or a one-message list [{"role": "assistant", "content": ...}]. The last rows (a tenth of the
-  file, at least 2, at most heldout_prompts) are held out.
+  or a one-message list [{"role": "assistant", "content": ...}]. TRL's conversational form with an
+  implicit prompt is read too: {"chosen": messages, "rejected": messages}, two conversations
+  sharing their first messages (the prompt). The last rows (a tenth of the file, at least 2, at
+  most heldout_prompts) are held out.
 
 An example is a dict: prompt ids, two responses with their loss masks and a label (a response's
 mask is 0 on tool results, which are context, never a target, and 1 elsewhere). Pairs: responses
@@ -76,9 +78,39 @@ def _check_length(run, prompt, response, field):
                                 f"block_size={run.cfg['block_size']}")
 
 
+def implicit_prompt_pair(run, row):
+    """TRL's conversational form with an implicit prompt: chosen and rejected are whole conversations
+    (message lists) that share their first messages, the prompt, and differ in the assistant's
+    reply. Each conversation goes through the chat template whole, so the reply's tokens and loss
+    mask are exactly the template's; the prompt is the shared messages with the generation prompt,
+    which must be where both conversations' ids begin."""
+    chosen, rejected = C.require(row, "chosen", list), C.require(row, "rejected", list)
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
+        shared += 1
+    if shared == 0:
+        raise C.RowError("rejected", "shares no prompt message with chosen (an implicit prompt is the messages both begin with)")
+    prompt = C.render_messages(run, chosen[:shared], "chosen", add_generation_prompt=True)[0]
+    responses, masks = [], []
+    for field, messages in (("chosen", chosen), ("rejected", rejected)):
+        if not isinstance(messages[shared], dict) or messages[shared].get("role") != "assistant":
+            raise C.RowError(f"{field}[{shared}]", "the reply after the shared prompt must be an assistant message")
+        ids, mask = C.render_messages(run, messages, field)
+        if ids[:len(prompt)] != prompt:
+            raise C.RowError(field, "the chat template renders the shared prompt differently inside the conversation")
+        _check_length(run, prompt, ids[len(prompt):], field)
+        responses.append(ids[len(prompt):])
+        masks.append(mask[len(prompt):])
+    if responses[0] == responses[1]:
+        raise C.RowError("rejected", "identical to chosen")
+    return dict(prompt=prompt, responses=tuple(responses), masks=tuple(masks), label=1.0)
+
+
 def encode_row(run, row):
     """One file row -> ("pair" | "single", example), or RowError naming the bad field."""
     row = {k: v for k, v in row.items() if v is not None}  # datasets fills absent columns with None
+    if "prompt" not in row and isinstance(row.get("chosen"), list):
+        return "pair", implicit_prompt_pair(run, row)
     prompt = _prompt_ids(run, row)
     if "completion" in row or "label" in row:  # KTO's single labelled example
         completion, mask = run.tok.assistant_ids(_response_text(row, "completion"))

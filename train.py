@@ -60,6 +60,7 @@ from envs import ENVS
 from model import GPT, apply_lora, count_parameters
 from tokenizer import make_tokenizer
 
+READS_DATA = ("pretrain", "sft", "rm", "dpo")  # the algorithms that train on --data (RL reads its env)
 ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo", "grpo": "grpo", "opd": "opd", "rft": "rft"}
 
 DEFAULTS = dict(
@@ -72,6 +73,7 @@ DEFAULTS = dict(
     # the default task: 3-step chains of 1-digit operands; half the SFT demonstrations give only the
     # answer, half the worked steps (envs.py, README "The default task"); 0.0 = every demonstration worked
     env="arithmetic", env_digits=1, env_ops=3, env_direct_frac=0.5,
+    env_data="openai/gsm8k:main",  # --env=gsm8k's rows: a hub dataset NAME[:CONFIG] (train/test splits) or a local file (last tenth held out)
     # model, when init_from=scratch
     n_layer=4, n_head=4, n_embd=128, block_size=128, dropout=0.0, bias=True,
     # optimisation
@@ -158,6 +160,9 @@ def make_config(overrides):
                              + (f"; did you mean {', '.join(close)}?" if close else ""))
         cfg[key] = _coerce(key, value, defaults[key])
     cfg["out_dir"] = cfg["out_dir"].format(algo=algo)
+    if cfg["data"] and algo not in READS_DATA:  # never ignored silently
+        raise ValueError(f"--algo {algo} takes its prompts from the environment, not --data: for a dataset's "
+                         f"prompts and reference answers use --env=gsm8k --env_data=NAME_OR_FILE")
     return cfg
 
 

@@ -12,6 +12,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # a local save_pretrained directory must nev
 transformers = pytest.importorskip("transformers")
 
 import common as C
+import train as T
+from conftest import TINY
+from envs import GSM8K
 from model import GPT, GPTConfig, sequence_logprobs
 
 VOCAB = 96
@@ -22,13 +25,13 @@ FAMILIES = {"llama": ("Llama", dict(tie_word_embeddings=False)),
             "qwen3": ("Qwen3", dict(tie_word_embeddings=False, head_dim=24))}
 
 
-def tiny_hf(family, seed=0):
+def tiny_hf(family, seed=0, vocab=VOCAB, positions=128):
     """A random 2-layer model of the family, every weight drawn at random (transformers starts
     biases at 0 and norm gains at 1, which would hide a bias or gain left behind)."""
     kind, extra = FAMILIES[family]
     config = getattr(transformers, kind + "Config")(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, rope_theta=500.0, rms_norm_eps=1e-6,
+        vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=positions, rope_theta=500.0, rms_norm_eps=1e-6,
         bos_token_id=None, eos_token_id=None, pad_token_id=None, **extra)
     torch.manual_seed(seed)
     hf = getattr(transformers, kind + "ForCausalLM")(config).eval()
@@ -85,8 +88,8 @@ def hf_greedy(hf, prompts, new):
 
 def test_greedy_generate_matches_transformers(hf_dir):
     """The KV-cache sampler on ragged prompts (left-padded, each row's positions from 0), a prompt
-    asked twice (one shared prefill), grouped-query attention's smaller cache: the same tokens and
-    log-probs as transformers' generate on the batch, and on each prompt alone."""
+    asked twice (one shared prefill): the same tokens and log-probs as transformers' generate on the
+    batch (left-padded with its attention mask), and on a prompt alone."""
     path, hf = hf_dir
     ours = GPT.from_pretrained(path).eval()
     prompts = [random_ids(1, 5, seed=2)[0].tolist(), random_ids(1, 11, seed=3)[0].tolist(), [7],
@@ -96,8 +99,7 @@ def test_greedy_generate_matches_transformers(hf_dir):
     expected, expected_lp = hf_greedy(hf, prompts, new)
     assert tokens == expected
     torch.testing.assert_close(torch.tensor(logprobs), expected_lp, atol=1e-4, rtol=0)
-    for prompt, got in zip(prompts, tokens):
-        assert got == hf_greedy(hf, [prompt], new)[0][0]
+    assert tokens[1] == hf_greedy(hf, [prompts[1]], new)[0][0]  # the longest prompt, alone: no padding at all
 
 
 def test_tool_hook_and_gqa_cache_with_rotary_positions(hf_dir):
@@ -246,3 +248,101 @@ def test_chat_template_ids_and_exact_mask(chat_dir):
     assert first_turn[:len(prompt) + len(tok.response_ids("42."))] == prompt + tok.response_ids("42.")
     # plain text never becomes a special token
     assert tok.eos not in tok.encode("a <|im_end|> b") and tok.decode(tok.encode("a <|im_end|> b")) == "a <|im_end|> b"
+
+
+# ----------------------------------------------------------------------------------------------
+# GSM8K and the conversational preference set: the recipes' data paths on local files in the
+# datasets' schemas, with a tiny Qwen2 and the chat tokenizer above standing in for the hub's
+
+def test_gsm8k_verifier_and_splits(tmp_path):
+    problem = {"answer": "1234"}
+    for response, reward in [("48/2 = 24, so 1,234 in all.\n#### 1,234", 1.0), ("#### $1234.00", 1.0),
+                             ("#### 71\nno, wait\n#### 1234", 1.0), ("#### 1234\n#### 71", 0.0),
+                             ("The answer is 1234.", 0.0), ("#### 1233", 0.0)]:
+        assert GSM8K.verify(problem, response) == reward, response
+    rows = [GSM8K.check_row(row) for row in gsm8k_rows(12)]
+    env = GSM8K(rows[:10], rows[10:])
+    assert [p["answer"] for p in env.problems("heldout", 5, seed=3)] == ["15", "16"]  # in order, never repeated
+    train = env.problems("train", 25, seed=1)
+    assert len(train) == 25 and sorted(p["answer"] for p in train[:10]) == sorted(str(r[2]) for r in rows[:10])
+    assert train == env.problems("train", 25, seed=1) != env.problems("train", 25, seed=2)
+    assert train[0]["prompt"].endswith('output the final answer after "####".')
+    assert env.verify(train[0], env.demonstration(train[0])) == 1.0
+    path = write_jsonl(tmp_path / "bad.jsonl", gsm8k_rows(3)[:2] + [{"question": "Q?", "answer": "4"}])
+    with pytest.raises(ValueError, match="bad.jsonl: row 3: field 'answer': no final number after '####'"):
+        C.config_env(dict(env="gsm8k", env_data=path))
+    with pytest.raises(ValueError, match="--algo grpo takes its prompts from the environment, not --data"):
+        T.make_config(dict(algo="grpo", data=path))
+
+
+def gsm8k_rows(n):
+    return [{"question": f"Tom has {a} apples and gets 3 more. How many?", "answer": f"{a}+3=<<{a}+3={a + 3}>>{a + 3}.\n#### {a + 3}"}
+            for a in range(2, 2 + n)]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def chat_model_dir(tmp_path_factory):
+    """A tiny Qwen2 and the chat tokenizer in one directory, as a hub checkpoint holds them."""
+    path = tmp_path_factory.mktemp("qwen") / "tiny-qwen2-instruct"
+    tiny_hf("qwen2", vocab=320, positions=512).save_pretrained(path)
+    write_chat_tokenizer(path)
+    return str(path)
+
+
+def recipe(name, init_from, tokenizer, out_dir, **overrides):
+    """A config/ recipe as the command line reads it, pointed at the tiny local model, at a tiny size."""
+    cfg = T.parse_args([f"config/{name}.py"])
+    cfg.update(init_from=init_from, tokenizer=tokenizer, out_dir=str(out_dir), device="cpu", plot=False,
+               block_size=256, max_iters=1, batch_size=2, gradient_accumulation_steps=1, eval_interval=1,
+               eval_problems=2, eval_batch_size=4, max_new_tokens=6, log_interval=1, warmup_iters=0, **overrides)
+    return cfg
+
+
+def test_gsm8k_recipes_sft_then_grpo(chat_model_dir, tmp_path):
+    data = write_jsonl(tmp_path / "gsm8k.jsonl", gsm8k_rows(12))
+    run = T.train(recipe("gsm8k_sft", chat_model_dir, chat_model_dir, tmp_path / "sft", env_data=data, train_problems=8, val_examples=2))
+    tok = run.tok
+    ids, mask = run.train_examples[0]
+    problem = run.env.problems("train", 8, seed=0)[0]
+    prompt = tok.prompt_ids(problem["prompt"])
+    assert ids[:len(prompt)] == prompt and not any(mask[:len(prompt)])
+    assert tok.hf.decode([i for i, m in zip(ids, mask) if m]) == problem["solution"] + "<|im_end|>"
+    assert "heldout_acc" in run.metrics and "ood_acc" not in run.metrics
+    sft_dir = str(tmp_path / "sft")
+    grpo = T.train(recipe("gsm8k_grpo", sft_dir, chat_model_dir, tmp_path / "grpo", env_data=data, prompts_per_iter=2,
+                          group_size=2))
+    assert grpo.raw_model.config.pos == "rope" and "heldout_acc" in grpo.metrics
+    ppo = T.train(recipe("gsm8k_ppo", sft_dir, chat_model_dir, tmp_path / "ppo", env_data=data, prompts_pool=8,
+                         minibatches=1, ppo_epochs=1))
+    assert "heldout_acc" in ppo.metrics
+
+
+CHOSEN_REJECTED = [("What is 12 plus 30?", "42.", "43."), ("The capital of France?", "Paris.", "Rome."),
+                   ("Be brief: 48 friends?", "48.", "Then 48 clips.")]
+
+
+def test_preference_recipes_rm_then_dpo_on_implicit_prompts(chat_model_dir, tmp_path):
+    from pairs import encode_row
+    rows = [{"chosen": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": q},
+                        {"role": "assistant", "content": good}],
+             "rejected": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": q},
+                          {"role": "assistant", "content": bad}], "score_chosen": 9.0, "score_rejected": 2.0}
+            for q, good, bad in CHOSEN_REJECTED * 4]
+    data = write_jsonl(tmp_path / "prefs.jsonl", rows)
+    rm = T.train(recipe("pref_rm", chat_model_dir, chat_model_dir, tmp_path / "rm", data=data, heldout_prompts=2))
+    kind, pair = encode_row(rm, rows[0])
+    whole, whole_mask = rm.tok.render_chat(rows[0]["chosen"])
+    assert kind == "pair" and pair["prompt"] + pair["responses"][0] == whole
+    assert rm.tok.hf.decode([i for i, m in zip(pair["responses"][0], pair["masks"][0]) if m]) == "42.<|im_end|>"
+    assert pair["prompt"] == rm.tok.render_chat(rows[0]["chosen"][:2], add_generation_prompt=True)[0]
+    assert rm.tok.hf.decode(pair["responses"][1]) == "43.<|im_end|>\n"
+    dpo = T.train(recipe("pref_dpo", chat_model_dir, chat_model_dir, tmp_path / "dpo", data=data, heldout_prompts=2))
+    assert dpo.raw_model.config.qkv_bias and dpo.metrics
+    with pytest.raises(ValueError, match="row 1: field 'rejected': shares no prompt message"):
+        T.train(recipe("pref_dpo", chat_model_dir, chat_model_dir, tmp_path / "bad", heldout_prompts=2, skip_bad_rows=False, data=write_jsonl(
+            tmp_path / "bad.jsonl", [{"chosen": rows[0]["chosen"][2:], "rejected": rows[0]["rejected"][2:]}] * 4)))

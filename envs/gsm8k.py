@@ -1,0 +1,97 @@
+"""
+GSM8K (Cobbe et al., 2021: grade-school math word problems) as an environment built from a
+dataset's prompts and reference answers, so that SFT, GRPO, PPO, RFT and OPD train on it with the
+same code as on the built-in tasks. The rows are the dataset's own, {"question", "answer"}, where
+the answer is a worked solution ending in "#### N":
+
+    {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many
+     clips in May. How many clips did Natalia sell altogether in April and May?",
+     "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n... #### 72"}
+
+- prompt: the question and the instruction verl's GSM8K recipe uses, so that accuracies compare
+  with its published table;
+- verify: 1.0 when the number after the response's last "####" equals the reference's (commas,
+  a dollar sign and trailing zeros of a decimal ignored), else 0.0: the strict form, nothing
+  else in the response is read;
+- demonstration (the SFT target): the dataset's worked solution, "#### N" included;
+- splits: "train" and "heldout" (the caller hands both over: the hub's train and test splits, or
+  a local file's rows with its last tenth held out). There is no "ood" split: evaluations skip it.
+"""
+
+import random
+import re
+from decimal import Decimal, InvalidOperation
+
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+_FINAL = re.compile(r"####\s*\$?\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)")
+
+
+def final_number(text):
+    """The number after the last "####" of `text` as a Decimal (commas and "$" dropped), or None."""
+    found = _FINAL.findall(text)
+    if not found:
+        return None
+    try:
+        return Decimal(found[-1].replace(",", ""))
+    except InvalidOperation:
+        return None
+
+
+class GSM8K:
+    name = "gsm8k"
+    splits = ("train", "heldout")
+
+    @staticmethod
+    def check_row(row):
+        """(question, solution, reference answer) of a dataset row, or ValueError naming the field."""
+        for field in ("question", "answer"):
+            if not isinstance(row.get(field), str) or not row[field].strip():
+                raise ValueError(f"field {field!r}: missing or not a non-empty string")
+        reference = final_number(row["answer"])
+        if reference is None:
+            raise ValueError("field 'answer': no final number after '####'")
+        return row["question"], row["answer"], reference
+
+    def __init__(self, train_rows, heldout_rows):
+        """train_rows, heldout_rows: lists of (question, solution, reference), as check_row gives them."""
+        if not train_rows or not heldout_rows:
+            raise ValueError("gsm8k needs train and held-out rows")
+        self.rows = {"train": train_rows, "heldout": heldout_rows}
+
+    def problems(self, split, n, seed=0):
+        """n problems of `split`. "train": a shuffle that depends on the seed, cycled when n is more
+        than the rows; "heldout": the first n rows in the dataset's order whatever the seed (every
+        evaluation reads the same problems), never repeated."""
+        if split not in self.splits:
+            raise ValueError(f"gsm8k has splits {self.splits}, not {split!r}")
+        rows = self.rows[split]
+        if split == "heldout":
+            chosen = rows[:n]
+        else:
+            rng, chosen = random.Random(f"gsm8k-{seed}"), []
+            while len(chosen) < n:
+                chosen += rng.sample(rows, len(rows))
+            chosen = chosen[:n]
+        return [{"prompt": f"{question} {INSTRUCTION}", "answer": str(reference), "solution": solution}
+                for question, solution, reference in chosen]
+
+    @staticmethod
+    def solve(problem):
+        return problem["solution"]
+
+    def demonstration(self, problem):
+        return problem["solution"]
+
+    @staticmethod
+    def verify(problem, response):
+        answer = final_number(response)
+        return float(answer is not None and answer == Decimal(problem["answer"]))
+
+    @staticmethod
+    def shows_work(response):
+        """True when something is written before the final "####"."""
+        return bool(response.rsplit("####", 1)[0].strip()) and "####" in response
+
+    def corpus(self, n, seed=0):
+        """Pre-training text: train questions with their worked solutions."""
+        return [f"{p['prompt']}\n{p['solution']}" for p in self.problems("train", n, seed)]
