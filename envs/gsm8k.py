@@ -88,6 +88,11 @@ class GSM8K:
         return float(answer is not None and answer == Decimal(problem["answer"]))
 
     @staticmethod
+    def parses(response):
+        """True when the response has a number after a "####" (a parse error otherwise)."""
+        return final_number(response) is not None
+
+    @staticmethod
     def shows_work(response):
         """True when something is written before the final "####"."""
         return bool(response.rsplit("####", 1)[0].strip()) and "####" in response

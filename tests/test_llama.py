@@ -268,6 +268,7 @@ def test_gsm8k_verifier_and_splits(tmp_path):
     assert train == env.problems("train", 25, seed=1) != env.problems("train", 25, seed=2)
     assert train[0]["prompt"].endswith('output the final answer after "####".')
     assert env.verify(train[0], env.demonstration(train[0])) == 1.0
+    assert env.parses("so #### 7") and not env.parses("so 7") and env.shows_work("3+4=7 #### 7")
     path = write_jsonl(tmp_path / "bad.jsonl", gsm8k_rows(3)[:2] + [{"question": "Q?", "answer": "4"}])
     with pytest.raises(ValueError, match="bad.jsonl: row 3: field 'answer': no final number after '####'"):
         C.config_env(dict(env="gsm8k", env_data=path))
