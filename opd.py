@@ -177,12 +177,14 @@ def distillation_loss(student_logits, targets, teacher_logprobs, mask, estimator
 # ----------------------------------------------------------------------------------------------
 # Rollouts and the teacher's scores
 
+def privileged_prompt(env, problem, privileged):
+    """OPSD's user message for the teacher: the PRIVILEGED template `privileged` filled in."""
+    return PRIVILEGED[privileged].format(prompt=problem["prompt"], answer=problem["answer"], solution=env.solve(problem))
+
+
 def teacher_prompt(run, problem):
     """The user message the teacher sees: the student's own, or under OPSD the privileged one."""
-    if run.cfg["teacher"] != "self":
-        return problem["prompt"]
-    return PRIVILEGED[run.cfg["privileged"]].format(prompt=problem["prompt"], answer=problem["answer"],
-                                                    solution=run.env.solve(problem))
+    return privileged_prompt(run.env, problem, run.cfg["privileged"]) if run.cfg["teacher"] == "self" else problem["prompt"]
 
 
 @torch.no_grad()

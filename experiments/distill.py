@@ -9,6 +9,7 @@ per iteration and the same learning rate (1e-4, constant after 5 warm-up iterati
     opd_sampled  OPD, the one-sample reverse-KL estimator (one teacher log-prob per token)
     offpolicy    off-policy distillation: the teacher answers the same 128 prompts, the student is
                  trained by cross-entropy on those answers (opd.py, kl_estimator=teacher_samples)
+    opd_topk     (not a default arm) OPD with the teacher's top 16 tokens, renormalised
 
 Each arm runs until it stops improving or reaches --cap iterations: it has plateaued when none of
 its last three evaluations beats the best evaluation before them by more than the band (2 binomial
@@ -61,7 +62,9 @@ ARMS = dict(
     opd_full=dict(algo="opd", kl_estimator="full"),
     opd_sampled=dict(algo="opd", kl_estimator="sampled"),
     offpolicy=dict(algo="opd", kl_estimator="teacher_samples"),
+    opd_topk=dict(algo="opd", kl_estimator="topk"),  # not a default arm: the teacher's top 16, renormalised
 )
+DEFAULT_ARMS = ("grpo", "opd_full", "opd_sampled", "offpolicy")
 FRACTIONS = (0.5, 0.75, 0.9)  # of the way from the student's start to the teacher
 QUICK = dict(cap=4, min_iters=2, eval_problems=16, kl_problems=8, seeds="1",
              set=["prompts_per_iter=4", "max_new_tokens=24", "batch_size=4", "eval_batch_size=16"])
@@ -299,7 +302,7 @@ def study_parser(doc, arms, out):
     """The options both studies share: the student, the arms, the evaluation size, --out, --quick, --set."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--student", default="out/sft", help="the SFT checkpoint every arm starts from")
-    parser.add_argument("--arms", default=",".join(arms), help=f"comma-separated, from {', '.join(arms)}")
+    parser.add_argument("--arms", default=",".join(arms), help="comma-separated, from the list above")
     parser.add_argument("--eval_problems", type=int, default=500, help="held-out problems per evaluation")
     parser.add_argument("--out", default=out)
     parser.add_argument("--quick", action="store_true", help="a tiny run of every step (the tests)")
@@ -322,7 +325,7 @@ def require_checkpoint(what, path, make):
 
 
 def parse(argv=None):
-    parser = study_parser(__doc__, ARMS, "out/distill")
+    parser = study_parser(__doc__, DEFAULT_ARMS, "out/distill")
     parser.add_argument("--teacher", default="out/teacher", help="the teacher checkpoint (see above to make it)")
     parser.add_argument("--seeds", default="1337,1338", help="comma-separated training seeds")
     parser.add_argument("--cap", type=int, default=120, help="iterations at most per arm")
@@ -348,28 +351,27 @@ def main(argv=None):
     teacher_eval = evaluate(base, base.teacher, args.eval_problems)
     print(f"student {start['acc']:.3f} (work {start['work']:.2f}), teacher {teacher_eval['acc']:.3f}", flush=True)
     profiles = {"student": kl_profile(base, base.raw_model, base.teacher, args.kl_problems)}
-    results = {}
-    for name in args.arms.split(","):
-        arm = ARMS[name] | common | (QUICK_GRPO if args.quick and name == "grpo" else {})
-        if arm["algo"] == "opd":
-            arm["teacher"] = args.teacher
-        results[name] = []
-        for k, seed in enumerate(int(s) for s in args.seeds.split(",")):
+    results = {name: [] for name in args.arms.split(",")}
+    for k, seed in enumerate(int(s) for s in args.seeds.split(",")):  # every arm of a seed, then the next seed
+        for name in results:
+            arm = ARMS[name] | common | (QUICK_GRPO if args.quick and name == "grpo" else {})
+            if arm["algo"] == "opd":
+                arm["teacher"] = args.teacher
             points, run = train_arm(dict(arm, seed=seed), args.student, os.path.join(args.out, f"{name}_{seed}"),
                                     schedule(args.cap), args.eval_problems, start, args.min_iters)
             results[name].append(dict(seed=seed, points=points, summary=summarise(
                 points, start["acc"], teacher_eval["acc"], args.eval_problems)))
             if k == 0:
                 profiles[name] = kl_profile(base, run.raw_model.eval(), base.teacher, args.kl_problems)
-    goals = goal(results, args.eval_problems)
-    print_tables(results, start["acc"], teacher_eval["acc"], goals)
+            # written after every run: a study stopped early keeps what finished
+            goals = goal({n: r for n, r in results.items() if r}, args.eval_problems)
+            with open(os.path.join(args.out, "results.json"), "w") as f:
+                json.dump(dict(args=vars(args), student=start, teacher=teacher_eval, arms=results, goal=goals,
+                               kl_profiles=profiles, wall_seconds=time.time() - t0), f, indent=1)
+            plot(results, start["acc"], teacher_eval["acc"], profiles, os.path.join(args.out, "distill.png"))
+            print_tables({n: r for n, r in results.items() if r}, start["acc"], teacher_eval["acc"], goals)
     print_profiles(profiles)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(dict(args=vars(args), student=start, teacher=teacher_eval, arms=results, goal=goals,
-                       kl_profiles=profiles, wall_seconds=time.time() - t0), f, indent=1)
-    plot(results, start["acc"], teacher_eval["acc"], profiles, os.path.join(args.out, "distill.png"))
     print(f"\nresults.json and distill.png in {args.out} ({time.time() - t0:.0f} s)")
-
 
 if __name__ == "__main__":
     main()

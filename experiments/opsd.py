@@ -30,12 +30,25 @@ from distill import (ROOT, band, evaluate, parse_study, require_checkpoint, sche
                      study_parser, train_arm)
 
 sys.path.insert(0, ROOT)
+import common as C  # noqa: E402
+import opd  # noqa: E402
 import train as T  # noqa: E402
 
 ARMS = dict(answer=dict(privileged="answer", anchor=False), answer_anchor=dict(privileged="answer", anchor=True),
             solution=dict(privileged="solution", anchor=False), solution_anchor=dict(privileged="solution", anchor=True))
 QUICK = dict(iters=4, eval_problems=16, set=["prompts_per_iter=4", "max_new_tokens=24", "batch_size=4",
                                              "eval_batch_size=16"])
+
+
+def privileged_answers(run, privileged, n):
+    """What the teacher's context asks for: the starting model's greedy answers given the privileged
+    prompt instead of the problem, on the n evaluation problems: accuracy and worked share."""
+    problems = run.env.problems("heldout", n)
+    tokens = C.generate(run, run.raw_model, [run.tok.prompt_ids(opd.privileged_prompt(run.env, p, privileged))
+                                             for p in problems])[0]
+    texts = [C.response_text(run, t) for t in tokens]
+    return dict(acc=sum(run.env.verify(p, t) for p, t in zip(problems, texts)) / n,
+                work=sum(map(run.env.shows_work, texts)) / n)
 
 
 def mean_ungraded(out_dir):
@@ -77,6 +90,9 @@ def main(argv=None):
                         checkpoint=False, plot=False, out_dir=os.path.join(args.out, "start")))
     start = evaluate(base, base.raw_model, args.eval_problems)
     print(f"student: held-out {start['acc']:.3f}, worked share {start['work']:.2f}", flush=True)
+    contexts = {name: privileged_answers(base, name, args.eval_problems) for name in opd.PRIVILEGED}
+    for name, c in contexts.items():
+        print(f"the same model given the {name} context writes: accuracy {c['acc']:.3f}, worked share {c['work']:.2f}")
     results = {}
     for name in args.arms.split(","):
         arm = dict(common, algo="opd", teacher="self", privileged=ARMS[name]["privileged"],
@@ -97,7 +113,7 @@ def main(argv=None):
     for name, r in results.items():
         print(f"{name:<16} " + "  ".join(f"{p['acc']:.3f}/{p['work']:.2f}" for p in r["points"]))
     with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(dict(args=vars(args), student=start, arms=results, wall_seconds=time.time() - t0), f, indent=1)
+        json.dump(dict(args=vars(args), student=start, privileged_greedy=contexts, arms=results, wall_seconds=time.time() - t0), f, indent=1)
     plot(results, os.path.join(args.out, "opsd.png"))
     print(f"\nresults.json and opsd.png in {args.out} ({time.time() - t0:.0f} s)")
 

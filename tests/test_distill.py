@@ -59,12 +59,12 @@ def test_distill_quick_runs_every_arm_and_writes_results(tmp_path):
     out = tmp_path / "out"
     distill.main(["--student", student, "--teacher", teacher, "--out", str(out), "--quick"])
     results = json.load(open(out / "results.json"))
-    assert set(results["arms"]) == set(distill.ARMS) and (out / "distill.png").exists()
+    assert set(results["arms"]) == set(distill.DEFAULT_ARMS) and (out / "distill.png").exists()
     for name, seeds in results["arms"].items():
         points = seeds[0]["points"]
         assert [p["iter"] for p in points] == [0, 2, 4]
         assert 0 < points[1]["tokens"] < points[2]["tokens"], name  # rollout tokens accumulate
-    assert set(results["kl_profiles"]) == {"student", *distill.ARMS}
+    assert set(results["kl_profiles"]) == {"student", *distill.DEFAULT_ARMS}
     shares = results["kl_profiles"]["student"]["by_role"]
     assert abs(sum(r["share"] for r in shares.values()) - 1) < 1e-6
     assert set(results["goal"]) >= {"grpo_end_acc", "opd_full", "opd_sampled"}
@@ -77,6 +77,7 @@ def test_opsd_quick_runs_every_arm_and_grades_every_solution_position(tmp_path):
     opsd.main(["--student", student, "--out", str(out), "--quick"])
     results = json.load(open(out / "results.json"))
     assert set(results["arms"]) == set(opsd.ARMS) and (out / "opsd.png").exists()
+    assert set(results["privileged_greedy"]) == {"answer", "solution"}
     assert results["arms"]["solution"]["ungraded_frac"] == 0.0
     assert results["arms"]["solution_anchor"]["anchor_coef"] == 1.0 and results["arms"]["answer"]["anchor_coef"] == 0
     rows = [json.loads(line) for line in open(out / "solution_anchor" / "metrics.jsonl")]
