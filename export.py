@@ -1,5 +1,7 @@
 """
-Write a trained checkpoint as a transformers GPT-2 directory.
+Write a trained checkpoint as a transformers directory: GPT2LMHeadModel for GPT-2's block, and for
+the Llama family's the class it was imported from (LlamaForCausalLM, Qwen2ForCausalLM,
+Qwen3ForCausalLM: model.hf_family_of reads it off the config's options).
 
     python export.py out/sft out/sft-hf        # any algorithm that trains a language model
     python export.py out/ppo out/ppo-hf        # PPO: the policy (the critic stays behind)
@@ -7,8 +9,11 @@ Write a trained checkpoint as a transformers GPT-2 directory.
 The directory holds config.json and model.safetensors (LoRA merged: the checkpoint's model as
 common.load_model gives it) and the tokenizer's files, so that
 
-    GPT2LMHeadModel.from_pretrained(OUT_DIR)   gives the checkpoint's logits, and
-    AutoTokenizer.from_pretrained(OUT_DIR)     gives the same token ids (chat specials included)
+    AutoModelForCausalLM.from_pretrained(OUT_DIR)   gives the checkpoint's logits, and
+    AutoTokenizer.from_pretrained(OUT_DIR)          gives the same token ids (chat specials included)
+
+A checkpoint trained with a model's own tokenizer (--tokenizer=Qwen/Qwen2.5-0.5B-Instruct) writes
+that tokenizer back, chat template included, and generation stops at its end-of-turn token.
 
 The byte tokenizer becomes a byte-level BPE without merges (ids 0-255 are the bytes, then
 <|bos|>, <|eos|>, <|pad|>, ...). The vocabulary stays padded to a multiple of 64: ids past the
@@ -25,9 +30,9 @@ from model import GPT
 def export(ckpt_dir, out_dir):
     model, tok = C.load_model(ckpt_dir), C.load_tokenizer(ckpt_dir)
     if not isinstance(model, GPT):
-        raise ValueError(f"{ckpt_dir} holds a scalar model (a reward model): only a language model exports to GPT-2")
+        raise ValueError(f"{ckpt_dir} holds a scalar model (a reward model): only a language model exports")
     hf = model.to_transformers()
-    # transformers' generate stops at <|eos|> and pads with <|pad|>
+    # transformers' generate stops at the end token (<|eos|>, or the chat template's end of turn) and pads with pad
     hf.config.bos_token_id, hf.config.eos_token_id, hf.config.pad_token_id = tok.bos, tok.eos, tok.pad
     hf.generation_config.bos_token_id, hf.generation_config.eos_token_id = tok.bos, tok.eos
     hf.generation_config.pad_token_id = tok.pad
@@ -42,4 +47,4 @@ if __name__ == "__main__":
         export(*sys.argv[1:])
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
-    print(f"wrote {sys.argv[2]}: load it with transformers.GPT2LMHeadModel.from_pretrained({sys.argv[2]!r})")
+    print(f"wrote {sys.argv[2]}: load it with transformers.AutoModelForCausalLM.from_pretrained({sys.argv[2]!r})")

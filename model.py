@@ -79,7 +79,7 @@ def rotate(x, cos, sin):
     (x_i, x_{i+d/2}) -> (x_i·cos − x_{i+d/2}·sin, x_{i+d/2}·cos + x_i·sin). Applied to q and k, so
     q_m·k_n depends on positions only through m − n."""
     x1, x2 = x.chunk(2, -1)
-    return x * cos + torch.cat([-x2, x1], -1) * sin
+    return (x * cos + torch.cat([-x2, x1], -1) * sin).to(x.dtype)  # (fp32 angles: bf16 in, bf16 out)
 
 
 class CausalSelfAttention(nn.Module):

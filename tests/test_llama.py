@@ -12,6 +12,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # a local save_pretrained directory must nev
 transformers = pytest.importorskip("transformers")
 
 import common as C
+import export
 import train as T
 from conftest import TINY
 from envs import GSM8K
@@ -300,7 +301,8 @@ def recipe(name, init_from, tokenizer, out_dir, **overrides):
     cfg = T.parse_args([f"config/{name}.py"])
     cfg.update(init_from=init_from, tokenizer=tokenizer, out_dir=str(out_dir), device="cpu", plot=False,
                block_size=256, max_iters=1, batch_size=2, gradient_accumulation_steps=1, eval_interval=1,
-               eval_problems=2, eval_batch_size=4, max_new_tokens=6, log_interval=1, warmup_iters=0, **overrides)
+               eval_problems=2, eval_batch_size=4, max_new_tokens=6, log_interval=1, warmup_iters=0)
+    cfg.update(overrides)
     return cfg
 
 
@@ -318,6 +320,22 @@ def test_gsm8k_recipes_sft_then_grpo(chat_model_dir, tmp_path):
     grpo = T.train(recipe("gsm8k_grpo", sft_dir, chat_model_dir, tmp_path / "grpo", env_data=data, prompts_per_iter=2,
                           group_size=2))
     assert grpo.raw_model.config.pos == "rope" and "heldout_acc" in grpo.metrics
+    # LoRA through the same path (SFT: its gradient is never 0), then the merged checkpoint out to
+    # transformers (export.py): the same logits, and the tokenizer's chat template with it
+    T.train(recipe("gsm8k_sft", chat_model_dir, chat_model_dir, tmp_path / "lora", env_data=data, train_problems=8,
+                   val_examples=2, lora_rank=2, learning_rate=0.05, eval_interval=0))
+    merged, base = C.load_model(str(tmp_path / "lora")), GPT.from_pretrained(chat_model_dir)
+    moved = (merged.transformer.h[0].attn.c_attn.weight - base.transformer.h[0].attn.c_attn.weight).abs().max()
+    assert moved > 1e-3 and torch.equal(merged.transformer.wte.weight, base.transformer.wte.weight)
+    export.export(str(tmp_path / "lora"), str(tmp_path / "hf"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert type(hf).__name__ == "Qwen2ForCausalLM" and hf.generation_config.eos_token_id == tok.eos
+    ids = torch.tensor([tok.prompt_ids(problem["prompt"])])
+    assert ids[0].tolist() == hf_tok.apply_chat_template([{"role": "user", "content": problem["prompt"]}],
+                                                         add_generation_prompt=True, tokenize=True, return_dict=False)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, merged(ids), atol=1e-4, rtol=0)
     ppo = T.train(recipe("gsm8k_ppo", sft_dir, chat_model_dir, tmp_path / "ppo", env_data=data, prompts_pool=8,
                          minibatches=1, ppo_epochs=1))
     assert "heldout_acc" in ppo.metrics
