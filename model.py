@@ -36,6 +36,7 @@ class GPTConfig:
     mlp_hidden: int = 0       # the MLP's inner width; 0 = 4·n_embd
     pos: str = "learned"      # learned (GPT-2's absolute table) | rope (rotary, Llama)
     rope_theta: float = 10000.0  # rotary base θ: pair i turns by pos·θ^(−2i/head_dim)
+    rope_llama3: tuple = ()   # Llama 3.1+'s frequency rescaling (factor, low_freq_factor, high_freq_factor, original context); () = none
     n_kv_head: int = 0        # key/value heads; 0 = n_head; fewer = grouped-query attention
     head_dim: int = 0         # 0 = n_embd // n_head (Qwen3 sets its own)
     qkv_bias: bool = False    # biases on q, k, v alone, with bias=False (Qwen2)
@@ -65,13 +66,23 @@ def make_norm(cfg, dim):
     return RMSNorm(dim, cfg.norm_eps) if cfg.norm == "rmsnorm" else nn.LayerNorm(dim, cfg.norm_eps, bias=cfg.bias)
 
 
-def rotary_cos_sin(pos, head_dim, theta, dtype):
+def rotary_cos_sin(pos, head_dim, theta, dtype, llama3=()):
     """cos and sin (B, 1, T, head_dim) of the angles pos·θ_i, θ_i = θ^(−2i/head_dim), i < head_dim/2,
     each angle written twice (for x_i and its partner x_{i+head_dim/2}). pos: (B, T) or (1, T)."""
     inv_freq = theta ** -(torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float) / head_dim)
+    if llama3:
+        inv_freq = llama3_frequencies(inv_freq, *llama3)
     angles = pos.float()[..., None] * inv_freq  # (B, T, head_dim/2), in fp32 as transformers does
     angles = torch.cat([angles, angles], -1)[:, None]
     return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def llama3_frequencies(inv_freq, factor, low, high, original):
+    """Llama 3.1's long-context rescaling: a frequency θ_i whose wavelength λ_i = 2π/θ_i is long
+    (original/λ_i < low) turns `factor` times slower, a short one (original/λ_i > high) is kept, and
+    in between they blend: θ_i ← (1 − s)·θ_i/factor + s·θ_i, s = (original/λ_i − low)/(high − low)."""
+    smooth = ((original * inv_freq / (2 * math.pi) - low) / (high - low)).clamp(0, 1)
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
 
 
 def rotate(x, cos, sin):
@@ -231,7 +242,7 @@ class GPT(nn.Module):
             return dropout(self.transformer.wte(idx) + self.transformer.wpe(pos), self.config.dropout, self.training), None
         x = dropout(self.transformer.wte(idx), self.config.dropout, self.training)
         c = self.config
-        return x, rotary_cos_sin(pos, c.head_dim or c.n_embd // c.n_head, c.rope_theta, x.dtype)
+        return x, rotary_cos_sin(pos, c.head_dim or c.n_embd // c.n_head, c.rope_theta, x.dtype, c.rope_llama3)
 
     def _after_prompts(self, idx, prompts):
         """Each distinct prompt runs once (causal, right-padded: no mask needed) and every layer's
@@ -366,14 +377,19 @@ def hf_family_of(cfg):
     return "qwen3" if cfg.qk_norm else "qwen2" if cfg.qkv_bias else "llama"
 
 
-def rope_theta_of(c):
-    """The rotary base of a transformers config (rope_parameters from transformers 5, rope_theta before);
-    any rope scaling is an error: only plain rotary is implemented."""
+def rope_of(c):
+    """(θ, Llama 3's rescaling or ()) of a transformers config (rope_parameters from transformers 5,
+    rope_theta and rope_scaling before); any other rope scaling is an error."""
     params = getattr(c, "rope_parameters", None) or {"rope_theta": c.rope_theta, **(getattr(c, "rope_scaling", None) or {})}
     kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "llama3":
+        return float(params["rope_theta"]), tuple(float(params[k]) for k in LLAMA3_KEYS)
     if kind != "default":
-        raise ValueError(f"rope scaling {kind!r} is not supported (only plain rotary positions)")
-    return float(params["rope_theta"])
+        raise ValueError(f"rope scaling {kind!r} is not supported (plain rotary positions and Llama 3's 'llama3')")
+    return float(params["rope_theta"]), ()
+
+
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def config_from_hf(c, family, dropout):
@@ -383,10 +399,11 @@ def config_from_hf(c, family, dropout):
     unsupported = [k for k in ("attention_bias", "mlp_bias", "use_sliding_window") if getattr(c, k, False)]
     if unsupported or c.hidden_act != "silu":
         raise ValueError(f"{family} with {unsupported or c.hidden_act} is not supported")
+    rope = rope_of(c)
     return GPTConfig(block_size=c.max_position_embeddings, vocab_size=c.vocab_size, n_layer=c.num_hidden_layers,
                      n_head=c.num_attention_heads, n_embd=c.hidden_size, dropout=dropout, bias=False,
                      norm="rmsnorm", norm_eps=c.rms_norm_eps, mlp="swiglu", mlp_hidden=c.intermediate_size,
-                     pos="rope", rope_theta=rope_theta_of(c), n_kv_head=c.num_key_value_heads,
+                     pos="rope", rope_theta=rope[0], rope_llama3=rope[1], n_kv_head=c.num_key_value_heads,
                      head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
                      qkv_bias=family == "qwen2", qk_norm=family == "qwen3", tie_embeddings=c.tie_word_embeddings)
 
@@ -401,10 +418,13 @@ def config_to_hf(c, family):
                                        embd_pdrop=c.dropout, attn_pdrop=c.dropout, bos_token_id=None,
                                        eos_token_id=None, tie_word_embeddings=c.tie_embeddings)
     kind = getattr(transformers, HF_ARCHITECTURES[family].replace("ForCausalLM", "Config"))
-    return kind(vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.mlp_hidden or 4 * c.n_embd,
+    rope = dict(rope_type="default", rope_theta=c.rope_theta)
+    if c.rope_llama3:
+        rope.update(zip(LLAMA3_KEYS, c.rope_llama3), rope_type="llama3", original_max_position_embeddings=int(c.rope_llama3[3]))
+    return kind(rope_parameters=rope, vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.mlp_hidden or 4 * c.n_embd,
                 num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, num_key_value_heads=c.n_kv_head or c.n_head,
                 head_dim=c.head_dim or c.n_embd // c.n_head, max_position_embeddings=c.block_size,
-                rms_norm_eps=c.norm_eps, rope_theta=c.rope_theta, tie_word_embeddings=c.tie_embeddings,
+                rms_norm_eps=c.norm_eps, tie_word_embeddings=c.tie_embeddings,
                 attention_dropout=c.dropout, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 

@@ -10,8 +10,9 @@ block_size = 1024
 max_new_tokens = 512
 reward = "verifier"
 prompts_pool = 7473
-batch_size = 16
-minibatches = 4
+batch_size = 4
+gradient_accumulation_steps = 8
+minibatches = 4           # 4 x 8 x 4 = 128 rollouts an iteration; policy + critic: LoRA on a 24 GB GPU
 learning_rate, min_lr, warmup_iters = 1e-6, 1e-6, 0
 kl_coef = 0.001
 max_iters = 20

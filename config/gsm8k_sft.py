@@ -12,8 +12,8 @@ init_from = "Qwen/Qwen2.5-0.5B-Instruct"
 tokenizer = "Qwen/Qwen2.5-0.5B-Instruct"
 block_size = 512
 train_problems = 7473
-batch_size = 16
-gradient_accumulation_steps = 4
+batch_size = 4                    # 4 x 16 = 64 conversations a step; 4 keeps the 151,936-wide logits
+gradient_accumulation_steps = 16  # of a micro-batch near 4 GiB (docs/llama.md, memory)
 max_iters = 117
 learning_rate, min_lr, warmup_iters = 1e-5, 1e-6, 10
 weight_decay = 0.0

@@ -2,6 +2,7 @@
 into our GPT with the same logits and the same greedy continuations as transformers' generate, go
 back out with the same weights, and an architecture we cannot load must be an error naming it."""
 
+import dataclasses
 import json
 import os
 
@@ -157,6 +158,29 @@ def test_unsupported_architecture_is_an_error_naming_it(tmp_path):
     cfg = dict(init_from=str(tmp_path), block_size=64, dropout=0.0)
     with pytest.raises(ValueError, match="MambaForCausalLM"):
         C.build_model(cfg, None)
+
+
+def test_llama3_rope_scaling_matches_transformers(tmp_path):
+    """Llama 3.1/3.2's rescaled rotary frequencies (factor 8, blended between wavelengths of 16/4 and
+    16/1 positions here, so that the tiny model's 64 positions cover all three regimes)."""
+    hf = tiny_hf("llama", positions=64)
+    hf.config.rope_parameters = dict(rope_type="llama3", rope_theta=500.0, factor=8.0, low_freq_factor=1.0,
+                                     high_freq_factor=4.0, original_max_position_embeddings=16)
+    hf = type(hf)(hf.config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(0.3 * torch.randn_like(p))
+    hf.save_pretrained(tmp_path / "llama3")
+    ours = GPT.from_pretrained(str(tmp_path / "llama3")).eval()
+    assert ours.config.rope_llama3 == (8.0, 1.0, 4.0, 16.0)
+    ids = random_ids(2, 60, seed=9)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(ours.to_transformers()(ids).logits, hf(ids).logits, atol=1e-5, rtol=0)
+    plain = GPT(dataclasses.replace(ours.config, rope_llama3=()))
+    plain.load_state_dict(ours.state_dict())
+    with torch.no_grad():
+        assert (plain.eval()(ids) - hf(ids).logits).abs().max() > 1e-2  # the rescaling matters at these lengths
 
 
 def test_rope_scaling_is_an_error(tmp_path):
