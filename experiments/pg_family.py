@@ -1,7 +1,7 @@
 """
 The policy-gradient family side by side (docs/policy-gradient.md): from one SFT checkpoint, on the
 default task, GRPO, Dr. GRPO, DAPO, GSPO and CISPO as their recipes in config/, and edge prompt
-sampling on top of one of them, all with the same budget per iteration (16 prompts × 16 answers) in
+sampling on top of one of them, all with the same budget per iteration (--prompts × --group_size) in
 an off-policy setting where the ratio and its clip act: every rollout batch is split into
 --minibatches optimizer steps (4: π_θ moves away from π_old after the first step; at 1 the ratio is
 always 1 and the five differ only in their advantages and aggregation). Greedy held-out accuracy on
@@ -34,14 +34,15 @@ def recipe(name, **extra):
     return dict(T.parse_args([os.path.join(ROOT, "config", f"{name}.py")]), **extra)
 
 
-ARMS = dict(
+ARMS = dict(  # in the order they run: the first finish first
     grpo=recipe("grpo"),
-    dr_grpo=recipe("dr_grpo"),
-    dapo=recipe("dapo"),
-    gspo=recipe("gspo"),
     cispo=recipe("cispo"),
-    # edge sampling on GRPO's recipe, a pool small enough that prompts come back (16 per iteration)
-    grpo_edge=recipe("grpo", prompt_sampling="edge", prompt_pool=128),
+    gspo=recipe("gspo"),
+    dapo=recipe("dapo"),
+    dr_grpo=recipe("dr_grpo"),
+    # edge sampling on GRPO's recipe, a pool small enough that prompts come back (at the defaults,
+    # 8 prompts × 12 iterations: each of the 32 is drawn 3 times)
+    grpo_edge=recipe("grpo", prompt_sampling="edge", prompt_pool=32),
 )
 
 
@@ -90,14 +91,17 @@ def main(argv=None):
     parser.add_argument("--sft", required=True, help="the SFT checkpoint every arm starts from")
     parser.add_argument("--out", default="out/pg_family", help="one directory per arm, results.json and the plot")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {', '.join(ARMS)}")
-    parser.add_argument("--iters", type=int, default=20, help="iterations per arm (the ladder's GRPO stage runs 20)")
-    parser.add_argument("--eval_every", type=int, default=10, help="iterations between held-out evaluations")
+    parser.add_argument("--iters", type=int, default=12, help="iterations per arm")
+    parser.add_argument("--eval_every", type=int, default=6, help="iterations between held-out evaluations")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per iteration")
+    parser.add_argument("--group_size", type=int, default=8, help="answers per prompt")
     parser.add_argument("--eval_problems", type=int, default=500, help="held-out problems per evaluation (greedy)")
     parser.add_argument("--minibatches", type=int, default=4, help="optimizer steps per rollout batch (1: on-policy)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every arm")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    common = dict(init_from=args.sft, max_iters=args.iters, eval_interval=args.eval_every,
+    common = dict(init_from=args.sft, max_iters=args.iters, eval_interval=args.eval_every, prompts_per_iter=args.prompts,
+                  group_size=args.group_size,
                   eval_problems=args.eval_problems, eval_pass_k=0, eval_best_of_n=0, minibatches=args.minibatches)
     common.update(T.parse_args([f"--{kv}" for kv in args.set]))
     results = {}
