@@ -20,8 +20,8 @@ each per-token weight comes from grpo.py's own advantages and loss (group_advant
 Off-policy (samples from π_old): sequence IS (Π_t ρ_t · r, unbiased), grpo (token clip 0.2), gspo
 (sequence clip 3e-4 / 4e-4), cispo (weight capped at 1.28, token mean).
 For each: scale = ⟨E ĝ, ∇J⟩ / ‖∇J‖² (what it does to the step size), cos(E ĝ, ∇J) (1 = unbiased
-direction), relative bias ‖E ĝ/scale − ∇J‖ / ‖∇J‖, and relative std √(E‖ĝ − E ĝ‖²) / ‖∇J‖ per
-batch. The KL estimators k1 = log(π/π_ref), k2 = ½ log²(π/π_ref), k3 = π_ref/π − 1 − log(π_ref/π),
+direction), relative bias ‖E ĝ/scale − ∇J‖ / ‖∇J‖, and relative std √(E‖ĝ − E ĝ‖²) / (scale·‖∇J‖)
+per batch (the noise at the same expected step: a constant factor changes no estimator's quality). The KL estimators k1 = log(π/π_ref), k2 = ½ log²(π/π_ref), k3 = π_ref/π − 1 − log(π_ref/π),
 summed over a response's tokens, against the exact KL(π‖π_ref); and, exactly by enumeration, the
 gradient of k3 used as a loss against ∇KL(π‖π_ref). Last, the KL-regularised optimum
 π* ∝ π_ref · exp(r/β) (DPO's closed form) by enumeration, and exact gradient ascent on
@@ -137,8 +137,8 @@ def summary(estimates, truth):
     scale = float(mean @ truth / norm ** 2)
     cos = float(mean @ truth / (mean.norm() * norm).clamp(min=1e-30))
     bias = float((mean / scale - truth).norm() / norm) if scale != 0 else float("nan")
-    std = float(((estimates - mean) ** 2).sum(1).mean().sqrt() / norm)
-    return dict(scale=scale, cos=cos, rel_bias=bias, rel_std=std, mc_se=std / math.sqrt(len(estimates)) / abs(scale))
+    std = float(((estimates - mean) ** 2).sum(1).mean().sqrt() / norm) / abs(scale)  # at the same expected step
+    return dict(scale=scale, cos=cos, rel_bias=bias, rel_std=std, mc_se=std / math.sqrt(len(estimates)))
 
 
 def kl_rows(theta, ref, draws):
@@ -243,7 +243,7 @@ def plot(res, path):
     axes[2].bar(["k1", "k2", "k3"], [kl[k]["expected"] for k in ("k1", "k2", "k3")],
                 yerr=[kl[k]["std"] for k in ("k1", "k2", "k3")], capsize=4)
     axes[2].axhline(kl["k1"]["exact"], color="k", linestyle="--", label="exact KL(π‖π_ref)")
-    axes[2].set_title("KL estimators: expectation ± std of one response's")
+    axes[2].set_title("KL estimators (one response): E ± std")
     axes[2].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
