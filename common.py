@@ -436,6 +436,21 @@ def env_accuracy(run, model, split, n, temperature=0.0, samples=1, seed=0):
     return metrics, transcripts
 
 
+def write_passport(run, text):
+    """The run's post-training passport (SPEC §6: data and mode, reward and verification, optimisation,
+    infrastructure) as out_dir/passport.md, written by rank 0 at setup."""
+    if run.master:
+        with open(os.path.join(run.cfg["out_dir"], "passport.md"), "w") as f:
+            f.write(text)
+
+
+def verification_text(check):
+    """The passport's line on the verifier's own error rate (verifier_check's figures)."""
+    return (f"the verifier's own error rate against the solver: {check['verifier_error_rate']:.3f} on "
+            f"{check['verifier_probes']} probes ({check['verifier_false_negatives']} solver answers rejected, "
+            f"{check['verifier_false_positives']} wrong answers accepted)")
+
+
 def verifier_check(env, verify, n=64, seed=0):
     """The verifier's own error rate (SPEC §6, M14 §17), against the environment's solver on n train
     problems: each problem's solver answer must pass, and the solver answer of the next problem (where

@@ -233,6 +233,12 @@ def setup(run):
     if run.cfg["loss"] in USES_REFERENCE:
         attach_reference(run, [run.train_examples, run.heldout_examples])
     C.write_samples(run, 0, transcripts)
+    c = run.cfg
+    uses_ref = c["loss"] in USES_REFERENCE
+    C.write_passport(run, pairs.passport(
+        run, f"the {c['loss']} loss (SPEC §3), β = {c['beta']}" + ("; the reference's log-probs computed once and cached"
+                                                                 if uses_ref else "; no reference model"),
+        references=f"π_ref = `{c['init_from']}` frozen" if uses_ref else "none"))
 
 
 def batches(run, it):

@@ -175,7 +175,6 @@ Tool environments (--env=calculator): rollouts run the tool inside generation; i
 ids and have mask 0, so the surrogate and the KL term never train on them (common.rollouts).
 """
 
-import os
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -761,7 +760,6 @@ def passport(run):
     prompts = ("fresh problems every iteration" if c["prompt_sampling"] == "uniform" else
                f"edge sampling from a fixed pool of {c['prompt_pool']}, success band [{c['edge_low']}, {c['edge_high']}]")
     broken = "" if c["break_it"] == "none" else f"; BROKEN ON PURPOSE: break_it={c['break_it']}"
-    check = run.verifier_check
     return f"""# Post-training passport: {c['out_dir']}
 
 algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation **{c['loss_agg']}**, started from `{c['init_from']}`
@@ -775,8 +773,7 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
 
 ## Reward and verification
 - source: the environment's rule verifier (`envs.py`, `{c['env']}.verify`), 1 or 0 per response{broken}
-- the verifier's own error rate against the solver: {check['verifier_error_rate']:.3f} on {check['verifier_probes']} probes
-  (each problem's solver answer must pass, another problem's must fail); parse_error_rate is logged every iteration
+- {C.verification_text(run.verifier_check)}; parse_error_rate is logged every iteration
 - reward_mode {c['reward_mode']}: {REWARD_TEXT[c['reward_mode']].format(**c)}; overlong answers: {overlong}
   (limit {c['max_new_tokens']} new tokens)
 
@@ -812,11 +809,9 @@ def setup(run):
     if run.cfg["staleness"]:  # one_step_off_rollouts: the sampler's own weights, and its thread
         run.sampler, run.sampler_iter, run.pending = C.frozen(run.raw_model), None, None
         run.sampling_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-sampler")
-    if run.master:
-        if run.cfg["init_from"] == "scratch":
-            print("grpo: init_from=scratch: a random policy rarely earns a reward; start from an SFT checkpoint")
-        with open(os.path.join(run.cfg["out_dir"], "passport.md"), "w") as f:
-            f.write(passport(run))
+    if run.master and run.cfg["init_from"] == "scratch":
+        print("grpo: init_from=scratch: a random policy rarely earns a reward; start from an SFT checkpoint")
+    C.write_passport(run, passport(run))
 
 
 def rollout_shards(run, model, it):

@@ -99,7 +99,6 @@ A teacher for the default task, made with the project's own scripts (config/teac
     python experiments/opsd.py --student=out/sft                            # OPSD: answer / solution, ± anchor
 """
 
-import os
 import time
 
 import numpy as np
@@ -282,9 +281,8 @@ def setup(run):
         if C.load_tokenizer(cfg["teacher"]).name != run.tok.name:
             raise ValueError(f"teacher {cfg['teacher']} uses tokenizer {C.load_tokenizer(cfg['teacher']).name!r}, "
                              f"the student {run.tok.name!r}: they must share it")
-    if run.master:
-        with open(os.path.join(cfg["out_dir"], "passport.md"), "w") as f:
-            f.write(passport(run))
+    run.verifier_check = C.verifier_check(run.env, run.env.verify)  # logged: the reward the passport reports
+    C.write_passport(run, passport(run))
 
 
 def passport(run):
@@ -309,9 +307,10 @@ algorithm: `--algo opd`, on-policy distillation, started from `{c['init_from']}`
 - online: {c['prompts_per_iter']} prompts × {c['samples_per_prompt']} answers per iteration sampled by the current student
   at temperature {c['temperature']}, {c['max_iters']} iterations, one optimizer step per batch
 - prompts: the `{c['env']}` environment's *train* split; evaluation on *heldout* and *ood*
-- the verifier's reward is logged, never trained on
+- the verifier's reward is logged, never trained on; {C.verification_text(run.verifier_check)};
+  parse_error_rate logged every iteration
 
-## Signal
+## Optimisation
 - teacher: {teacher}
 - loss: {signal}, estimator
   **{c['kl_estimator']}**{f" (k = {c['kl_topk']})" if c['kl_estimator'] == 'topk' else ''}; both at temperature {c['temperature']}
@@ -331,13 +330,15 @@ def batches(run, it):
         reward=sum(float(ro["rewards"].sum()) for ro in shards), answers=sum(len(ro["rewards"]) for ro in shards),
         tokens=sum(float(ro["lengths"].sum()) for ro in shards),
         truncated=sum(float(ro["truncated"].sum()) for ro in shards), ungraded=sum(ro["ungraded"] for ro in shards),
-        work=sum(sum(map(run.env.shows_work, ro["texts"])) for ro in shards)), run)
+        work=sum(sum(map(run.env.shows_work, ro["texts"])) for ro in shards),
+        parse_errors=sum(not run.env.parses(t) for ro in shards for t in ro["texts"])), run)
     run.stats.update(reward=sums["reward"] / sums["answers"], len_mean=sums["tokens"] / sums["answers"],
                      truncated_frac=sums["truncated"] / sums["answers"], rollout_tokens=sums["tokens"],
                      ungraded_frac=sums["ungraded"] / max(sums["tokens"], 1.0),
                      time_decode=sum(ro["decode_time"] for ro in shards),
                      time_teacher=sum(ro["time_teacher"] for ro in shards))
-    run.stats["work_frac"] = sums["work"] / sums["answers"]
+    run.stats.update(work_frac=sums["work"] / sums["answers"], parse_error_rate=sums["parse_errors"] / sums["answers"],
+                     verifier_error_rate=run.verifier_check["verifier_error_rate"])
     micro_batches = []
     for ro in shards:
         seq_len = C.last_response_column(ro["mask"]) + 2  # per row: index of its last token + 1

@@ -283,3 +283,31 @@ def step_batches(run, it, examples):
             orders[epoch] = C.seeded_rng(run, epoch).permutation(len(examples))
         picks.append(examples[orders[epoch][position]])
     return [[collate(run, mb) for mb in C.shard(picks, run, accum, bs)]]
+
+
+def passport(run, loss, references):
+    """The post-training passport (SPEC §6) of a run trained on preferences (rm.py, dpo.py)."""
+    c = run.cfg
+    source = (f"`{c['data']}`" if c["data"] else
+              f"built-in `{c['pairs']}` pairs: {c['samples_per_prompt']} answers per *train* prompt sampled once by "
+              f"`{c['init_from']}` at temperature {c['pair_temperature']} ({c['train_prompts']} prompts), labelled "
+              f"by {dict(verifier='the verifier', style='a style rule', both='the verifier or a style rule')[c['pairs']]}")
+    return f"""# Post-training passport: {c['out_dir']}
+
+algorithm: `--algo {c['algo']}`, started from `{c['init_from']}`
+
+## Data and mode
+- offline preferences: {source}; held-out pairs from *heldout* prompts (disjoint by equation)
+- the pairs are fixed for the run: drawn again every epoch for {c['max_iters']} iterations, never resampled
+
+## Reward and verification
+- the preference labels are the reward signal; no reward is computed in training
+
+## Optimisation
+- offline: {loss}
+- models: the trained one; references: {references}; no old policy, no critic, no sampling in training
+- units: one term per pair (per example for KTO), averaged over the batch
+
+## Infrastructure
+- {run.device} × {run.world_size}; generation only to build the built-in pairs and at evaluation
+"""

@@ -260,6 +260,40 @@ def setup(run):
         print("ppo memory, persistent states only (M14 §10: 16 B/param trained, 2 B/param frozen bf16): "
               + " + ".join(f"{name} {g:.4g}" for name, g in roles)
               + f" = {total:.4g} GiB; critic {roles[1][1] / total:.0%}")
+    run.verifier_check = C.verifier_check(run.env, run.env.verify)
+    C.write_passport(run, passport(run))
+
+
+def passport(run):
+    """The run's post-training passport (SPEC §6) as markdown."""
+    c = run.cfg
+    reward = ("the environment's rule verifier, 1 or 0 per response (RLVR)" if c["reward"] == "verifier" else
+              f"the reward model `{c['reward_model']}` at the last response token (RLHF); the verifier is logged")
+    beta = f"adaptive towards {c['kl_target']} nats per response" if c["kl_target"] > 0 else "fixed"
+    return f"""# Post-training passport: {c['out_dir']}
+
+algorithm: `--algo ppo`, started from `{c['init_from']}`
+
+## Data and mode
+- online: prompts from a pool of {c['prompts_pool']} `{c['env']}` *train* problems, {c['samples_per_prompt']} answer(s)
+  each, written by the current policy at temperature {c['temperature']}; evaluation on *heldout* and *ood*
+- reuse: each rollout batch serves {c['ppo_epochs']} epochs × {c['minibatches']} minibatches, then is dropped
+
+## Reward and verification
+- {reward}; reward_mode {c['reward_mode']}; a truncated answer gets what the reward gives it
+- {C.verification_text(run.verifier_check)}; parse_error_rate logged every iteration
+
+## Optimisation
+- on-policy clipped surrogate (ε = {c['clip_eps']}) and clipped value loss (ε_v = {c['value_clip']}, c_v = {c['vf_coef']}),
+  GAE γ = {c['gamma']}, λ = {c['lam']}, advantages whitened over the global batch; token-level loss
+- roles: policy (trained), critic (trained, from `{c['critic_init']}`), reference (frozen), π_old
+  ({c['old_logprobs']} → {run.old_logprobs_mode}){", reward model (frozen)" if c['reward'] == 'rm' else ""}
+- KL to π_ref: {c['kl_estimator']} per token folded into the reward, β = {c['kl_coef']} ({beta})
+- no groups, so no degenerate-group rule
+
+## Infrastructure
+- generation and training on the same device(s): {run.device} × {run.world_size}, synchronous
+"""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -282,6 +316,7 @@ def score_micro_batch(run, problems, seed):
     out = dict(ids=ids, mask=mask, verifier=roll["rewards"], sampler_logprobs=roll["old_logprobs"],
                lengths=roll["lengths"].float(), truncated=roll["truncated"].float(), decode_time=roll["decode_time"])
     out["shows_work"] = torch.tensor([float(run.env.shows_work(t)) for t in roll["texts"]], device=ids.device)
+    out["parse_error"] = torch.tensor([float(not run.env.parses(t)) for t in roll["texts"]], device=ids.device)
     if cfg["reward_mode"] == "process":
         out["step_rewards"] = C.token_rewards(run, roll, run.env.step_rewards)[0]
     elif cfg["reward_mode"] in ("rlvp", "path"):
@@ -313,6 +348,7 @@ def global_sums(run, micro):
         sampler_gap=lambda mb: (mb["sampler_logprobs"] - mb["old_logprobs"]).abs() * mb["mask"],
         decode_time=lambda mb: torch.tensor(mb["decode_time"]))
     figures["work"] = lambda mb: mb["shows_work"]
+    figures["parse_errors"] = lambda mb: mb["parse_error"]
     local = {name: sum(float(f(mb).double().sum()) for mb in micro) for name, f in figures.items()}
     return C.all_reduce_sum(local, run)
 
@@ -351,7 +387,8 @@ def batches(run, it):
         decode_time=sums["decode_time"] / run.world_size)
     if "ref_logprobs" in micro[0]:
         run.stats["kl_ref"] = per_seq("kl")
-    run.stats["work_frac"] = per_seq("work")
+    run.stats.update(work_frac=per_seq("work"), parse_error_rate=per_seq("parse_errors"),
+                     verifier_error_rate=run.verifier_check["verifier_error_rate"])
     if return_var > 0:  # 1 − Var(R − V_old)/Var(R); R − V_old is the raw advantage on response tokens
         run.stats["explained_var"] = 1 - adv_var / return_var
     if run.reward_model is not None:

@@ -89,7 +89,8 @@ def sample_pool(run, round_):
     distinct = len({(g, tuple(t)) for g, t, r in zip(groups, tokens, rewards) if r > 0})
     figures = dict(cand_acc=verified / len(tokens), unique_frac=distinct / max(verified, 1),
                    kept_frac=len(kept) / len(tokens), prompt_cover=len({groups[i] for i in kept}) / len(problems),
-                   pool=len(pool))
+                   pool=len(pool), parse_error_rate=sum(not run.env.parses(C.response_text(run, t)) for t in tokens) / len(tokens),
+                   verifier_error_rate=run.verifier_check["verifier_error_rate"])
     return pool, figures
 
 
@@ -98,6 +99,34 @@ def setup(run):
     if cfg["rounds"] < 1 or cfg["candidates"] < 1 or cfg["per_prompt_cap"] < 1 or cfg["round_prompts"] < 1:
         raise ValueError("rounds, round_prompts, candidates and per_prompt_cap must be >= 1")
     run.pool, run.round_figures = None, {}
+    run.verifier_check = C.verifier_check(run.env, run.env.verify)
+    C.write_passport(run, passport(run))
+
+
+def passport(run):
+    """The run's post-training passport (SPEC §6) as markdown."""
+    c = run.cfg
+    return f"""# Post-training passport: {c['out_dir']}
+
+algorithm: `--algo rft` (rejection-sampling fine-tuning), started from `{c['init_from']}`
+
+## Data and mode
+- online in rounds, offline within one: {c['rounds']} rounds over {c['max_iters']} iterations; each samples {c['candidates']}
+  answers to each of {c['round_prompts']} fresh `{c['env']}` *train* prompts with the current policy (temperature
+  {c['temperature']}), keeps the verified ones, de-duplicated, at most {c['per_prompt_cap']} per prompt, and trains SFT
+  steps on that pool until the next round; evaluation on *heldout* and *ood*
+
+## Reward and verification
+- the environment's rule verifier as a filter (1 keeps, 0 drops); an answer cut off by the length limit is dropped
+- {C.verification_text(run.verifier_check)}; parse_error_rate logged every round
+
+## Optimisation
+- the SFT loss on the kept answers' own tokens (prompt and tool results masked); no reference, old policy,
+  critic or reward model; no KL term; token-level loss
+
+## Infrastructure
+- sampling and training on the same device(s): {run.device} × {run.world_size}, synchronous
+"""
 
 
 def batches(run, it):

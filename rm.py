@@ -65,6 +65,8 @@ def wrap_model(run, model):
 def setup(run):
     run.train_pairs, run.heldout_pairs, transcripts = pairs.load_preferences(run)
     C.write_samples(run, 0, transcripts)
+    C.write_passport(run, pairs.passport(run, "a Bradley–Terry reward model: −log σ(r(x, y_w) − r(x, y_l)) on a scalar "
+                                              "head read at the last response token", references="none"))
 
 
 def batches(run, it):

@@ -89,6 +89,38 @@ def setup(run):
         run.stream = torch.tensor([t for ids, _ in run.train_examples for t in ids])
         if len(run.stream) <= cfg["block_size"] + 1:
             raise ValueError(f"pre-training corpus has {len(run.stream)} tokens, fewer than block_size+1")
+    C.write_passport(run, passport(run))
+
+
+def passport(run):
+    """The run's post-training passport (SPEC §6) as markdown."""
+    c = run.cfg
+    if c["data"]:
+        data = f"`{c['data']}`: {len(run.train_examples)} training rows, the last {len(run.val_examples)} held out for the loss"
+    elif c["algo"] == "pretrain":
+        data = f"{c['corpus_docs']} documents of the `{c['env']}` environment's worked equations, packed into {c['block_size']}-token windows"
+    else:
+        data = (f"the `{c['env']}` solver's demonstrations of {c['train_problems']} *train* problems (a {c['env_direct_frac']} "
+                f"share give only the answer); validation on *heldout* problems, disjoint by equation")
+    mask = "every token" if c["algo"] == "pretrain" else "the assistant's tokens only (prompt, template, tool output, padding masked)"
+    return f"""# Post-training passport: {c['out_dir']}
+
+algorithm: `--algo {c['algo']}`, started from `{c['init_from']}`
+
+## Data and mode
+- offline demonstrations: {data}
+- answers written by the data (not by the policy); rows drawn again every epoch for {c['max_iters']} iterations
+
+## Reward and verification
+- none in training: the loss is the likelihood of the demonstrations; the verifier scores held-out answers at evaluation
+
+## Optimisation
+- offline next-token cross-entropy on {mask}, averaged over those tokens
+- no reference, old policy, critic or reward model; no KL term
+
+## Infrastructure
+- {run.device} × {run.world_size}; no generation in training (evaluation samples with the KV-cache sampler)
+"""
 
 
 def batches(run, it):

@@ -219,3 +219,18 @@ def test_the_unbroken_run_fires_no_monitor(tmp_path, monkeypatch):
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
     fired = alarms_of(tmp_path, "clean", old_logprobs="recompute", tis_cap=1.05, max_iters=3)
     assert set(fired) <= {"parse_errors", "verifier_errors"}  # a random model parses nothing; coin_reward is no verifier
+
+
+SFT_TINY = dict(train_problems=64, val_examples=8)
+PAIRS_TINY = dict(pairs="style", train_prompts=4, heldout_prompts=2)
+
+
+@pytest.mark.parametrize("algo,extra", [("sft", SFT_TINY), ("rm", PAIRS_TINY), ("dpo", PAIRS_TINY),
+                                        ("ppo", dict(prompts_pool=16)), ("rft", dict(round_prompts=2, candidates=2)),
+                                        ("opd", dict(teacher="self")), ("grpo", {})])
+def test_every_algorithm_writes_its_passport(tmp_path, algo, extra):
+    """SPEC §6: the four parts of the passport, and in every RL and OPD run the verifier's own error rate."""
+    T.train(dict(TINY, algo=algo, max_iters=0, out_dir=str(tmp_path / algo), **extra))
+    text = open(tmp_path / algo / "passport.md").read()
+    assert all(part in text for part in ("## Data and mode", "## Optimisation", "## Infrastructure", f"--algo {algo}"))
+    assert ("verifier's own error rate against the solver: 0.000" in text) == (algo in ("ppo", "rft", "opd", "grpo"))
