@@ -657,7 +657,10 @@ def alarms(rows, cfg):
         length_bias        reward_len_corr > 0.5 (rejected answers earn more the longer they are)
                            or len_mean above twice the first iteration's
         verifier_errors    verifier_error_rate > 0: the reward's verifier disagrees with the solver
-        parse_errors       parse_error_rate > 0.2 (SPEC §6: above ~20% RL fails)"""
+        parse_errors       parse_error_rate > 0.2 (SPEC §6: above ~20% RL fails)
+        reward_hacking     the training reward up by > 0.05 from the first iteration while held-out
+                           accuracy (the environment's own verifier) fell by > 0.02 from the first
+                           evaluation: the reward pays for something other than the task"""
     train = [r for r in rows if "entropy" in r]
     if not train:
         return {}
@@ -677,6 +680,11 @@ def alarms(rows, cfg):
         for name, test in tests.items():
             if name not in fired and test(r):
                 fired[name] = r["iter"]
+    evals = [r for r in rows if "heldout_acc" in r]
+    for r in evals[1:]:
+        gained = max(t["reward"] for t in train if t["iter"] <= r["iter"]) - first["reward"]
+        if gained > 0.05 and r["heldout_acc"] < evals[0]["heldout_acc"] - 0.02 and "reward_hacking" not in fired:
+            fired["reward_hacking"] = r["iter"]
     return fired
 
 

@@ -215,6 +215,16 @@ def test_each_break_it_switch_fires_its_monitor(tmp_path, monkeypatch, overrides
     assert alarm in alarms_of(tmp_path, "broken", **overrides)
 
 
+def test_reward_hacking_fires_when_reward_rises_and_held_out_accuracy_falls():
+    row = lambda it, reward: dict(iter=it, reward=reward, entropy=1.0, ratio_dev=0.0, degenerate_frac=0.0, len_mean=10.0)
+    rows = [dict(iter=0, heldout_acc=0.50), row(1, 0.40), row(2, 0.60), dict(iter=2, heldout_acc=0.49), row(3, 0.70),
+            dict(iter=3, heldout_acc=0.45)]
+    cfg = dict(minibatches=1, inner_epochs=1)
+    assert grpo.alarms(rows, cfg) == {"reward_hacking": 3}  # at 2 the accuracy fell by 0.01 only
+    rows[-1]["heldout_acc"] = 0.52
+    assert grpo.alarms(rows, cfg) == {}
+
+
 def test_the_unbroken_run_fires_no_monitor(tmp_path, monkeypatch):
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
     fired = alarms_of(tmp_path, "clean", old_logprobs="recompute", tis_cap=1.05, max_iters=3)
