@@ -762,6 +762,7 @@ def passport(run):
             "thread, while k updates; the loss's ratio is against the sampler's log-probs" if c["staleness"]
             else "synchronous (staleness 0)")
     loss = "CISPO (capped, detached ratio × log π)" if c["policy_loss"] == "cispo" else "clipped surrogate"
+    mode = "on-policy (ρ = 1)" if steps == 1 and not c["staleness"] else "off-policy after the first step (ρ ≠ 1)"
     scale = {"group": "the group's std", "batch": "the global batch's std", "none": "nothing"}[advantage_scale(c)]
     tis = (f"truncated importance sampling, weight min(π_old/π_sampler, {c['tis_cap']})" if c["tis_cap"]
            else "no correction (sampler_logprob_gap logged with old_logprobs=recompute)")
@@ -786,7 +787,7 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
   (limit {c['max_new_tokens']} new tokens)
 
 ## Optimisation
-- on-policy, {loss} on {c['ratio_level']} ratios with ε_low = {c['eps_low']}, ε_high = {c['eps_high']};
+- {mode}, {loss} on {c['ratio_level']} ratios with ε_low = {c['eps_low']}, ε_high = {c['eps_high']};
   advantages: {c['estimator']} baseline, divided by {scale}
 - sampler/trainer mismatch: {tis}
 - models: policy (trained), π_old ({c['old_logprobs']} log-probs → {run.old_logprobs_mode}), π_ref (frozen `{c['init_from']}`);
