@@ -560,7 +560,7 @@ def rollout_shard(run, model, it, shard):
         time_decode=sum(ro["decode_time"] for ro in rounds), time_verify=sum(ro["verify_time"] for ro in rounds),
         time_score=sum(ro["time_score"] for ro in rounds),
         work=sum(map(run.env.shows_work, first["texts"])),
-        parse_errors=sum(not run.env.parses(t) for t in first["texts"]),
+        parse_errors=sum(C.unparsed(run.env, t) for t in first["texts"]),
         group_reward=first["rewards"].view(-1, G).mean(1).tolist(),  # edge sampling's running success
         decoded_tokens=sum(float(ro["lengths"].sum()) for ro in rounds))
     rejected = first["verified"] == 0  # reward_len_corr's moments: shaped reward y against length x

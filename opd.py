@@ -331,7 +331,7 @@ def batches(run, it):
         tokens=sum(float(ro["lengths"].sum()) for ro in shards),
         truncated=sum(float(ro["truncated"].sum()) for ro in shards), ungraded=sum(ro["ungraded"] for ro in shards),
         work=sum(sum(map(run.env.shows_work, ro["texts"])) for ro in shards),
-        parse_errors=sum(not run.env.parses(t) for ro in shards for t in ro["texts"])), run)
+        parse_errors=sum(C.unparsed(run.env, t) for ro in shards for t in ro["texts"])), run)
     run.stats.update(reward=sums["reward"] / sums["answers"], len_mean=sums["tokens"] / sums["answers"],
                      truncated_frac=sums["truncated"] / sums["answers"], rollout_tokens=sums["tokens"],
                      ungraded_frac=sums["ungraded"] / max(sums["tokens"], 1.0),

@@ -316,7 +316,7 @@ def score_micro_batch(run, problems, seed):
     out = dict(ids=ids, mask=mask, verifier=roll["rewards"], sampler_logprobs=roll["old_logprobs"],
                lengths=roll["lengths"].float(), truncated=roll["truncated"].float(), decode_time=roll["decode_time"])
     out["shows_work"] = torch.tensor([float(run.env.shows_work(t)) for t in roll["texts"]], device=ids.device)
-    out["parse_error"] = torch.tensor([float(not run.env.parses(t)) for t in roll["texts"]], device=ids.device)
+    out["parse_error"] = torch.tensor([float(C.unparsed(run.env, t)) for t in roll["texts"]], device=ids.device)
     if cfg["reward_mode"] == "process":
         out["step_rewards"] = C.token_rewards(run, roll, run.env.step_rewards)[0]
     elif cfg["reward_mode"] in ("rlvp", "path"):

@@ -87,9 +87,10 @@ def sample_pool(run, round_):
     pool = [(prompts[groups[i]] + tokens[i], [0] * len(prompts[groups[i]]) + [1 - f for f in forced[i]]) for i in kept]
     verified = sum(r > 0 for r in rewards)
     distinct = len({(g, tuple(t)) for g, t, r in zip(groups, tokens, rewards) if r > 0})
+    unparsed = sum(C.unparsed(run.env, C.response_text(run, t)) for t in tokens)
     figures = dict(cand_acc=verified / len(tokens), unique_frac=distinct / max(verified, 1),
                    kept_frac=len(kept) / len(tokens), prompt_cover=len({groups[i] for i in kept}) / len(problems),
-                   pool=len(pool), parse_error_rate=sum(not run.env.parses(C.response_text(run, t)) for t in tokens) / len(tokens),
+                   pool=len(pool), parse_error_rate=unparsed / len(tokens),
                    verifier_error_rate=run.verifier_check["verifier_error_rate"])
     return pool, figures
 

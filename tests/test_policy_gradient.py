@@ -167,6 +167,9 @@ def test_verifier_check_catches_a_broken_verifier():
     assert C.verifier_check(env, lambda p, r: 0.0)["verifier_false_negatives"] == 64
     assert C.verifier_check(env, grpo.lax_verify)["verifier_false_positives"] > 0  # the format exploit
     assert env.parses("3+4=7. Answer: 7") and not env.parses("Answer: 7 8")
+    unsolved = C.verifier_check(types.SimpleNamespace(), env.verify)  # no solver: unknown, not 0
+    assert np.isnan(unsolved["verifier_error_rate"]) and "unchecked" in C.verification_text(unsolved)
+    assert not C.unparsed(types.SimpleNamespace(), "anything") and C.unparsed(env, "Answer: 7 8")
 
 
 def test_rollout_cost_example():
