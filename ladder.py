@@ -34,6 +34,8 @@ import subprocess
 import sys
 import time
 
+import torch
+
 import common as C
 import train as T
 from model import ScalarHeadGPT
@@ -70,7 +72,12 @@ OPTIONS = dict(
     eval_ood_n=500,      # OOD problems (greedy)
     eval_pass_n=200,     # held-out problems for pass@k ...
     eval_pass_k=8,       # ... with k samples each at T = 1
+    seeds=1,             # train every stage after SFT with this many seeds (seed, seed+1, ...) from the one SFT; seed k > 1 goes to OUT_ROOT/seedK/
+    threads=0,           # torch threads of every stage and of the evaluation; 0 = torch's default (one per core)
 )
+# Minutes on 2 idle cores at the defaults: the whole ladder, and the stages after SFT of one more seed
+LADDER_MINUTES, EXTRA_SEED_MINUTES = 14, 9
+SHARED = [name for name, args, _ in STAGES if args["algo"] in ("pretrain", "sft")]  # trained once, whatever --seeds
 KL_REFERENCES = ("sft", "calc_sft")  # the SFT stages a KL in the report is measured to (the stage's task's)
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 
@@ -105,12 +112,25 @@ def stage_names(text, what):
     return picked
 
 
-def stage_arguments(root, name, args, start, wide, own):
+def seed_root(root, k):
+    """Where seed k's stages after SFT go: OUT_ROOT itself for the first seed, OUT_ROOT/seedK else."""
+    return root if k == 1 else os.path.join(root, f"seed{k}")
+
+
+def stage_path(root, name, k):
+    """A stage's directory: the SFT stages (SHARED) are the first seed's, for every seed."""
+    return os.path.join(root if name in SHARED else seed_root(root, k), name)
+
+
+def stage_arguments(root, name, args, start, wide, own, k=1):
     """What the stage's train.py gets: ladder defaults, the stage's arguments, its start checkpoint,
-    the command line's arguments for every stage, then its own (which may even change init_from)."""
-    begin = dict(init_from=os.path.join(root, start)) if start else {}
-    args = {k: v.replace("{out_root}", root) if isinstance(v, str) else v for k, v in args.items()}
-    return {**LADDER_DEFAULTS, **args, **begin, **wide, **own, "out_dir": os.path.join(root, name)}
+    the command line's arguments for every stage, seed k's seed, then its own arguments (which may
+    even change init_from)."""
+    here = seed_root(root, k)
+    begin = dict(init_from=stage_path(root, start, k)) if start else {}
+    args = {key: v.replace("{out_root}", here) if isinstance(v, str) else v for key, v in args.items()}
+    seed = dict(seed=wide.get("seed", T.DEFAULTS["seed"]) + k - 1) if k > 1 else {}
+    return {**LADDER_DEFAULTS, **args, **begin, **wide, **seed, **own, "out_dir": os.path.join(here, name)}
 
 
 def prerequisites(name):
@@ -172,7 +192,7 @@ def pass_through(stream):
     return tail
 
 
-def run_stage(name, stage_dir, args):
+def run_stage(label, stage_dir, args, threads):
     """Run one stage as a train.py process; returns None, or the error to stop the ladder with."""
     os.makedirs(stage_dir, exist_ok=True)
     for stale in ("ladder.json", "ladder_eval.json"):  # not done until this run succeeds
@@ -180,27 +200,29 @@ def run_stage(name, stage_dir, args):
             os.remove(os.path.join(stage_dir, stale))
     arguments = command_line(args)
     command = shlex.join(["python", "train.py", *arguments])
-    print(f"[ladder] {name}: {command}", flush=True)
+    print(f"[ladder] {label}: {command}", flush=True)
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
     t0 = time.time()
-    process = subprocess.Popen([sys.executable, TRAIN_PY, *arguments], stderr=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, TRAIN_PY, *arguments], stderr=subprocess.PIPE, env=env)
     tail = pass_through(process.stderr)
     if process.wait() != 0:
         lines = [line for line in tail.replace("\r", "\n").splitlines() if line.strip()][-8:]
-        return (f"[ladder] stage {name} failed (exit {process.returncode}): {command}\n  "
+        return (f"[ladder] stage {label} failed (exit {process.returncode}): {command}\n  "
                 + "\n  ".join(lines) + "\n[ladder] the finished stages are kept")
     write_json(os.path.join(stage_dir, "ladder.json"),
-               dict(stage=name, command=command, wall_time=time.time() - t0, finished=time.time()))
+               dict(stage=label, command=command, wall_time=time.time() - t0, finished=time.time(),
+                    torch=torch.__version__, threads=threads or torch.get_num_threads()))
     return None
 
 
-def notes_on_skipping(root, name, start, record, command):
+def notes_on_skipping(start_dir, name, record, command):
     """Why a done stage may deserve a redo: its arguments changed, or its start was redone since."""
     notes = []
     if record["command"] != command:
         notes.append(f"its arguments changed since it ran (was: {record['command']})")
-    start_record = done(os.path.join(root, start)) if start else None
+    start_record = done(start_dir) if start_dir else None
     if start_record and start_record["finished"] > record["finished"]:
-        notes.append(f"{start} was redone after it")
+        notes.append(f"{os.path.basename(start_dir)} was redone after it")
     return "".join(f"\n[ladder]   note: {note}; --redo={name} to rerun it" for note in notes)
 
 
@@ -245,10 +267,10 @@ def evaluate_stage(stage_dir, reference_dir, options, device):
                 work=sampled.get("heldout_work"), kl_sft=kl, samples=transcripts[:3])
 
 
-def evaluation(root, name, options, device):
-    """The stage's figures, from ladder_eval.json while the stage, the SFT stage and the settings
-    are those it was computed with; else computed now and cached."""
-    stage_dir, reference_dir = os.path.join(root, name), os.path.join(root, kl_reference(name))
+def evaluation(root, name, k, options, device):
+    """Seed k's figures of the stage, from ladder_eval.json while the stage, the SFT stage and the
+    settings are those it was computed with; else computed now and cached."""
+    stage_dir, reference_dir = stage_path(root, name, k), stage_path(root, kl_reference(name), k)
     reference = done(reference_dir)
     key = dict({k: v for k, v in options.items() if k.startswith("eval_")},
                stage_finished=done(stage_dir)["finished"], reference_finished=reference and reference["finished"])
@@ -293,47 +315,97 @@ def table_row(root, name, record, figures, options):
     return f"| {name} | {start} | " + " | ".join(cells) + f" | {fmt(tokens, ',.0f')} | {wall} |"
 
 
-def passport(stage_dir):
-    """The run's own passport.md, linked; else a short one from its config."""
-    name = os.path.basename(stage_dir)
+def across_seeds(runs, key, n):
+    """(mean, half-width) of a figure over the seeds' runs [(k, record, figures)]: mean ± 2 standard
+    errors across seeds, or the 95% binomial half-width of the mean on n problems if that is wider."""
+    values = [figures[key] for _, _, figures in runs]
+    mean = sum(values) / len(values)
+    spread = 0.0
+    if len(values) > 1:
+        spread = 2 * math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+    return mean, max(spread, band(mean, n))
+
+
+def seeds_row(name, runs, options):
+    """A stage's row of the across-seeds table: each figure's mean (± its band) and every seed's value."""
+    figures = runs[0][2]
+    if figures["kind"] == "reward_model":
+        return f"| {name} | {len(runs)} | pair acc " + " ".join(fmt(f["pair_acc"], ".3f") for _, _, f in runs) + " |" + " – |" * 7
+    n = options["eval_n"]
+    cells = [f"{m:.3f} ± {h:.3f}" for m, h in (across_seeds(runs, "greedy_acc", n), across_seeds(runs, "sampled_acc", n))]
+    cells += [" ".join(f"{f['greedy_acc']:.3f}" for _, _, f in runs), " ".join(f"{f['sampled_acc']:.3f}" for _, _, f in runs)]
+    for key, spec in (("pass_at_k", ".3f"), ("ood_acc", ".3f"), ("length", ".1f"), ("kl_sft", ".3f")):
+        known = [f[key] for _, _, f in runs if f[key] is not None]
+        cells.append(fmt(sum(known) / len(known) if known else None, spec))
+    return f"| {name} | {len(runs)} | " + " | ".join(cells) + " |"
+
+
+def passport(stage_dir, record, link):
+    """The run's own passport.md, linked; else a short one from its config; with the ladder's record
+    of the torch version and thread count it ran with."""
+    runtime = f"torch {record.get('torch', '?')}, {record.get('threads', '?')} threads"
     if os.path.isfile(os.path.join(stage_dir, "passport.md")):
-        return f"passport: [{name}/passport.md]({name}/passport.md)"
+        return f"passport: [{link}/passport.md]({link}/passport.md); {runtime}"
     cfg = read_json(os.path.join(stage_dir, "config.json"))
-    samples = f", [samples.txt]({name}/samples.txt)" if os.path.isfile(os.path.join(stage_dir, "samples.txt")) else ""
+    samples = f", [samples.txt]({link}/samples.txt)" if os.path.isfile(os.path.join(stage_dir, "samples.txt")) else ""
     return (f"passport: `--algo {cfg['algo']}` from `{cfg['init_from']}`, {cfg['max_iters']} iterations of "
-            f"{cfg['batch_size']} × {cfg['gradient_accumulation_steps']} rows at lr {cfg['learning_rate']:g}; "
-            f"task {', '.join(f'{k}={v}' for k, v in cfg.items() if k.startswith('env'))}; "
-            f"[config.json]({name}/config.json){samples}")
+            f"{cfg['batch_size']} × {cfg['gradient_accumulation_steps']} rows at lr {cfg['learning_rate']:g}, seed "
+            f"{cfg['seed']}; {runtime}; task {', '.join(f'{k}={v}' for k, v in cfg.items() if k.startswith('env'))}; "
+            f"[config.json]({link}/config.json){samples}")
 
 
-def plot_ladder(root, points):
-    """Held-out accuracy (greedy and sampled) of every stage against cumulative wall time, each
-    stage joined to the stage it started from (DPO, PPO and GRPO all start from SFT: siblings,
-    not a chain)."""
+def plot_ladder(root, results, options):
+    """Left: held-out accuracy of every language-model stage, greedy and sampled with their bands,
+    grouped by branch (the main task, the calculator task). Right: when each stage of the first seed
+    ran, on the cumulative training wall time."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    at = {name: (minutes, figures) for name, start, minutes, figures in points}
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key, label, color in (("greedy_acc", "greedy", "C0"), ("sampled_acc", "sampled, T = 1", "C1")):
-        for name, start, minutes, figures in points:
-            if start in at:
-                ax.plot([at[start][0], minutes], [at[start][1][key], figures[key]], color=color, linewidth=1)
-        ax.plot([p[2] for p in points], [p[3][key] for p in points], "o", color=color, label=label)
-    for name, start, minutes, figures in points:
-        ax.annotate(name, (minutes, figures["greedy_acc"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.set_xlabel("cumulative training wall time (min)")
-    ax.set_ylabel("held-out accuracy")
-    ax.set_ylim(bottom=0)
-    ax.legend()
+    policies = [(name, runs) for name, runs in results.items() if runs[0][2]["kind"] == "policy"]
+    branches = [("main task", [p for p in policies if kl_reference(p[0]) == KL_REFERENCES[0]]),
+                ("calculator task", [p for p in policies if kl_reference(p[0]) != KL_REFERENCES[0]])]
+    fig, (ax, ax_time) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw=dict(width_ratios=[2, 1]))
+    x, ticks, labels = 0, [], []
+    for branch, stages in branches:
+        if not stages:
+            continue
+        first = x
+        for name, runs in stages:
+            for offset, key, color in ((-0.2, "greedy_acc", "C0"), (0.2, "sampled_acc", "C1")):
+                mean, half = across_seeds(runs, key, options["eval_n"])
+                ax.bar(x + offset, mean, 0.4, yerr=half, color=color, capsize=2)
+            ticks.append(x)
+            labels.append(name)
+            x += 1
+        ax.text((first + x - 1) / 2, -0.28, branch, ha="center", transform=ax.get_xaxis_transform(), fontsize=10)
+        x += 0.6  # a gap between the branches
+    seeds = max(len(runs) for _, runs in policies)
+    ax.bar(0, 0, color="C0", label="greedy"), ax.bar(0, 0, color="C1", label="sampled, T = 1")
+    ax.set_xticks(ticks, labels, rotation=30, ha="right")
+    ax.set_ylabel(f"held-out accuracy ({options['eval_n']} problems)")
+    ax.set_title("mean ± band over " + (f"{seeds} seeds" if seeds > 1 else "the held-out problems (one seed)"), fontsize=10)
+    ax.set_ylim(0, 1)
+    ax.legend(loc="upper right")
+    start = 0.0
+    for row, (name, runs) in enumerate(results.items()):
+        minutes = runs[0][1]["wall_time"] / 60
+        ax_time.barh(row, minutes, left=start, color="C2")
+        start += minutes
+    ax_time.set_yticks(range(len(results)), list(results))
+    ax_time.invert_yaxis()
+    ax_time.set_xlabel("cumulative training wall time (min)")
+    ax_time.set_title("when each stage ran (first seed)", fontsize=10)
     fig.tight_layout()
     fig.savefig(os.path.join(root, "ladder.png"), dpi=90)
     plt.close(fig)
 
 
 def write_report(root, results, options):
-    """OUT_ROOT/report.md and ladder.png from results: [(stage, record, figures)] of done stages."""
+    """OUT_ROOT/report.md and ladder.png from results: {stage: [(seed k, record, figures)]} of done runs."""
     k = options["eval_pass_k"]
+    firsts = [(name, runs[0][1]) for name, runs in results.items()]
+    runtime = ", ".join(sorted({f"torch {r.get('torch', '?')}, {r.get('threads', '?')} threads" for _, r in firsts}))
+    seeds = max(len(runs) for runs in results.values())
     lines = ["# The post-training ladder", "",
              f"Held-out accuracy on {options['eval_n']} problems (greedy, and one sample at T = 1), pass@{k} on "
              f"{options['eval_pass_n']}, OOD greedy on {options['eval_ood_n']}; ± is the 95% binomial half-width "
@@ -343,71 +415,102 @@ def write_report(root, results, options):
              f"({' or '.join(KL_REFERENCES)}). "
              f"pass@{k} is Best-of-{k} by the verifier: the ceiling of reranking the stage's own samples. "
              f"Tokens: target tokens with loss weight, "
-             f"summed over the run's optimizer steps. Wall time: the stage's train.py run.", "",
-             f"| stage | starts from | held-out greedy | sampled | pass@{k} | OOD greedy | length | shows work "
-             f"| KL to SFT | tokens trained on | wall time |",
-             "|---" * 11 + "|"]
-    points, minutes, sections = [], 0.0, []
-    for name, record, figures in results:
+             f"summed over the run's optimizer steps. Wall time: the stage's train.py run. Ran with {runtime}.", ""]
+    if seeds > 1:
+        lines += [f"## Across seeds", "",
+                  f"The stages after SFT trained with {seeds} seeds from the same SFT checkpoints (the SFT stages: "
+                  f"one run). Each figure is the mean over the seeds; ± is 2 standard errors across the seeds, or the "
+                  f"binomial half-width of the mean on {options['eval_n']} problems where that is wider.", "",
+                  f"| stage | seeds | held-out greedy | sampled | greedy per seed | sampled per seed | pass@{k} | "
+                  f"OOD greedy | length | KL to SFT |", "|---" * 10 + "|"]
+        lines += [seeds_row(name, runs, options) for name, runs in results.items()]
+        lines += ["", "## The first seed", ""]
+    lines += [f"| stage | starts from | held-out greedy | sampled | pass@{k} | OOD greedy | length | shows work "
+              f"| KL to SFT | tokens trained on | wall time |", "|---" * 11 + "|"]
+    sections = []
+    for name, runs in results.items():
+        _, record, figures = runs[0]
         stage_dir = os.path.join(root, name)
         lines.append(table_row(root, name, record, figures, options))
-        minutes += record["wall_time"] / 60
-        if figures["kind"] == "policy":
-            points.append((name, dict((n, st) for n, _, st in STAGES).get(name), minutes, figures))
         sections += [f"## {name}", "", f"    {record['command']}", ""]
         if os.path.isfile(os.path.join(stage_dir, "metrics.png")):
             sections.append(f"![{name} metrics]({name}/metrics.png)  ")
-        sections += [passport(stage_dir), ""]
+        sections += [passport(stage_dir, record, name), ""]
+        for seed, record, _ in runs[1:]:
+            link = os.path.relpath(stage_path(root, name, seed), root)
+            sections += [f"seed {seed}: `{record['command']}`; " + passport(stage_path(root, name, seed), record, link), ""]
         if figures.get("samples"):
             sections += ["Sampled answers (T = 1):", "", "```", *figures["samples"], "```", ""]
-    if points:
-        plot_ladder(root, points)
-        lines += ["", "![held-out accuracy of every stage against cumulative wall time](ladder.png)"]
+    if any(runs[0][2]["kind"] == "policy" for runs in results.values()):
+        plot_ladder(root, results, options)
+        lines += ["", "![held-out accuracy of every stage, by branch, and when each stage ran](ladder.png)"]
     with open(os.path.join(root, "report.md"), "w") as f:
         f.write("\n".join(lines + [""] + sections))
 
 
 # ----------------------------------------------------------------------------------------------
 
+def make_plan(options, wide, per_stage):
+    """[(label, stage, seed k, its directory, its train.py arguments, its start's directory)] in the
+    order they run: the whole ladder with the first seed, then the stages after SFT of every other
+    seed; every stage's configuration checked before anything runs."""
+    root, seeds = options["out_root"], options["seeds"]
+    to_run = stage_names(options["stages"], "stages") or [name for name, _, _ in STAGES]
+    plan = []
+    for k in range(1, seeds + 1):
+        for name, args, start in STAGES:
+            if name not in to_run or (k > 1 and name in SHARED):
+                continue
+            label = name if k == 1 else f"{name} (seed {k})"
+            args = stage_arguments(root, name, args, start, wide, per_stage[name], k)
+            try:
+                T.make_config(args)
+            except ValueError as e:
+                raise ValueError(f"stage {label}: {e}") from None
+            for need in prerequisites(name):
+                path = stage_path(root, need, k)
+                if path in args.values() and need not in to_run and not done(path):  # (unless overridden away)
+                    raise ValueError(f"stage {name} needs {need}, which has not run: add it to --stages")
+            plan.append((label, name, k, stage_path(root, name, k), args, start and stage_path(root, start, k)))
+    return plan
+
+
 def main(argv):
     options, wide, per_stage = parse_command_line(argv)
-    root = options["out_root"]
-    to_run = stage_names(options["stages"], "stages") or [name for name, _, _ in STAGES]
+    root, seeds, threads = options["out_root"], options["seeds"], options["threads"]
+    if seeds < 1:
+        raise ValueError(f"--seeds={seeds}: at least 1")
+    if threads:
+        torch.set_num_threads(threads)  # the evaluation here; the stages get OMP_NUM_THREADS
+    plan = make_plan(options, wide, per_stage)
     redo = stage_names(options["redo"], "redo")
-    plan = {name: (stage_arguments(root, name, args, start, wide, per_stage[name]), start)
-            for name, args, start in STAGES if name in to_run}
-    for name, (args, start) in plan.items():  # every stage's configuration checked before anything runs
-        try:
-            T.make_config(args)
-        except ValueError as e:
-            raise ValueError(f"stage {name}: {e}") from None
-        for need in prerequisites(name):
-            path = os.path.join(root, need)
-            if path in args.values() and need not in plan and not done(path):  # (unless overridden away)
-                raise ValueError(f"stage {name} needs {need}, which has not run: add it to --stages")
-
+    print(f"[ladder] the whole ladder takes about {LADDER_MINUTES} min on 2 idle cores"
+          + (f"; --seeds={seeds} adds about {EXTRA_SEED_MINUTES} min per extra seed, "
+             f"{LADDER_MINUTES + EXTRA_SEED_MINUTES * (seeds - 1)} min in all" if seeds > 1 else "")
+          + " (done stages are skipped)", flush=True)
     failure = None
-    for name, (args, start) in plan.items():
-        stage_dir = os.path.join(root, name)
+    for label, name, k, stage_dir, args, start_dir in plan:
         record = done(stage_dir)
         if record and name not in redo:
             command = shlex.join(["python", "train.py", *command_line(args)])
-            print(f"[ladder] {name}: done, skipped ({record['command']})"
-                  + notes_on_skipping(root, name, start, record, command), flush=True)
+            print(f"[ladder] {label}: done, skipped ({record['command']})"
+                  + notes_on_skipping(start_dir, name, record, command), flush=True)
             continue
-        failure = run_stage(name, stage_dir, args)
+        failure = run_stage(label, stage_dir, args, threads)
         if failure:
             break
 
     device = {**LADDER_DEFAULTS, **wide}.get("device", "auto")
-    results = []
+    results = {}
     for name, _, _ in STAGES:
-        record = done(os.path.join(root, name))
-        if record:
-            figures = evaluation(root, name, options, device)
-            results.append((name, record, figures))
-            shown = {k: v for k, v in figures.items() if isinstance(v, float)}
-            print(f"[ladder] {name}: " + ", ".join(f"{k} {v:.3g}" for k, v in shown.items()), flush=True)
+        for k in range(1, (1 if name in SHARED else seeds) + 1):
+            record = done(stage_path(root, name, k))
+            if record and (k == 1 or name in results):
+                figures = evaluation(root, name, k, options, device)
+                results.setdefault(name, []).append((k, record, figures))
+                shown = {key: v for key, v in figures.items() if isinstance(v, float)}
+                label = name if k == 1 else f"{name} (seed {k})"
+                print(f"[ladder] {label}: " + ", ".join(f"{key} {v:.3g}" for key, v in shown.items()), flush=True)
     if results:
         write_report(root, results, options)
         print(f"[ladder] report: {os.path.join(root, 'report.md')}", flush=True)

@@ -61,6 +61,36 @@ def test_done_stages_are_skipped_and_redo_reruns(ladder_root, capsys):
     assert "sft was redone after it; --redo=grpo" in capsys.readouterr().out  # later stages: noted, not redone
 
 
+def test_seeds_train_the_stages_after_sft_again_from_the_one_sft(ladder_root, capsys):
+    """--seeds=2: grpo and opd again with seed 1338 in OUT_ROOT/seed2, from the first seed's SFT, opd
+    distilling seed 2's own grpo; the first seed and the SFT stages are not run again."""
+    before = checkpoint_times(ladder_root)
+    ladder.main(TINY_LADDER[:-1] + [f"--out_root={ladder_root}", "--seeds=2", "--stages=pretrain,sft,grpo,opd"])
+    assert checkpoint_times(ladder_root) == before
+    seed2 = os.path.join(ladder_root, "seed2")
+    assert sorted(os.listdir(seed2)) == ["grpo", "opd"]
+    grpo, opd = (json.load(open(os.path.join(seed2, name, "config.json"))) for name in ("grpo", "opd"))
+    assert grpo["seed"] == opd["seed"] == 1338 and grpo["init_from"] == os.path.join(ladder_root, "sft")
+    assert opd["teacher"] == os.path.join(seed2, "grpo")
+    record = json.load(open(os.path.join(seed2, "grpo", "ladder.json")))
+    assert record["threads"] >= 1 and record["torch"] == ladder.torch.__version__
+    out = capsys.readouterr().out
+    assert "adds about" in out and "[ladder] grpo (seed 2): python train.py" in out
+    report = open(os.path.join(ladder_root, "report.md")).read()
+    rows = {line.split(" | ")[0][2:]: line for line in report.split("## Across seeds")[1].split("## The first seed")[0].splitlines()
+            if line.startswith("| ") and not line.startswith("| stage")}
+    assert rows["sft"].startswith("| sft | 1 |") and rows["grpo"].startswith("| grpo | 2 |")
+    assert "seed 2: `python train.py" in report and "seed2/grpo/passport.md" in report
+
+
+def test_across_seeds_band_is_two_standard_errors_or_the_binomial_band():
+    runs = [(k, None, dict(acc=v)) for k, v in enumerate((0.5, 0.6, 0.7), 1)]
+    mean, half = ladder.across_seeds(runs, "acc", 1000)  # sd 0.1, 2 · 0.1 / sqrt(3) = 0.1155
+    assert mean == pytest.approx(0.6) and half == pytest.approx(0.11547, abs=1e-5)
+    runs = [(1, None, dict(acc=0.60)), (2, None, dict(acc=0.61))]  # 2 SE = 0.01 < 1.96 · sqrt(.6·.4/1000)
+    assert ladder.across_seeds(runs, "acc", 1000)[1] == pytest.approx(1.96 * (0.605 * 0.395 / 1000) ** 0.5)
+
+
 def test_a_failing_stage_stops_the_ladder_and_keeps_the_others(ladder_root):
     """grpo from a directory without ckpt.pt: train.py's one-line error ends the ladder."""
     before = checkpoint_times(ladder_root)
