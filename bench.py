@@ -542,6 +542,8 @@ def summary_table(rows):
 def main(argv):
     args = dict(device="cpu", out=os.path.join("out", "bench.json"), init_from="scratch")
     names = []
+    if "--help" in argv or "-h" in argv:
+        return print(__doc__.strip() + f"\n\nbenchmarks: {', '.join(BENCHMARKS)}")
     for arg in argv:
         if arg.startswith(("--device=", "--out=", "--init_from=")):
             key, value = arg[2:].split("=", 1)

@@ -31,6 +31,20 @@ from sampler import sample
 from tokenizer import make_tokenizer
 
 
+# Optional packages: the features that need them import them lazily, and the scripts turn their
+# absence into one line naming the install command
+OPTIONAL = dict(transformers="pip install -r requirements-extra.txt", safetensors="pip install -r requirements-extra.txt",
+                trl="pip install -r experiments/peer_bench/peers/requirements.txt (in a second environment)")
+
+
+def optional_dependency(error):
+    """A ModuleNotFoundError of an optional package as one line; any other is raised again."""
+    package = (error.name or "").split(".")[0]
+    if package not in OPTIONAL:
+        raise error
+    return f"this needs the optional package {package}: {OPTIONAL[package]}"
+
+
 # ----------------------------------------------------------------------------------------------
 # Devices and DDP
 
@@ -596,7 +610,12 @@ def token_rewards(run, roll, signals):
 # reward at the last token of each verifiable step, env.step_rewards; rlvp = R = O + β·Φ with
 # Φ from the environment's rule engine, env.path_signals: −λ per bad action, +μ per compliant one;
 # path = Φ alone, the inaction trap the chapter warns of, kept for the experiment)
-REWARD_KEYS = dict(reward_mode="outcome", rlvp_beta=0.5, rlvp_penalty=1.0, rlvp_bonus=1.0)
+REWARD_KEYS = dict(
+    reward_mode="outcome",  # outcome (the verifier, at the end) | process (each verifiable step) | rlvp (O + β·Φ) | path (Φ alone)
+    rlvp_beta=0.5,          # RLVP: weight β of the path signal Φ next to the outcome O
+    rlvp_penalty=1.0,       # RLVP: λ, the penalty per action the rule engine flags
+    rlvp_bonus=1.0,         # RLVP: μ, the bonus per compliant action
+)
 REWARD_MODES = ("outcome", "process", "rlvp", "path")
 
 
@@ -604,7 +623,10 @@ REWARD_MODES = ("outcome", "process", "rlvp", "path")
 # held-out accuracy of the best of eval_best_of_n samples (at the training temperature) on
 # eval_best_of_n_problems prompts, logged as heldout_best_of_N: the upper-bound estimate of what
 # selecting among the policy's own samples can reach. 0 turns it off.
-BEST_OF_N_KEYS = dict(eval_best_of_n=8, eval_best_of_n_problems=64)
+BEST_OF_N_KEYS = dict(
+    eval_best_of_n=8,              # N of the Best-of-N figure logged at every evaluation; 0 = off
+    eval_best_of_n_problems=64,    # held-out prompts for it (at most eval_problems)
+)
 
 
 def best_of_n_problems(cfg):

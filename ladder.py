@@ -9,6 +9,8 @@ stage and one report, OUT_ROOT/report.md.
     python ladder.py --grpo.learning_rate=1e-4         # --STAGE.key=value goes to one stage
     python ladder.py --stages=sft,grpo                 # run a subset (the report covers every stage found)
     python ladder.py --redo=grpo                        # run grpo again; --redo=sft,grpo or --redo=all
+    python ladder.py --seeds=3                          # the stages after SFT with 3 seeds: mean and band
+    python ladder.py --help                             # the options and the stages
 
 A stage is done when OUT_ROOT/STAGE/ladder.json exists: it is written after the stage's run succeeded
 (its command and wall time) and deleted when a run starts. A done stage is skipped. Redoing a stage
@@ -475,7 +477,20 @@ def make_plan(options, wide, per_stage):
     return plan
 
 
+def help_text():
+    """--help: the module's docstring, the ladder's own options and the stages."""
+    described = T.config_comments(sys.modules[__name__], "OPTIONS")
+    options = [f"  --{key}={value!r}".ljust(28) + " " + described[key] for key, value in OPTIONS.items()]
+    stages = [f"  {name:10s} python train.py --algo {args['algo']}" + (f" from {start}" if start else "")
+              for name, args, start in STAGES]
+    return "\n".join([__doc__.strip(), "", "the ladder's options:", *options, "",
+                      "the stages (--STAGE.key=value goes to one; `python train.py --algo X --help` lists a stage's keys):",
+                      *stages])
+
+
 def main(argv):
+    if "--help" in argv or "-h" in argv:
+        return print(help_text())
     options, wide, per_stage = parse_command_line(argv)
     root, seeds, threads = options["out_root"], options["seeds"], options["threads"]
     if seeds < 1:

@@ -109,6 +109,7 @@ import common as C
 from model import count_parameters
 
 starts_from = "sft"  # distillation refines a policy that can already answer
+teacher_from = "grpo"  # with no --teacher on the command line: the ladder's GRPO stage of the task (train.after_the_ladder)
 
 defaults = dict(
     teacher="",                # a checkpoint directory (OPD) or "self" (OPSD)

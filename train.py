@@ -17,6 +17,8 @@ An algorithm module (ALGOS below) supplies only what is particular to it:
     starts_from                  optional: the --algo whose checkpoint it must start from (e.g. "sft"),
                                     so init_from=scratch or a DIR without ckpt.pt is an error naming
                                     the command that makes it
+    teacher_from                 optional: the --algo whose ladder stage is the default --teacher on the
+                                    command line (train.after_the_ladder)
     setup(run)                   build data, reference models, ... (store on `run`; the frozen
                                     reference policy is run.ref_model)
     wrap_model(run, model)       optional: turn the loaded model into what it trains (e.g. a scalar head)
@@ -43,12 +45,14 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import io
 import json
 import math
 import os
 import random
 import sys
 import time
+import tokenize
 
 import numpy as np
 import torch
@@ -64,30 +68,51 @@ READS_DATA = ("pretrain", "sft", "rm", "dpo")  # the algorithms that train on --
 ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo", "grpo": "grpo", "opd": "opd", "rft": "rft"}
 
 DEFAULTS = dict(
-    algo="sft",
-    out_dir="out/{algo}",       # {algo} is filled in
+    algo="sft",                 # the algorithm: pretrain, sft, rm, dpo, ppo, grpo, opd, rft
+    out_dir="out/{algo}",       # where the run writes; {algo} is filled in
     init_from="scratch",        # scratch | resume | a checkpoint dir | a transformers dir or hub name (GPT-2, Llama, Qwen2, Qwen3)
     tokenizer="byte",           # byte (built in) | gpt2 | a dir with GPT-2's vocab.json | a checkpoint's own (dir or hub name, with its chat template)
     data="",                    # a json/jsonl/parquet file or hub dataset; "" = the built-in environment
     skip_bad_rows=False,        # malformed data rows: False = error naming file/row/field, True = skip and count
     # the default task: 3-step chains of 1-digit operands; half the SFT demonstrations give only the
-    # answer, half the worked steps (envs.py, README "The default task"); 0.0 = every demonstration worked
-    env="arithmetic", env_digits=1, env_ops=3, env_direct_frac=0.5,
+    # answer, half the worked steps (envs.py, docs/task.md)
+    env="arithmetic",           # the task: arithmetic | generalpoints | calculator | treasure | gsm8k (envs.py)
+    env_digits=1,               # digits of each operand
+    env_ops=3,                  # operations per problem
+    env_direct_frac=0.5,        # share of SFT demonstrations that give only the answer; 0.0 = every one worked
     env_data="openai/gsm8k:main",  # --env=gsm8k's rows: a hub dataset NAME[:CONFIG] (train/test splits) or a local file (last tenth held out)
-    # model, when init_from=scratch
-    n_layer=4, n_head=4, n_embd=128, block_size=128, dropout=0.0, bias=True,
+    # the model, when init_from=scratch
+    n_layer=4,                  # transformer blocks
+    n_head=4,                   # attention heads per block
+    n_embd=128,                 # width of the residual stream
+    block_size=128,             # the longest sequence (prompt + response) in tokens
+    dropout=0.0,                # dropout probability in training
+    bias=True,                  # biases in the linear layers and layer norms (GPT-2 has them)
     # optimisation
-    max_iters=1000, lr_decay_iters=0,  # 0: decay over max_iters
-    batch_size=32, gradient_accumulation_steps=1,
-    learning_rate=2e-3, min_lr=2e-4, warmup_iters=30,
-    weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0,
-    lora_rank=0, lora_alpha=32.0,    # rank 0 = full fine-tuning; LoRA scale = alpha / rank
+    max_iters=1000,             # training iterations
+    lr_decay_iters=0,           # iterations of the cosine decay; 0 = max_iters
+    batch_size=32,              # rows per micro-batch
+    gradient_accumulation_steps=1,  # micro-batches per optimizer step (per process)
+    learning_rate=2e-3,         # peak learning rate, after the warm-up
+    min_lr=2e-4,                # learning rate at the end of the cosine decay
+    warmup_iters=30,            # iterations of linear warm-up
+    weight_decay=0.1,           # AdamW weight decay (matrices only)
+    beta1=0.9,                  # AdamW β1
+    beta2=0.95,                 # AdamW β2
+    grad_clip=1.0,              # clip the gradient's global norm to this; 0 = off
+    lora_rank=0,                # rank of LoRA adapters on every attention and MLP matrix; 0 = full fine-tuning
+    lora_alpha=32.0,            # LoRA scale = alpha / rank
     # evaluation and logging
-    eval_interval=100, eval_problems=200, eval_batch_size=100, log_interval=10,
+    eval_interval=100,          # evaluate (and checkpoint) every this many iterations; 0 = only at the end
+    eval_problems=200,          # held-out problems per evaluation
+    eval_batch_size=100,        # rows per sampler call in evaluation
+    log_interval=10,            # write a metrics.jsonl row every this many iterations
     max_new_tokens=64,          # response length limit for sampling (evaluation and rollouts)
     max_tool_calls=6,           # tool environments (--env=calculator, treasure): calls run per response; later ones get an error back
-    checkpoint=True, plot=True,  # checkpoint / metrics.png at every eval and at the end
-    seed=1337, device="auto",
+    checkpoint=True,            # write ckpt.pt at every evaluation and at the end
+    plot=True,                  # redraw metrics.png at every evaluation
+    seed=1337,                  # seeds torch, numpy and random (each DDP rank adds its rank for dropout)
+    device="auto",              # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     compile=False,              # torch.compile the training forward and backward (sampling stays eager)
 )
 
@@ -166,6 +191,57 @@ def make_config(overrides):
     return cfg
 
 
+def config_comments(module, name):
+    """{key: its one-line description} for `name = dict(...)` in `module`'s source: the comment at
+    the end of the key's line, else the comment lines right above it. Keys merged in from another
+    module's dict (`dict(pairs.PAIR_DEFAULTS, ...)`, `**X.KEYS`, `name.update(X.KEYS)`) take that
+    dict's comments."""
+    source = open(module.__file__).read()
+    comments = {}  # line -> (text, whether the comment stands alone on its line)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = (token.string.lstrip("#").strip(), not token.line[:token.start[1]].strip())
+    body = ast.parse(source).body
+    call = next(node.value for node in body if isinstance(node, ast.Assign)
+                and any(getattr(target, "id", None) == name for target in node.targets))
+    updates = [node.value.args[0] for node in body if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+               and ast.unparse(node.value.func) == f"{name}.update"]
+    merged = call.args + [keyword.value for keyword in call.keywords if keyword.arg is None] + updates
+    found = {}
+    for other in merged:
+        if isinstance(other, ast.Attribute) and isinstance(other.value, ast.Name):
+            found.update(config_comments(getattr(module, other.value.id), other.attr))
+    for keyword in (keyword for keyword in call.keywords if keyword.arg):
+        text, alone = comments.get(keyword.value.end_lineno, ("", True))
+        if alone:  # no comment at the end of its line: the comment lines right above
+            above, line = [], keyword.lineno - 1
+            while line in comments and comments[line][1]:
+                above.insert(0, comments[line][0])
+                line -= 1
+            text = " ".join(above)
+        found[keyword.arg] = text
+    return found
+
+
+def help_text(algo):
+    """--help: every option of `--algo algo` with its default and its description."""
+    cfg, module = make_config(dict(algo=algo)), algo_module(algo)
+    # a common key keeps its common description where an algorithm changes its default
+    described = {**config_comments(module, "defaults"), **config_comments(sys.modules[__name__], "DEFAULTS")}
+    lines = [f"usage: python train.py --algo {algo} [config/FILE.py ...] [--key=value ...]",
+             "       (torchrun --standalone --nproc_per_node=N train.py ... on N processes)",
+             f"--algo: {', '.join(available_algos())}; `python train.py --algo NAME --help` adds its own options.",
+             "A value is a Python literal (--learning_rate=3e-4, --lora_rank=8), else a string."]
+    groups = [("common options (train.py DEFAULTS; * = changed by this algorithm or its task)", list(DEFAULTS)),
+              (f"--algo {algo}'s own options ({module.__name__}.py defaults)", [k for k in module.defaults if k not in DEFAULTS])]
+    for title, keys in groups:
+        lines += ["", title + ":"]
+        for key in keys:
+            mark = "*" if key in DEFAULTS and cfg[key] != DEFAULTS[key] and key != "out_dir" else " "
+            lines.append(f"  --{key}={cfg[key]!r}{mark}".ljust(40) + " " + described.get(key, ""))
+    return "\n".join(lines)
+
+
 def parse_args(argv):
     """`--key=value` (a Python literal, else a string), `--algo name`, and config files `x.py`."""
     overrides = {}
@@ -241,6 +317,42 @@ def check_start(overrides):
     if maker in ALGOS:
         raise ValueError(f"--algo {cfg['algo']} starts from a trained model: --init_from={init} has no ckpt.pt; "
                          f"make it with `python train.py --algo {maker} --out_dir={init}`, or run `python ladder.py`")
+
+
+def ladder_stage(root, algo, env):
+    """The directory of a finished `python ladder.py` stage under root that trained `algo` on `env`
+    (root/algo first, e.g. out/sft; else e.g. out/calc_sft for the calculator task), or None."""
+    names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+    for name in sorted(names, key=lambda name: name != algo):
+        stage = os.path.join(root, name)
+        if os.path.isfile(os.path.join(stage, "ladder.json")) and os.path.isfile(os.path.join(stage, "ckpt.pt")):
+            cfg = json.load(open(os.path.join(stage, "config.json")))
+            if cfg["algo"] == algo and cfg["env"] == env:
+                return stage
+    return None
+
+
+def after_the_ladder(overrides):
+    """The command line's defaults once `python ladder.py` has run (train() itself keeps the plain
+    defaults): with no --init_from, an algorithm that starts from a trained policy (`starts_from`)
+    starts from the ladder's checkpoint for its task, and with no --teacher one that distils
+    (`teacher_from`) distils the ladder's stage of that algorithm; with no --out_dir, a run never
+    writes over a ladder stage (out/dpo is the ladder's: the run goes to out/my_dpo).
+    -> (overrides, a line saying what was chosen, or "")."""
+    overrides, chosen = dict(overrides), []
+    cfg = make_config(overrides)
+    module, root = algo_module(cfg["algo"]), os.path.dirname(DEFAULTS["out_dir"])
+    resuming = cfg["init_from"] == "resume"  # (its out_dir is chosen as the run's was)
+    for key, algo, given in (("init_from", getattr(module, "starts_from", None), cfg["init_from"] != "scratch"),
+                             ("teacher", getattr(module, "teacher_from", None), cfg.get("teacher"))):
+        stage = algo and not given and not resuming and ladder_stage(root, algo, cfg["env"])
+        if stage:
+            overrides[key] = stage
+            chosen.append(f"--{key}={stage} (the ladder's {os.path.basename(stage)} stage)")
+    if "out_dir" not in overrides and os.path.isfile(os.path.join(cfg["out_dir"], "ladder.json")):
+        overrides["out_dir"] = os.path.join(os.path.dirname(cfg["out_dir"]), "my_" + os.path.basename(cfg["out_dir"]))
+        chosen.append(f"--out_dir={overrides['out_dir']} ({cfg['out_dir']} is a ladder stage)")
+    return overrides, (f"{cfg['algo']}: " + ", ".join(chosen) + "; pass these keys to choose others") if chosen else ""
 
 
 def train(overrides):
@@ -327,8 +439,11 @@ def train(overrides):
         return metrics
 
     from tqdm import tqdm
+    # in a terminal the bar redraws 10 times a second; into a file or a pipe (a log, the ladder) every
+    # 30 s, so that a log holds a few lines per run rather than thousands of carriage returns
     bar = tqdm(range(start_iter, cfg["max_iters"]), initial=start_iter, total=cfg["max_iters"],
-               disable=not run.master, dynamic_ncols=True, desc=cfg["algo"])
+               disable=not run.master, dynamic_ncols=True, desc=cfg["algo"],
+               mininterval=0.1 if sys.stderr.isatty() else 30)
     metrics = {}
     if start_iter == 0 and cfg["eval_interval"] > 0:
         metrics = evaluate(0)
@@ -403,8 +518,17 @@ def train(overrides):
 
 if __name__ == "__main__":
     try:
-        overrides = parse_args(sys.argv[1:])
+        argv = [arg for arg in sys.argv[1:] if arg not in ("--help", "-h")]
+        overrides = parse_args(argv)
+        if len(argv) < len(sys.argv) - 1:
+            print(help_text(make_config(overrides)["algo"]))
+            sys.exit(0)
+        overrides, chosen = after_the_ladder(overrides)
+        if chosen and int(os.environ.get("RANK", "0")) == 0:
+            print(chosen, flush=True)
         check_start(overrides)
         train(overrides)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
+    except ModuleNotFoundError as e:
+        sys.exit(f"error: {C.optional_dependency(e)}")

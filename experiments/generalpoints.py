@@ -15,7 +15,7 @@ training time, so a mismatch (a busy machine) shows. Each arm is evaluated --eva
 start (greedy accuracy on --eval_problems hands of each split, the same problems for both arms).
 
     python experiments/generalpoints.py                                    # trains out/generalpoints/init first
-    python experiments/generalpoints.py --plot=assets/generalpoints.png    # the README's figure
+    python experiments/generalpoints.py --plot=docs/img/generalpoints.png    # the README's figure
     python experiments/generalpoints.py --init_from=out/gp_sft --rl_iters=80 --set env_direct_frac=0.0
     python experiments/generalpoints.py --quick --out=/tmp/gp               # a toy-size smoke test (numbers mean nothing)
 

@@ -61,7 +61,7 @@ def sampler_vs_generate(device, tiny, repeats):
     try:
         hf = ours.to_transformers()
     except ImportError:
-        print("transformers is not installed: the sampler runs alone")
+        print("transformers is not installed: the sampler runs alone (for the comparison: pip install -r requirements-extra.txt)")
         hf = None
     autocast = C.setup_device(dict(device=device)).autocast
     if hf is not None:  # identical weights, else the comparison means nothing

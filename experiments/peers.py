@@ -1,8 +1,8 @@
 """
-The project against transformers and TRL, side by side, on the shared peer workloads (issue 13
-part 5). The workloads are the ones the shared bench defines (BENCH/peers/README.md: a tiny
+The project against transformers and TRL, side by side, on the peer workloads of
+experiments/peer_bench/. The workloads are the ones it defines (peer_bench/peers/README.md: a tiny
 GPT-2, vocab 512, 4 layers, 128 wide, seed 0); the peer side runs its scripts unmodified through
-BENCH/side_by_side (prep.py, gen_side.py, peer_run.py); this file runs the project's side of each
+peer_bench/side_by_side (prep.py, gen_side.py, peer_run.py); this file runs the project's side of each
 workload with the current code and interleaves the two (peer, project, peer, project, ...), every
 measurement in a fresh process, one at a time, pinned to one core with one thread (sampling: also
 two cores and two threads). Ratios are project / peer throughput (> 1: the project is faster),
@@ -12,7 +12,7 @@ median [min..max] over the pairs.
     python experiments/peers.py --peer_python=PEER_VENV/bin/python --tiny     # checks that it runs
     python experiments/peers.py --peer_python=... --workloads=sampling,sft --repeats=5
 
-PEER_VENV: torch 2.13 CPU with transformers, trl and datasets (BENCH/peers/requirements.txt); this
+PEER_VENV: torch 2.13 CPU with transformers, trl and datasets (experiments/peer_bench/peers/requirements.txt); this
 script itself runs with the project's Python. Workloads:
   sampling  GPT.generate vs transformers' generate, batch 1, 8, 64, 32-token prompts, exactly 128
             new tokens, temperature 1; 1 thread and 2 threads (gen_side.py: both in one process)
@@ -38,7 +38,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = "/work/shared/bench"
+BENCH = os.path.join(ROOT, "experiments", "peer_bench")
 WORKLOADS = ("sampling", "dpo", "grpo", "grpo_kl", "sft")
 GRPO_SHAPES, TINY_GRPO_SHAPES = ((2, 8, 32), (16, 8, 64)), ((2, 8, 32),)
 KL = dict(kl="k3_loss", kl_coef=0.04)  # the project's side of TRL's beta=0.04
@@ -154,7 +154,7 @@ def run_json(cmd, env, log, cwd=None):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peer_python", default=sys.executable, help="a Python with transformers and trl")
-    parser.add_argument("--bench", default=BENCH, help="the shared bench (peers/ and side_by_side/)")
+    parser.add_argument("--bench", default=BENCH, help="the peer workloads (peers/ and side_by_side/)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--repeats", type=int, default=3, help="peer/project pairs per workload")
     parser.add_argument("--tiny", action="store_true", help="few steps, one pair: checks that it runs")
@@ -188,6 +188,12 @@ def main():
                f"--perf_dir={args.perf_dir}"] + (["--tiny"] if args.tiny else [])
         return measure(tag, cmd)
 
+    stack = subprocess.run([args.peer_python, "-c", "import transformers, trl, datasets"], capture_output=True, text=True)
+    if stack.returncode != 0:  # the peer stack is optional: say what it needs in one line
+        missing = stack.stderr.strip().splitlines()[-1] if stack.stderr.strip() else "it failed to import"
+        sys.exit(f"error: --peer_python={args.peer_python} has no peer stack ({missing}): "
+                 "pip install -r experiments/peer_bench/peers/requirements.txt in a second environment, "
+                 "then pass --peer_python=THAT_ENV/bin/python")
     t_start = time.time()
     # the model (the peers' seed-0 GPT-2, save_pretrained) and the data files, as the harness makes them
     subprocess.run([args.peer_python, os.path.join(side, "prep.py")], env=env, check=True, stdout=subprocess.DEVNULL)

@@ -276,3 +276,87 @@ def test_command_line_errors_are_one_line():
     out = subprocess.run([sys.executable, "train.py", "--algo", "nope"], cwd=root, capture_output=True, text=True)
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.startswith("error: unknown algo 'nope'; choose from dpo, grpo, ") and out.stderr.count("\n") == 1
+
+
+# -- the command line: --help, the ladder's checkpoints, optional packages, logs ----------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_script(*args, cwd=ROOT, env=None):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, env=env)
+
+
+def test_config_comments_read_the_line_then_the_lines_above_then_merged_dicts(tmp_path, monkeypatch):
+    (tmp_path / "other_cfg.py").write_text("KEYS = dict(\n    merged=1,  # from the other file\n)\n")
+    (tmp_path / "main_cfg.py").write_text(
+        "import other_cfg\n"
+        "defaults = dict(\n"
+        "    a=1,            # a's own comment\n"
+        "    # b's comment,\n"
+        "    # on two lines\n"
+        "    b=2,\n"
+        "    c=3, d=4,       # shared by c and d\n"
+        "    **other_cfg.KEYS,\n"
+        ")\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import main_cfg
+    assert T.config_comments(main_cfg, "defaults") == {
+        "merged": "from the other file", "a": "a's own comment", "b": "b's comment, on two lines",
+        "c": "shared by c and d", "d": "shared by c and d"}
+
+
+@pytest.mark.parametrize("algo", T.available_algos())
+def test_help_describes_every_option_with_its_default(algo):
+    cfg = T.make_config(dict(algo=algo))
+    lines = {line.split("=", 1)[0].strip(): line for line in T.help_text(algo).splitlines() if line.startswith("  --")}
+    assert set(lines) == {f"--{key}" for key in cfg}
+    for key, value in cfg.items():
+        shown, description = lines[f"--{key}"].split(None, 1)[0], lines[f"--{key}"][40:].strip()
+        assert shown.rstrip("*") == f"--{key}={value!r}" and description, key
+
+
+def test_help_on_the_command_line():
+    out = run_script("train.py", "--algo", "grpo", "--help")
+    assert out.returncode == 0 and out.stderr == ""
+    assert "--kl_coef=0.04" in out.stdout and "--learning_rate=0.0001*" in out.stdout and "usage: python train.py" in out.stdout
+
+
+def test_after_the_ladder_a_run_starts_from_its_stages_and_writes_elsewhere(tmp_path, monkeypatch):
+    """With no --init_from / --teacher / --out_dir: the ladder's checkpoint for the task, its grpo stage
+    as OPD's teacher, and out/my_ALGO instead of a ladder stage; what is given is kept."""
+    for name, algo, env in (("sft", "sft", "arithmetic"), ("calc_sft", "sft", "calculator"),
+                            ("grpo", "grpo", "arithmetic"), ("dpo", "dpo", "arithmetic"), ("my_sft", "sft", "arithmetic")):
+        os.makedirs(tmp_path / "out" / name)
+        for file in ("ckpt.pt", "ladder.json") if name != "my_sft" else ("ckpt.pt",):
+            (tmp_path / "out" / name / file).write_text("{}")
+        (tmp_path / "out" / name / "config.json").write_text(json.dumps(dict(algo=algo, env=env)))
+    monkeypatch.chdir(tmp_path)
+    overrides, line = T.after_the_ladder(dict(algo="dpo"))
+    assert overrides == dict(algo="dpo", init_from="out/sft", out_dir="out/my_dpo")
+    assert line == ("dpo: --init_from=out/sft (the ladder's sft stage), --out_dir=out/my_dpo (out/dpo is a ladder "
+                    "stage); pass these keys to choose others")
+    assert T.after_the_ladder(dict(algo="grpo", env="calculator"))[0]["init_from"] == "out/calc_sft"
+    assert T.after_the_ladder(dict(algo="opd"))[0] == dict(algo="opd", init_from="out/sft", teacher="out/grpo")
+    assert T.after_the_ladder(dict(algo="dpo", init_from="x", out_dir="y")) == (dict(algo="dpo", init_from="x", out_dir="y"), "")
+    assert T.after_the_ladder(dict(algo="dpo", init_from="resume"))[0] == dict(algo="dpo", init_from="resume", out_dir="out/my_dpo")
+    assert T.after_the_ladder(dict(algo="sft"))[0] == dict(algo="sft", out_dir="out/my_sft")  # from scratch, as always
+    assert T.after_the_ladder(dict(algo="ppo", env="generalpoints")) == (dict(algo="ppo", env="generalpoints"), "")
+
+
+def test_a_missing_optional_package_is_one_line(tmp_path, tiny):
+    """export.py without transformers: the install command, no traceback."""
+    T.train(dict(tiny, max_iters=1))
+    blocked = "import sys; sys.modules['transformers'] = None; import runpy; sys.argv = sys.argv[1:]; " \
+              "runpy.run_path(sys.argv[0], run_name='__main__')"
+    out = run_script("-c", blocked, "export.py", tiny["out_dir"], str(tmp_path / "hf"))  # (train.py: the same helper)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr == "error: this needs the optional package transformers: pip install -r requirements-extra.txt\n"
+
+
+def test_progress_bar_does_not_flood_a_log(tiny, capsys):
+    """Into a pipe or a file (pytest's capture) the bar redraws every 30 s, not 10 times a second."""
+    T.train(dict(tiny, max_iters=40, log_interval=10))
+    assert capsys.readouterr().err.count("\r") <= 3
