@@ -500,7 +500,7 @@ def train(overrides):
             if grad_norm is not None:
                 row["grad_norm"] = float(grad_norm)
             log(row)
-            bar.set_postfix(loss=f"{row['loss']:.4f}")
+            bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)  # shown at the next redraw
         if cfg["eval_interval"] > 0 and ((it + 1) % cfg["eval_interval"] == 0 or it + 1 == cfg["max_iters"]):
             metrics = evaluate(it + 1)
             if run.master:
