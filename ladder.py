@@ -345,14 +345,14 @@ def seeds_row(name, runs, options):
 def passport(stage_dir, record, link):
     """The run's own passport.md, linked; else a short one from its config; with the ladder's record
     of the torch version and thread count it ran with."""
-    runtime = f"torch {record.get('torch', '?')}, {record.get('threads', '?')} threads"
+    cfg = read_json(os.path.join(stage_dir, "config.json"))
+    runtime = f"torch {record.get('torch', '?')}, {record.get('threads', '?')} threads, seed {cfg['seed']}"
     if os.path.isfile(os.path.join(stage_dir, "passport.md")):
         return f"passport: [{link}/passport.md]({link}/passport.md); {runtime}"
-    cfg = read_json(os.path.join(stage_dir, "config.json"))
     samples = f", [samples.txt]({link}/samples.txt)" if os.path.isfile(os.path.join(stage_dir, "samples.txt")) else ""
     return (f"passport: `--algo {cfg['algo']}` from `{cfg['init_from']}`, {cfg['max_iters']} iterations of "
-            f"{cfg['batch_size']} × {cfg['gradient_accumulation_steps']} rows at lr {cfg['learning_rate']:g}, seed "
-            f"{cfg['seed']}; {runtime}; task {', '.join(f'{k}={v}' for k, v in cfg.items() if k.startswith('env'))}; "
+            f"{cfg['batch_size']} × {cfg['gradient_accumulation_steps']} rows at lr {cfg['learning_rate']:g}; "
+            f"{runtime}; task {', '.join(f'{k}={v}' for k, v in cfg.items() if k.startswith('env'))}; "
             f"[config.json]({link}/config.json){samples}")
 
 

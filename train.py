@@ -75,8 +75,8 @@ DEFAULTS = dict(
     data="",                    # a json/jsonl/parquet file or hub dataset; "" = the built-in environment
     skip_bad_rows=False,        # malformed data rows: False = error naming file/row/field, True = skip and count
     # the default task: 3-step chains of 1-digit operands; half the SFT demonstrations give only the
-    # answer, half the worked steps (envs.py, docs/task.md)
-    env="arithmetic",           # the task: arithmetic | generalpoints | calculator | treasure | gsm8k (envs.py)
+    # answer, half the worked steps (envs/arithmetic.py, docs/task.md)
+    env="arithmetic",           # the task: arithmetic | generalpoints | calculator | treasure | gsm8k (envs/)
     env_digits=1,               # digits of each operand
     env_ops=3,                  # operations per problem
     env_direct_frac=0.5,        # share of SFT demonstrations that give only the answer; 0.0 = every one worked

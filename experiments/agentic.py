@@ -1,5 +1,5 @@
 """
-Reward the outcome, constrain the process (issue 11 part 6; SPEC §3 RLVP, §4): from one SFT
+Reward the outcome, constrain the process (SPEC §3 RLVP, §4): from one SFT
 checkpoint of the calculator environment (--env=calculator), GRPO with four rewards side by side,
 the same iterations each:
 

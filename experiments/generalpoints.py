@@ -1,5 +1,5 @@
 """
-SFT memorises, RL generalises (issue 12; SPEC §2, §4 GeneralPoints; Ch7 Exp 7-11; Chu et al. 2025):
+SFT memorises, RL generalises (SPEC §2, §4 GeneralPoints; Ch7 Exp 7-11; Chu et al. 2025):
 from one SFT initialisation on --env=generalpoints, keep training with more SFT or with RL (GRPO,
 the default recipe) for the same training time, and evaluate both along the way in distribution
 (held-out hands, J, Q, K = 10 as in training) and out of distribution (the rule changes: J, Q, K =

@@ -1,5 +1,5 @@
 """
-The GPU path in one prepared run (issue 13 part 6), on a GPT-2-sized model (124M body: 12 layers,
+The GPU path in one prepared run, on a GPT-2-sized model (124M body: 12 layers,
 12 heads, 768 wide) with random weights, so nothing is downloaded:
 
   1. sampling: the KV-cache sampler against transformers' `generate` on identical weights (GPT-2's

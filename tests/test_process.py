@@ -1,4 +1,4 @@
-"""Process vs outcome rewards and RLVP (issue 11; SPEC §3): where step rewards land, GRPO's process
+"""Process vs outcome rewards and RLVP (SPEC §3): where step rewards land, GRPO's process
 advantages, GAE across tool results, RLVP's channel normalisation and its four rules, tiny runs."""
 
 import json

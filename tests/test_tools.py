@@ -1,4 +1,4 @@
-"""Tool calls inside generation (issue 11): rows pause and resume independently, tokens in = tokens
+"""Tool calls inside generation: rows pause and resume independently, tokens in = tokens
 out across turns, a bound on calls, and the forced tool tokens carry no weight in any loss."""
 
 import contextlib
