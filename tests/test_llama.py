@@ -363,6 +363,12 @@ def test_gsm8k_recipes_sft_then_grpo(chat_model_dir, tmp_path):
     ppo = T.train(recipe("gsm8k_ppo", sft_dir, chat_model_dir, tmp_path / "ppo", env_data=data, prompts_pool=8,
                          minibatches=1, ppo_epochs=1))
     assert "heldout_acc" in ppo.metrics
+    # OPD (the SFT model as its teacher) takes the dataset's prompts through the same environment
+    opd = T.train(dict(algo="opd", env="gsm8k", env_data=data, init_from=sft_dir, tokenizer=chat_model_dir, teacher=sft_dir,
+                       out_dir=str(tmp_path / "opd"), device="cpu", plot=False, block_size=256, max_iters=1, batch_size=2,
+                       prompts_per_iter=2, eval_interval=1, eval_problems=2, eval_batch_size=4, max_new_tokens=6,
+                       eval_samples=0))
+    assert "heldout_acc" in opd.metrics and "ood_acc" not in opd.metrics
 
 
 CHOSEN_REJECTED = [("What is 12 plus 30?", "42.", "43."), ("The capital of France?", "Paris.", "Rome."),
@@ -384,6 +390,12 @@ def test_preference_recipes_rm_then_dpo_on_implicit_prompts(chat_model_dir, tmp_
     assert rm.tok.hf.decode([i for i, m in zip(pair["responses"][0], pair["masks"][0]) if m]) == "42.<|im_end|>"
     assert pair["prompt"] == rm.tok.render_chat(rows[0]["chosen"][:2], add_generation_prompt=True)[0]
     assert rm.tok.hf.decode(pair["responses"][1]) == "43.<|im_end|>\n"
+    # SFT on the same conversations as message lists: the template's ids and mask, row by row
+    messages = write_jsonl(tmp_path / "messages.jsonl", [{"messages": row["chosen"]} for row in rows])
+    sft = T.train(recipe("gsm8k_sft", chat_model_dir, chat_model_dir, tmp_path / "sft", env="arithmetic", data=messages,
+                         eval_interval=0))
+    assert sorted(sft.train_examples + sft.val_examples) == sorted(
+        tuple(sft.tok.render_chat(row["chosen"])) for row in rows)
     dpo = T.train(recipe("pref_dpo", chat_model_dir, chat_model_dir, tmp_path / "dpo", data=data, heldout_prompts=2))
     assert dpo.raw_model.config.qkv_bias and dpo.metrics
     with pytest.raises(ValueError, match="row 1: field 'rejected': shares no prompt message"):
