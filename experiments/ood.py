@@ -20,8 +20,9 @@ same demonstrations) and GRPO (its default recipe) for equal training time, two 
 evaluated on --eval_problems held-out problems and as many of the --split candidate split every
 --rl_iters / --evals GRPO iterations and at the matching SFT training time. Each arm runs in
 segments resumed from its checkpoint (init_from=resume continues exactly: optimizer, schedule, data
-order); SFT gets the iterations that fit in each GRPO segment's measured training time at the SFT
-rate of its own previous segment (the first: the start's metrics). It writes results.json, ood.md
+order); SFT gets the iterations that fit in GRPO's measured training time up to each evaluation at
+the SFT rate of its own previous segments (the first: the start's metrics.jsonl, or two timed
+iterations when the start has none). It writes results.json, ood.md
 (the table) and the plot into --out.
 
     python experiments/ood.py --search --init_from=out/sft                   # step 1 (~3 min)
@@ -137,15 +138,25 @@ def sft_rate(out_dir):
 def arm_curve(args, common, arm, seed, start):
     """One arm and seed in segments: [{iter, seconds, heldout, heldout_band, ood, ood_band}] with the start first."""
     out_dir, points, iters, rate = os.path.join(args.out, f"{arm}_{seed}"), [dict(start, iter=0, seconds=0.0)], 0, None
-    segment = max(1, args.rl_iters // args.evals)
+    segment, begun = max(1, args.rl_iters // args.evals), []
+
+    def advance(max_iters):  # train to max_iters: from the start the first time, then resumed
+        r = run(dict(common, **ARMS[arm], seed=seed, max_iters=max_iters, eval_interval=0, checkpoint=True,
+                     out_dir=out_dir, init_from="resume" if begun else args.init_from))
+        begun.append(max_iters)
+        return r
+
     for k in range(1, args.evals + 1):
         if arm == "grpo":
             iters += segment
         else:  # as many SFT iterations as fit in GRPO's training time up to this evaluation
-            rate = rate or sft_rate(args.init_from)
-            iters = max(iters + 1, round(args.budget[k - 1] / rate))
-        base = dict(common, **ARMS[arm], seed=seed, max_iters=iters, eval_interval=0, checkpoint=True, out_dir=out_dir)
-        r = run(dict(base, init_from=args.init_from) if k == 1 else dict(base, init_from="resume"))
+            if rate is None and os.path.isfile(os.path.join(args.init_from, "metrics.jsonl")):
+                rate = sft_rate(args.init_from)
+            elif rate is None:  # a start without its log: two iterations time SFT on this machine
+                advance(2)
+                rate = sft_rate(out_dir)
+            iters = max(iters + 1, *begun[-1:], round(args.budget[k - 1] / rate))
+        r = advance(iters)
         seconds = training_seconds(out_dir)
         if arm == "sft":
             rate = sft_rate(out_dir)

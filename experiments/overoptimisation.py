@@ -167,11 +167,12 @@ def main():
     parser.add_argument("--reward_model", default="", help="a proxy RM checkpoint (default: train one)")
     parser.add_argument("--rm_prompts", type=int, default=256, help="training prompts of the proxy's verifier pairs")
     parser.add_argument("--bon_problems", type=int, default=500, help="held-out prompts for Best-of-N")
-    parser.add_argument("--bon_max", type=int, default=32, help="the largest N (a power of two)")
-    parser.add_argument("--ppo_iters", type=int, default=100, help="PPO iterations against the proxy")
+    parser.add_argument("--bon_max", type=int, default=16, help="the largest N (a power of two)")
+    parser.add_argument("--ppo_iters", type=int, default=40, help="PPO iterations against the proxy")
     parser.add_argument("--kl_coef", type=float, default=0.01, help="PPO's KL coefficient β")
-    parser.add_argument("--bin", type=int, default=10, help="PPO iterations per plotted point")
+    parser.add_argument("--bin", type=int, default=8, help="PPO iterations per plotted point")
     parser.add_argument("--eval_problems", type=int, default=500, help="held-out problems per PPO evaluation")
+    parser.add_argument("--ppo_evals", type=int, default=1, help="PPO's greedy held-out evaluations after its start")
     parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke test (numbers mean nothing)")
     parser.add_argument("--out", default="out/overoptimisation")
     parser.add_argument("--plot", default="", help="the plot's path (default: OUT/overoptimisation.png)")
@@ -179,6 +180,7 @@ def main():
     args = parser.parse_args()
     if args.quick:
         args.rm_prompts, args.bon_problems, args.bon_max, args.ppo_iters, args.bin, args.eval_problems = 16, 4, 4, 4, 2, 4
+        args.ppo_evals = 4
         if not args.init_from:
             args.init_from = os.path.join(args.out, "sft")
             run(dict(QUICK, algo="sft", max_iters=2, eval_interval=0, checkpoint=True, out_dir=args.init_from))
@@ -196,7 +198,7 @@ def main():
     results["best_of_n"] = best_of_n(args, common, reward_model)
     out_dir = os.path.join(args.out, "ppo")
     run(dict(common, algo="ppo", init_from=args.init_from, reward="rm", reward_model=reward_model,
-             kl_coef=args.kl_coef, max_iters=args.ppo_iters, eval_interval=max(1, args.ppo_iters // 4),
+             kl_coef=args.kl_coef, max_iters=args.ppo_iters, eval_interval=max(1, args.ppo_iters // args.ppo_evals),
              eval_best_of_n=0, out_dir=out_dir))
     results["ppo"], results["ppo_evals"] = ppo_curve(out_dir, args.bin)
     results["turning_points"] = {name: turning_point(results[name]) for name in ("best_of_n", "ppo")}
