@@ -185,7 +185,11 @@ def dataset_splits(path, check):
         if len(rows) < 2:
             raise ValueError(f"{path}: needs at least 2 rows (train and held out)")
         return rows[:-held], rows[-held:]
-    return checked(load_rows(path, "train"), f"{path} (train)"), checked(load_rows(path, "test"), f"{path} (test)")
+    try:
+        train, test = load_rows(path, "train"), load_rows(path, "test")
+    except OSError as e:  # (datasets' connection and not-found errors are OSErrors)
+        raise ValueError(f"dataset {path!r}: cannot load it ({str(e).splitlines()[0]})") from None
+    return checked(train, f"{path} (train)"), checked(test, f"{path} (test)")
 
 
 def encode_rows(run, path, rows, encode):

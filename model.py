@@ -359,7 +359,7 @@ def hf_family(name_or_dir):
     try:
         raw = PretrainedConfig.get_config_dict(name_or_dir)[0]
     except OSError as e:  # neither a directory with config.json nor a reachable hub name
-        raise ValueError(f"{name_or_dir}: no transformers checkpoint there ({e})") from None
+        raise ValueError(f"{name_or_dir}: no transformers checkpoint there ({str(e).splitlines()[0]})") from None
     archs, family = raw.get("architectures") or [], raw.get("model_type")
     if family in HF_ARCHITECTURES and (not archs or HF_ARCHITECTURES[family] in archs):
         return family

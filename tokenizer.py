@@ -216,7 +216,10 @@ class ChatTemplateTokenizer:
             from transformers import AutoTokenizer
         except ImportError:
             raise ImportError(f"tokenizer={name!r} needs the optional transformers package: pip install transformers") from None
-        self.name, self.hf = name, AutoTokenizer.from_pretrained(name)
+        try:
+            self.name, self.hf = name, AutoTokenizer.from_pretrained(name)
+        except OSError as e:  # not a directory with a tokenizer, and the hub unreachable or without it
+            raise ValueError(f"tokenizer {name!r}: cannot load it ({str(e).splitlines()[0]})") from None
         if not self.hf.chat_template or not self.hf.is_fast:
             raise ValueError(f"tokenizer {name!r}: needs a fast tokenizer with a chat template")
         self.plain = type(self.hf.backend_tokenizer).from_str(self.hf.backend_tokenizer.to_str())

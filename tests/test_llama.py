@@ -158,6 +158,11 @@ def test_unsupported_architecture_is_an_error_naming_it(tmp_path):
     cfg = dict(init_from=str(tmp_path), block_size=64, dropout=0.0)
     with pytest.raises(ValueError, match="MambaForCausalLM"):
         C.build_model(cfg, None)
+    # a hub name that cannot be reached (offline here) is a one-line error too, for weights, tokenizer, dataset
+    from tokenizer import make_tokenizer
+    for load in (GPT.from_pretrained, make_tokenizer, lambda name: C.dataset_splits(name, GSM8K.check_row)):
+        with pytest.raises(ValueError, match="nobody/nothing.*(no transformers checkpoint|cannot load it)"):
+            load("nobody/nothing")
 
 
 def test_llama3_rope_scaling_matches_transformers(tmp_path):
