@@ -517,6 +517,7 @@ def train(overrides):
 
 
 if __name__ == "__main__":
+    first_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, one process speaks
     try:
         argv = [arg for arg in sys.argv[1:] if arg not in ("--help", "-h")]
         overrides = parse_args(argv)
@@ -524,11 +525,11 @@ if __name__ == "__main__":
             print(help_text(make_config(overrides)["algo"]))
             sys.exit(0)
         overrides, chosen = after_the_ladder(overrides)
-        if chosen and int(os.environ.get("RANK", "0")) == 0:
+        if chosen and first_process:
             print(chosen, flush=True)
         check_start(overrides)
         train(overrides)
     except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+        sys.exit(f"error: {e}" if first_process else 1)
     except ModuleNotFoundError as e:
-        sys.exit(f"error: {C.optional_dependency(e)}")
+        sys.exit(f"error: {C.optional_dependency(e)}" if first_process else 1)
