@@ -371,6 +371,8 @@ def plot_ladder(root, results, options):
     for branch, stages in branches:
         if not stages:
             continue
+        if x:
+            ax.axvline(x - 0.8, color="grey", linestyle=":", linewidth=1)  # between the branches
         first = x
         for name, runs in stages:
             for offset, key, color in ((-0.2, "greedy_acc", "C0"), (0.2, "sampled_acc", "C1")):
@@ -381,13 +383,15 @@ def plot_ladder(root, results, options):
             x += 1
         ax.text((first + x - 1) / 2, -0.28, branch, ha="center", transform=ax.get_xaxis_transform(), fontsize=10)
         x += 0.6  # a gap between the branches
-    seeds = max(len(runs) for _, runs in policies)
+    seeds = sorted({len(runs) for name, runs in policies if name not in SHARED})
     ax.bar(0, 0, color="C0", label="greedy"), ax.bar(0, 0, color="C1", label="sampled, T = 1")
     ax.set_xticks(ticks, labels, rotation=30, ha="right")
     ax.set_ylabel(f"held-out accuracy ({options['eval_n']} problems)")
-    ax.set_title("mean ± band over " + (f"{seeds} seeds" if seeds > 1 else "the held-out problems (one seed)"), fontsize=10)
+    counts = f"{seeds[0]}" if seeds and seeds[0] == seeds[-1] else f"{seeds[0]}–{seeds[-1]}" if seeds else "1"
+    ax.set_title(f"mean ± band over {counts} seeds per stage after SFT" if seeds and seeds[-1] > 1
+                 else "± the binomial band of one run", fontsize=10)
     ax.set_ylim(0, 1)
-    ax.legend(loc="upper right")
+    ax.legend(loc="upper left")
     start = 0.0
     for row, (name, runs) in enumerate(results.items()):
         minutes = runs[0][1]["wall_time"] / 60
