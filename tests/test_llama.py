@@ -304,6 +304,9 @@ def test_gsm8k_verifier_and_splits(tmp_path):
         C.config_env(dict(env="gsm8k", env_data=path))
     with pytest.raises(ValueError, match="--algo grpo takes its prompts from the environment, not --data"):
         T.make_config(dict(algo="grpo", data=path))
+    T.check_start(dict(algo="grpo", init_from="Qwen/Qwen2.5-0.5B-Instruct"))  # a hub name: RL may start from it
+    with pytest.raises(ValueError, match="has no ckpt.pt; make it with `python train.py --algo sft"):
+        T.check_start(dict(algo="grpo", init_from="no_such_out/sft"))  # owner/name-shaped, but the ladder's path
 
 
 def gsm8k_rows(n):
