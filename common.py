@@ -38,11 +38,14 @@ OPTIONAL = dict(transformers="pip install -r requirements-extra.txt", safetensor
 
 
 def optional_dependency(error):
-    """A ModuleNotFoundError of an optional package as one line; any other is raised again."""
-    package = (error.name or "").split(".")[0]
-    if package not in OPTIONAL:
-        raise error
-    return f"this needs the optional package {package}: {OPTIONAL[package]}"
+    """An ImportError of an optional package as one line: a missing module of OPTIONAL, or an error
+    that already names its install command; any other is raised again."""
+    package = (getattr(error, "name", None) or "").split(".")[0]
+    if package in OPTIONAL:
+        return f"this needs the optional package {package}: {OPTIONAL[package]}"
+    if "pip install" in str(error):
+        return str(error)
+    raise error
 
 
 # ----------------------------------------------------------------------------------------------

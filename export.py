@@ -47,6 +47,6 @@ if __name__ == "__main__":
         export(*sys.argv[1:])
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
-    except ModuleNotFoundError as e:
+    except ImportError as e:  # transformers, which the export needs, is optional
         sys.exit(f"error: {C.optional_dependency(e)}")
     print(f"wrote {sys.argv[2]}: load it with transformers.AutoModelForCausalLM.from_pretrained({sys.argv[2]!r})")

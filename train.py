@@ -531,5 +531,5 @@ if __name__ == "__main__":
         train(overrides)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}" if first_process else 1)
-    except ModuleNotFoundError as e:
+    except ImportError as e:  # an optional package (transformers, ...) that is not installed
         sys.exit(f"error: {C.optional_dependency(e)}" if first_process else 1)

@@ -347,13 +347,16 @@ def test_after_the_ladder_a_run_starts_from_its_stages_and_writes_elsewhere(tmp_
 
 
 def test_a_missing_optional_package_is_one_line(tmp_path, tiny):
-    """export.py without transformers: the install command, no traceback."""
+    """export.py and GPT-2 weights without transformers: the install command in one line, no traceback."""
     T.train(dict(tiny, max_iters=1))
     blocked = "import sys; sys.modules['transformers'] = None; import runpy; sys.argv = sys.argv[1:]; " \
               "runpy.run_path(sys.argv[0], run_name='__main__')"
-    out = run_script("-c", blocked, "export.py", tiny["out_dir"], str(tmp_path / "hf"))  # (train.py: the same helper)
+    out = run_script("-c", blocked, "export.py", tiny["out_dir"], str(tmp_path / "hf"))
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr == "error: this needs the optional package transformers: pip install -r requirements-extra.txt\n"
+    out = run_script("-c", blocked, "train.py", "--init_from=gpt2", f"--out_dir={tmp_path / 'gpt2'}")
+    assert out.returncode == 1 and out.stderr.startswith("error: ") and "pip install" in out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
 
 
 def test_progress_bar_does_not_flood_a_log(tiny, capsys):
