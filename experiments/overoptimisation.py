@@ -56,7 +56,7 @@ def proxy_model(args, common):
     out = os.path.join(args.out, "rm")
     if not os.path.isfile(os.path.join(out, "ckpt.pt")):
         run(dict(common, algo="rm", init_from=args.init_from, pairs="verifier", train_prompts=args.rm_prompts,
-                 checkpoint=True, out_dir=out))
+                 max_iters=args.rm_iters, eval_interval=args.rm_iters, checkpoint=True, out_dir=out))
     return out
 
 
@@ -166,6 +166,7 @@ def main():
     parser.add_argument("--init_from", default="", help="the SFT checkpoint of the default task (required)")
     parser.add_argument("--reward_model", default="", help="a proxy RM checkpoint (default: train one)")
     parser.add_argument("--rm_prompts", type=int, default=256, help="training prompts of the proxy's verifier pairs")
+    parser.add_argument("--rm_iters", type=int, default=150, help="the proxy's training iterations (rm.py's default)")
     parser.add_argument("--bon_problems", type=int, default=500, help="held-out prompts for Best-of-N")
     parser.add_argument("--bon_max", type=int, default=16, help="the largest N (a power of two)")
     parser.add_argument("--ppo_iters", type=int, default=40, help="PPO iterations against the proxy")
@@ -180,7 +181,7 @@ def main():
     args = parser.parse_args()
     if args.quick:
         args.rm_prompts, args.bon_problems, args.bon_max, args.ppo_iters, args.bin, args.eval_problems = 16, 4, 4, 4, 2, 4
-        args.ppo_evals = 4
+        args.ppo_evals, args.rm_iters = 4, 4
         if not args.init_from:
             args.init_from = os.path.join(args.out, "sft")
             run(dict(QUICK, algo="sft", max_iters=2, eval_interval=0, checkpoint=True, out_dir=args.init_from))
