@@ -247,3 +247,16 @@ def test_every_algorithm_writes_its_passport(tmp_path, algo, extra):
     text = open(tmp_path / algo / "passport.md").read()
     assert all(part in text for part in ("## Data and mode", "## Optimisation", "## Infrastructure", f"--algo {algo}"))
     assert ("verifier's own error rate against the solver: 0.000" in text) == (algo in ("ppo", "rft", "opd", "grpo"))
+
+
+@pytest.mark.parametrize("estimator", ["reinforce", "rloo"])
+def test_batch_scaling_in_the_loop_gives_unit_std_over_the_kept_responses(tmp_path, monkeypatch, estimator):
+    """REINFORCE++ (reinforce + batch) and a group baseline + batch: the rows that train have
+    advantages of population std 1 over the whole batch (dropped groups left out)."""
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
+    run = T.train(dict(TINY, algo="grpo", prompts_per_iter=4, group_size=4, max_new_tokens=8, max_iters=0, estimator=estimator,
+                       adv_scale="batch", on_degenerate="drop", out_dir=str(tmp_path / "run")))
+    rows = [mb for step in grpo.batches(run, 0)[:1] for mb in step]
+    kept = torch.cat([mb["mask"].sum(1) > 0 for mb in rows])
+    adv = torch.cat([mb["advantages"] for mb in rows])[kept]
+    assert len(adv) >= 8 and float(adv.std(correction=0)) == pytest.approx(1.0, abs=1e-5)
