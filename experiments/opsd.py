@@ -100,7 +100,13 @@ def main(argv=None):
         out_dir = os.path.join(args.out, name)
         points, _ = train_arm(arm, args.student, out_dir, schedule(args.iters), args.eval_problems, start)
         results[name] = dict(points=points, ungraded_frac=mean_ungraded(out_dir), anchor_coef=arm["anchor_coef"])
+        report(results, dict(args=vars(args), student=start, privileged_greedy=contexts, arms=results,
+                             wall_seconds=time.time() - t0), args)  # after every arm: a stopped study keeps them
+    print(f"\nresults.json and opsd.png in {args.out} ({time.time() - t0:.0f} s)")
 
+
+def report(results, record, args):
+    """The tables, results.json and the plot of the arms so far."""
     print(f"\n{'arm':<16} {'anchor β':>8} {'ungraded':>8} {'best acc':>8} {'final acc':>9} {'final work':>10}"
           f"   (band ± {band(0.5, args.eval_problems):.3f} at 0.5)")
     for name, r in results.items():
@@ -113,10 +119,8 @@ def main(argv=None):
     for name, r in results.items():
         print(f"{name:<16} " + "  ".join(f"{p['acc']:.3f}/{p['work']:.2f}" for p in r["points"]))
     with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(dict(args=vars(args), student=start, privileged_greedy=contexts, arms=results, wall_seconds=time.time() - t0), f, indent=1)
+        json.dump(record, f, indent=1)
     plot(results, os.path.join(args.out, "opsd.png"))
-    print(f"\nresults.json and opsd.png in {args.out} ({time.time() - t0:.0f} s)")
-
 
 if __name__ == "__main__":
     main()
