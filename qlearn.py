@@ -19,6 +19,7 @@ so the greedy policy prefers the shortest win. Behaviour is ε-greedy: a random 
 probability ε, else the best one (ties broken at random, so an all-zero table explores).
 """
 
+import inspect
 import random
 import sys
 import time
@@ -83,13 +84,26 @@ def q_learning(episodes=10000, alpha=0.5, gamma=0.95, epsilon=0.1, max_steps=100
                 greedy_steps=steps if won else None, wins=wins, seconds=time.time() - t0)
 
 
-def main(argv):
-    """`--key=value` overrides of q_learning's arguments (episodes, alpha, gamma, epsilon, max_steps,
-    eval_every, seed)."""
+def parse_args(argv):
+    """`--key=value` overrides of q_learning's arguments, each read as its default's type (alpha=1e-3
+    is a float, episodes=2000 an int); an unknown key or a value of the wrong type is an error."""
+    defaults = {name: p.default for name, p in inspect.signature(q_learning).parameters.items()}
     kwargs = {}
     for arg in argv:
         key, _, value = arg.lstrip("-").partition("=")
-        kwargs[key] = float(value) if "." in value else int(value)
+        if key not in defaults:
+            raise ValueError(f"unknown argument {key!r}: choose from {', '.join(defaults)}")
+        try:
+            kwargs[key] = type(defaults[key])(value)
+        except ValueError:
+            raise ValueError(f"--{key}={value}: expects {type(defaults[key]).__name__}") from None
+    return kwargs
+
+
+def main(argv):
+    """`--key=value` overrides of q_learning's arguments (episodes, alpha, gamma, epsilon, max_steps,
+    eval_every, seed)."""
+    kwargs = parse_args(argv)
     path = shortest_solution()
     print(f"treasure hunt: {len(path)}-step optimum (BFS): {', '.join(path)}")
     result = q_learning(**kwargs)
@@ -105,4 +119,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except ValueError as e:
+        sys.exit(f"error: {e}")

@@ -1,5 +1,7 @@
 """The treasure hunt (envs/treasure.py: BFS optimum, text interface) and tabular Q-learning (qlearn.py)."""
 
+import pytest
+
 import envs
 import qlearn as Q
 
@@ -31,3 +33,12 @@ def test_q_learning_reaches_greedy_wins_on_a_small_budget():
         assert result["first_win"] is not None and result["greedy_win"] is not None
         assert result["greedy_steps"] == 11  # the greedy policy ends optimal
         assert Q.play_greedy(result["Q"], 100) == (True, 11)
+
+
+def test_command_line_reads_each_value_as_its_defaults_type():
+    """1e-3 is a float (it used to be refused: no dot), 2000 an int; a typo or a fractional count is an error."""
+    assert Q.parse_args(["--alpha=1e-3", "--episodes=2000", "--gamma=1"]) == dict(alpha=0.001, episodes=2000, gamma=1.0)
+    assert type(Q.parse_args(["--gamma=1"])["gamma"]) is float
+    for bad in (["--alpha=fast"], ["--episodes=2.5"], ["--episode=10"]):
+        with pytest.raises(ValueError):
+            Q.parse_args(bad)
