@@ -4,27 +4,22 @@ Ask a trained checkpoint questions with the KV-cache sampler.
     python sample.py out/sft "What is 7 + 8 - 3 + 5?"
     python sample.py out/grpo "Ann had 4 coins, got 9, gave away 2, got 1. How many now?" --temperature=0.8 --n=4
 
-Prints each answer with its log-probability under the sampler and the verifier's verdict when
-the question is one of the built-in task's (its answer can be computed).
+Prints each answer with its log-probability under the sampler and the verifier's verdict when the
+checkpoint's environment recognises the question as one of its own, in any of its phrasings.
 """
 
 import argparse
-import re
 
 import common as C
-from envs import parse_answer
 
 
-def expected_answer(question):
-    """The answer to a symbol-form built-in question ("What is 7 + 8 - 3?"), else None."""
-    m = re.fullmatch(r"What is (\d+(?: [+-] \d+)+)\?", question.strip())
-    if not m:
-        return None
-    tokens = m.group(1).split()
-    value = int(tokens[0])
-    for op, b in zip(tokens[1::2], tokens[2::2]):
-        value = value + int(b) if op == "+" else value - int(b)
-    return value
+def verdict(env, question, answer):
+    """"  [correct]" or "  [wrong]" when the environment recognises the question as one of its own
+    (its parse_problem, in any of its phrasings), else "" (no verdict)."""
+    problem = env.parse_problem(question) if hasattr(env, "parse_problem") else None
+    if problem is None:
+        return ""
+    return "  [correct]" if env.verify(problem, answer) > 0 else "  [wrong]"
 
 
 def main():
@@ -37,14 +32,13 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     model, tok = C.load_model(args.checkpoint), C.load_tokenizer(args.checkpoint)
+    env = C.config_env(C.read_checkpoint(args.checkpoint)["config"])  # the task the checkpoint was trained on
     prompt = tok.prompt_ids(args.question)
     tokens, logprobs = model.generate([prompt] * args.n, args.max_new_tokens, temperature=args.temperature,
                                       stop_tokens=(tok.eos,), seed=args.seed, pad_id=tok.pad)
-    expected = expected_answer(args.question)
     for toks, lps in zip(tokens, logprobs):
         text = tok.decode([t for t in toks if t != tok.eos])
-        verdict = "" if expected is None else ("  [correct]" if parse_answer(text) == expected else "  [wrong]")
-        print(f"{text!r}  (log-prob {sum(lps):.2f}){verdict}")
+        print(f"{text!r}  (log-prob {sum(lps):.2f}){verdict(env, args.question, text)}")
 
 
 if __name__ == "__main__":

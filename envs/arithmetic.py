@@ -28,6 +28,9 @@ HELDOUT_PERCENT = 10  # share of the problem space reserved for held-out evaluat
 ANSWER_FORM = re.compile(r"Answer: (-?[0-9]+)\s*$")  # [0-9], not \d: \d and int() accept "１７" too
 
 
+# The two phrasings of a question (Arithmetic._render), read back by Arithmetic.parse_problem
+_SYMBOL_FORM = re.compile(r"What is ([0-9]+)((?: [+-] [0-9]+)+)\?")
+_WORD_FORM = re.compile(r"[A-Z][a-z]+ had ([0-9]+) [a-z]+, ((?:got|gave away) [0-9]+(?:, (?:got|gave away) [0-9]+)*)\. How many now\?")
 _EQUATION = re.compile(r"-?[0-9]+[+-][0-9]+=-?[0-9]+\.")  # a written step of a worked solution, "7+8=15."
 
 
@@ -71,6 +74,25 @@ class Arithmetic:
         name, item = rng.choice(NAMES), rng.choice(ITEMS)
         moves = ", ".join(f"got {b}" if op == "+" else f"gave away {b}" for op, b in steps)
         return f"{name} had {start} {item}, {moves}. How many now?"
+
+    @staticmethod
+    def parse_problem(prompt):
+        """The problem a question in either of this task's phrasings asks ({prompt, answer, start,
+        steps}, as problems() gives it), or None for any other text: so a question typed by hand
+        (sample.py) gets the verifier's verdict."""
+        prompt = prompt.strip()
+        if m := _SYMBOL_FORM.fullmatch(prompt):
+            parts = m.group(2).split()
+            steps = [(op, int(b)) for op, b in zip(parts[::2], parts[1::2])]
+        elif m := _WORD_FORM.fullmatch(prompt):
+            steps = [("+" if move.startswith("got") else "-", int(move.rsplit(" ", 1)[1]))
+                     for move in m.group(2).split(", ")]
+        else:
+            return None
+        start = value = int(m.group(1))
+        for op, b in steps:
+            value = value + b if op == "+" else value - b
+        return {"prompt": prompt, "answer": value, "start": start, "steps": steps}
 
     @staticmethod
     def _split_of(start, steps):

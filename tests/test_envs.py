@@ -92,3 +92,20 @@ def test_shows_work_reads_only_what_precedes_the_answer():
     assert not env.shows_work("Answer: 12")
     assert not env.shows_work("I think so. Answer: 3=3")  # an '=' after the marker is not work
     assert not env.shows_work("")
+
+
+def test_the_task_reads_back_both_of_its_phrasings():
+    """parse_problem gives back every generated problem, symbol form and word problem alike; sample.py's
+    verdict uses it, so the word problem of its own docstring is judged; other text gets no verdict."""
+    import sample
+    env = Arithmetic(digits=2, n_ops=4, word_frac=0.5)
+    problems = env.problems("train", 200, seed=3) + env.problems("ood", 50, seed=3)
+    assert {p["prompt"].startswith("What is") for p in problems} == {True, False}
+    for p in problems:
+        assert env.parse_problem(p["prompt"]) == {**p, "steps": list(p["steps"])}
+    question = "Ann had 4 coins, got 9, gave away 2, got 1. How many now?"
+    assert env.parse_problem(question)["answer"] == 12
+    assert sample.verdict(env, question, "4+9=13. 13-2=11. 11+1=12. Answer: 12") == "  [correct]"
+    assert sample.verdict(env, question, "Answer: 11") == "  [wrong]"
+    assert sample.verdict(env, "What is 7 + 8 - 3 + 5?", "Answer: 17") == "  [correct]"
+    assert env.parse_problem("What is 7 * 8?") is None and sample.verdict(env, "Hello?", "Answer: 1") == ""
