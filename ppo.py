@@ -93,10 +93,10 @@ defaults = dict(
     # lr 1e-4 drove the KL to the reference to 1.4 nats per response within 30 iterations and accuracy
     # fell; at 3e-5 the default task's policy switches to worked answers within 20 iterations (README).
     learning_rate=3e-5, min_lr=3e-5, warmup_iters=5, max_iters=40, eval_interval=20, log_interval=1,
+    eval_samples=8,             # held-out answers per problem at the temperature: pass@8 is Best-of-8 by the verifier
 )
 
 defaults.update(C.REWARD_KEYS)  # reward_mode and RLVP's β, λ, μ: one definition for grpo.py and ppo.py
-defaults.update(C.BEST_OF_N_KEYS)  # the Best-of-N figure every evaluation logs
 
 
 # ----------------------------------------------------------------------------------------------
@@ -143,12 +143,13 @@ def mode_rewards(mb, cfg, kl_coef):
         path     + the rule engine's signals alone (the inaction trap: an experiment, not a recipe)
     GAE carries each to the tokens before it. PPO has no groups to normalise the channels over; its
     whitening of Â over the batch is the one normaliser, and β_path ≤ 1 keeps the outcome the driver."""
-    mode, kl_penalty = cfg["reward_mode"], -kl_coef * mb["kl"] * mb["mask"]
+    mode = cfg["reward_mode"]
+    outcome = mb["score"] if mode in ("outcome", "rlvp") else torch.zeros_like(mb["score"])
+    rewards = shaped_rewards(outcome, mb["kl"], mb["mask"], kl_coef)  # the KL penalty, built here only
     if mode == "process":
-        return kl_penalty + mb["step_rewards"]
+        return rewards + mb["step_rewards"]
     if mode == "path":
-        return kl_penalty + mb["path_rewards"]
-    rewards = shaped_rewards(mb["score"], mb["kl"], mb["mask"], kl_coef)
+        return rewards + mb["path_rewards"]
     return rewards + cfg["rlvp_beta"] * mb["path_rewards"] if mode == "rlvp" else rewards
 
 
@@ -188,8 +189,7 @@ def clipped_value_loss(values, old_values, returns, value_clip):
 # Models
 
 class PolicyAndCritic(nn.Module):
-    """π_θ and V_ψ as one module: forward(ids) -> (logits, values). Always in eval mode (dropout off),
-    so the loss sees the same function the sampler (which runs in eval mode) used for π_old."""
+    """π_θ and V_ψ as one module: forward(ids) -> (logits, values)."""
 
     def __init__(self, policy, critic):
         super().__init__()
@@ -197,9 +197,6 @@ class PolicyAndCritic(nn.Module):
 
     def forward(self, ids):
         return self.policy(ids), self.critic(ids)
-
-    def train(self, mode=True):
-        return super().train(False)
 
 
 def load_reward_model(run):
@@ -229,6 +226,10 @@ def wrap_model(run, model):
     return PolicyAndCritic(model, critic)
 
 
+needs = ("reference",)  # the loop builds π_ref once: run.ref_model
+loss_dropout = False    # the loop keeps dropout off in the loss: it sees the function the sampler used for π_old
+
+
 def setup(run):
     cfg = run.cfg
     if cfg["reward"] not in ("verifier", "rm"):
@@ -245,7 +246,6 @@ def setup(run):
         raise ValueError("reward_mode=process scores the environment's steps and answer (env.step_rewards): "
                          "it needs reward=verifier")
     run.policy = run.raw_model.policy
-    run.ref_model = C.load_reference(run)
     run.reward_model = C.frozen(load_reward_model(run)).to(run.device) if cfg["reward"] == "rm" else None
     run.kl_coef = cfg["kl_coef"]
     mode = cfg["old_logprobs"]
@@ -429,20 +429,9 @@ def loss(run, model, batch):
 
 
 def evaluate(run, it):
-    """Greedy exact-match accuracy of the policy on held-out and OOD problems (the true task metric,
-    whatever the training reward), and on held-out answers sampled at the training temperature their
-    accuracy, the KL to π_ref and Best-of-N by the verifier."""
-    metrics = {}
-    for split in ("heldout", "ood"):
-        m, transcripts = C.env_accuracy(run, run.raw_model.policy, split, run.cfg["eval_problems"])
-        metrics.update(m)
-        C.write_samples(run, it, transcripts)
-    sampled = C.sampled_reference_kl(run, run.raw_model.policy, run.ref_model, run.cfg["temperature"])
-    metrics.update(heldout_kl_ref=sampled["kl_ref"], heldout_sampled_acc=sampled["sampled_acc"])
-    if run.cfg["eval_best_of_n"] >= 1:  # the upper-bound estimate beside the result (C.BEST_OF_N_KEYS)
-        metrics.update(C.best_of_n(run, run.raw_model.policy, "heldout", C.best_of_n_problems(run.cfg),
-                                   run.cfg["eval_best_of_n"], temperature=run.cfg["temperature"]))
-    return metrics
+    """The policy's greedy held-out and OOD accuracy (the true task metric, whatever the training
+    reward); on sampled held-out answers their accuracy, pass@k and the KL to π_ref."""
+    return C.evaluate_policy(run, run.raw_model.policy, it, run.ref_model, run.cfg["temperature"])[0]
 
 
 def state_dict(run):

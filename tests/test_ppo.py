@@ -106,6 +106,22 @@ def test_kl_penalty_sits_on_response_tokens_and_the_score_on_the_last():
     assert torch.allclose(rewards, expected, atol=1e-7)
 
 
+def test_every_reward_mode_carries_one_kl_penalty():
+    """mode_rewards: −β·k_t once on every response token in every mode, plus the mode's own channel."""
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.float32)
+    kl = torch.tensor([[0.0, 0.5, -1.0, 2.0], [1.0, 0.25, 0.0, 0.0]]) * mask
+    steps = torch.tensor([[0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]])
+    path = torch.tensor([[0.0, -1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    mb = dict(kl=kl, mask=mask, score=torch.tensor([1.0, 0.0]), step_rewards=steps, path_rewards=path)
+    penalty = -0.1 * kl
+    outcome = torch.tensor([[0, 0, 0, 1.0], [0, 0, 0, 0]])
+    cfg = dict(rlvp_beta=0.5)
+    for mode, channel in (("outcome", outcome), ("process", steps), ("path", path), ("rlvp", outcome + 0.5 * path)):
+        got = ppo.mode_rewards(mb, dict(cfg, reward_mode=mode), kl_coef=0.1)
+        assert torch.allclose(got, penalty + channel, atol=1e-7), mode
+    assert float(ppo.mode_rewards(mb, dict(cfg, reward_mode="path"), 0.1)[0, 2]) == pytest.approx(0.1 + 1.0)
+
+
 def test_kl_estimators_worked_value_and_exact_expectation():
     assert float(kl_estimate(torch.tensor(-1.0), torch.tensor(-1.5), "k3")) == pytest.approx(0.106531, abs=1e-6)
     # on a categorical, E_π[k1] and E_π[k3] over tokens drawn from π both equal KL(π‖π_ref)
