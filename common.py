@@ -432,31 +432,6 @@ def response_text(run, tokens):
     return run.tok.decode([t for t in tokens if t != run.tok.eos])
 
 
-def env_accuracy(run, model, split, n, temperature=0.0, samples=1, seed=0):
-    """Exact-match accuracy on `n` problems of `split`, sampled with the KV-cache sampler; with
-    samples > 1 also pass@samples. Problems are spread over ranks and the counts summed.
-    Returns (metrics, transcripts of the first few problems)."""
-    if split not in getattr(run.env, "splits", ("train", "heldout", "ood")):
-        return {}, []  # (a dataset has no ood split: no figures for it)
-    problems = run.env.problems(split, n, seed=seed)[run.rank::run.world_size]
-    prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(samples)]
-    tokens = generate(run, model, prompts, temperature=temperature, seed=seed)[0]
-    texts = [response_text(run, t) for t in tokens]
-    correct = np.array([run.env.verify(p, texts[i * samples + j]) for i, p in enumerate(problems)
-                        for j in range(samples)]).reshape(len(problems), samples)
-    lengths = [len(t) for t in tokens]
-    sums = all_reduce_sum(dict(correct=correct[:, 0].sum(), passed=correct.max(1).sum(), problems=len(problems),
-                               tokens=sum(lengths), responses=len(lengths),
-                               work=sum(map(run.env.shows_work, texts))), run)
-    metrics = {f"{split}_acc": sums["correct"] / sums["problems"], f"{split}_len": sums["tokens"] / sums["responses"]}
-    metrics[f"{split}_work"] = sums["work"] / sums["responses"]  # answers that write their steps (README)
-    if samples > 1:
-        metrics[f"{split}_pass@{samples}"] = sums["passed"] / sums["problems"]
-    transcripts = [f"[{split}] {p['prompt']}\n  -> {texts[i * samples]!r}  (answer {p['answer']}, "
-                   f"reward {correct[i, 0]:.0f})" for i, p in enumerate(problems[:4])]
-    return metrics, transcripts
-
-
 def write_passport(run, text):
     """The run's post-training passport (SPEC §6: data and mode, reward and verification, optimisation,
     infrastructure) as out_dir/passport.md, written by rank 0 at setup."""
@@ -498,25 +473,6 @@ def verifier_check(env, verify, n=64, seed=0):
     probes = len(problems) + len(others)
     return dict(verifier_error_rate=(rejected + accepted) / probes, verifier_false_negatives=rejected,
                 verifier_false_positives=accepted, verifier_probes=probes)
-
-
-@torch.no_grad()
-def sampled_reference_kl(run, model, reference, temperature=1.0):
-    """KL(π_θ‖π_ref) per response, estimated on the policy's own samples (at `temperature`) of
-    eval_problems held-out prompts: mean over samples of Σ_t (log π_θ − log π_ref), the sampler's
-    log-probs standing for log π_θ, so only π_ref runs a forward. Also the samples' accuracy and
-    length. Returns dict(kl_ref, sampled_acc, sampled_len)."""
-    problems = run.env.problems("heldout", run.cfg["eval_problems"], seed=1)[run.rank::run.world_size]
-    size = run.cfg["eval_batch_size"]
-    roll = rollouts(run, model, problems, 1, temperature=temperature, seed=0, batch_size=size)
-    kl = 0.0
-    with run.autocast:
-        for ids, old, mask in zip(*(chunks(roll[k], size) for k in ("ids", "old_logprobs", "mask"))):
-            kl += float(((old - sequence_logprobs(reference, ids, temperature)) * mask).sum())
-    sums = all_reduce_sum(dict(kl=kl, reward=float(roll["rewards"].sum()), length=float(roll["lengths"].sum()),
-                               n=len(problems)), run)
-    return dict(kl_ref=sums["kl"] / sums["n"], sampled_acc=sums["reward"] / sums["n"],
-                sampled_len=sums["length"] / sums["n"])
 
 
 def last_response_column(mask):
@@ -626,22 +582,6 @@ REWARD_KEYS = dict(
 REWARD_MODES = ("outcome", "process", "rlvp", "path")
 
 
-# Best-of-N by the verifier beside every RL result (grpo.py, ppo.py evaluate; SPEC §3 Best-of-N): the
-# held-out accuracy of the best of eval_best_of_n samples (at the training temperature) on
-# eval_best_of_n_problems prompts, logged as heldout_best_of_N: the upper-bound estimate of what
-# selecting among the policy's own samples can reach. 0 turns it off.
-BEST_OF_N_KEYS = dict(
-    eval_best_of_n=8,              # N of the Best-of-N figure logged at every evaluation; 0 = off
-    eval_best_of_n_problems=64,    # held-out prompts for it (at most eval_problems)
-)
-
-
-def best_of_n_problems(cfg):
-    """Best-of-N's prompts: eval_best_of_n_problems, never more than the evaluation's eval_problems
-    (a run that evaluates on few problems to be quick keeps Best-of-N as quick)."""
-    return min(cfg["eval_best_of_n_problems"], cfg["eval_problems"])
-
-
 def check_reward_mode(cfg, env):
     """The reward keys against the environment. RLVP's second rule, the outcome stays the main driver,
     is checked here: both channels are normalised to the same scale, so β ≤ 1 keeps the path's
@@ -664,31 +604,76 @@ def path_signals(run):
                                   for offset, sign in run.env.path_signals(problem, text)]
 
 
+# ----------------------------------------------------------------------------------------------
+# Policy evaluation: the one evaluation behind every algorithm's figures, the ladder's and the experiments'.
+# Greedy answers to `problems` held-out and `ood_problems` OOD problems (accuracy, length in tokens, the
+# share that shows its work); then `samples` answers to each of `sampled_problems` held-out problems
+# at `temperature`, one rollout that gives their accuracy and length, pass@samples (Best-of-samples by
+# the verifier: right when any sample is) and, given a reference model, the KL to it.
+
+def greedy_accuracy(run, model, split, n):
+    """{split}_acc, {split}_len, {split}_work of greedy answers to n problems of `split` (the first
+    seeded n; spread over ranks, counts summed), and transcripts of the first few."""
+    if split not in getattr(run.env, "splits", ("train", "heldout", "ood")):
+        return {}, []  # (a dataset has no ood split: no figures for it)
+    problems = run.env.problems(split, n, seed=0)[run.rank::run.world_size]
+    tokens = generate(run, model, [run.tok.prompt_ids(p["prompt"]) for p in problems], temperature=0.0, seed=0)[0]
+    texts = [response_text(run, t) for t in tokens]
+    correct = [run.env.verify(p, text) for p, text in zip(problems, texts)]
+    sums = all_reduce_sum(dict(correct=sum(correct), n=len(problems), tokens=sum(map(len, tokens)),
+                               work=sum(map(run.env.shows_work, texts))), run)
+    transcripts = [f"[{split}] {p['prompt']}\n  -> {text!r}  (answer {p['answer']}, reward {r:.0f})"
+                   for p, text, r in zip(problems[:4], texts, correct)]
+    return {f"{split}_acc": sums["correct"] / sums["n"], f"{split}_len": sums["tokens"] / sums["n"],
+            f"{split}_work": sums["work"] / sums["n"]}, transcripts  # work: answers that write their steps
+
+
 @torch.no_grad()
-def best_of_n(run, model, split, n_problems, N, reward_model=None, temperature=1.0, seed=2):
-    """Best-of-N (SPEC §3, Ch7 Table 7-4): N samples per problem, keep the best. By the verifier the
-    best is right whenever any sample is, so its accuracy is pass@N, an upper-bound estimate of what
-    selection (RL, RFT) can gain; by a reward model (a ScalarHeadGPT) the kept sample is its
-    top-scored one (ties: the first), and its accuracy shows how well the RM picks. RL scripts can
-    print it next to their results: metrics.update(C.best_of_n(run, model, "heldout", n, 8)).
-    Returns {split}_best_of_N (and {split}_rm_best_of_N with a reward model)."""
-    problems = run.env.problems(split, n_problems, seed=seed)[run.rank::run.world_size]
-    roll = rollouts(run, model, problems, N, temperature=temperature, seed=seed,
-                    batch_size=run.cfg["eval_batch_size"])
-    correct = roll["rewards"].view(len(problems), N)
-    sums = dict(best=float(correct.max(1).values.sum()), problems=len(problems))
-    if reward_model is not None:
-        size = run.cfg["eval_batch_size"]
+def sampled_accuracy(run, model, n, k, temperature, reference=None):
+    """heldout_sampled_acc, _len and _work over k answers to each of n held-out problems
+    sampled at `temperature`, heldout_pass@k (k >= 2) and with a reference model heldout_kl_ref: the
+    KL(π_θ‖π_ref) per response, mean over the samples of Σ_t (log π_θ − log π_ref), the sampler's
+    log-probs standing for log π_θ, so only π_ref runs a forward. Transcripts of the first two."""
+    problems = run.env.problems("heldout", n, seed=0)[run.rank::run.world_size]
+    size = run.cfg["eval_batch_size"]
+    roll = rollouts(run, model, problems, k, temperature=temperature, seed=1, batch_size=size)
+    correct = roll["rewards"].view(len(problems), k)
+    sums = dict(correct=float(correct.sum()), passed=float(correct.amax(1).sum()), problems=len(problems),
+                tokens=float(roll["lengths"].sum()), work=sum(map(run.env.shows_work, roll["texts"])), kl=0.0)
+    if reference is not None:
         with run.autocast:
-            scores = torch.cat([score_responses(reward_model, ids, mask) for ids, mask in
-                                zip(chunks(roll["ids"], size), chunks(roll["mask"], size))])
-        top = scores.view(len(problems), N).argmax(1)
-        sums["rm"] = float(correct.gather(1, top[:, None]).sum())
+            for ids, old, mask in zip(*(chunks(roll[key], size) for key in ("ids", "old_logprobs", "mask"))):
+                sums["kl"] += float(((old - sequence_logprobs(reference, ids, temperature)) * mask).sum())
     sums = all_reduce_sum(sums, run)
-    metrics = {f"{split}_best_of_{N}": sums["best"] / sums["problems"]}
-    if reward_model is not None:
-        metrics[f"{split}_rm_best_of_{N}"] = sums["rm"] / sums["problems"]
-    return metrics
+    responses = sums["problems"] * k
+    metrics = dict(heldout_sampled_acc=sums["correct"] / responses, heldout_sampled_len=sums["tokens"] / responses,
+                   heldout_sampled_work=sums["work"] / responses)
+    if k >= 2:
+        metrics[f"heldout_pass@{k}"] = sums["passed"] / sums["problems"]
+    if reference is not None:
+        metrics["heldout_kl_ref"] = sums["kl"] / responses
+    transcripts = [f"[heldout, T={temperature}] {p['prompt']}\n  -> {text!r}  (answer {p['answer']}, reward {r:.0f})"
+                   for p, text, r in list(zip(roll["problems"], roll["texts"], roll["rewards"].tolist()))[:2 * k:k]]
+    return metrics, transcripts
+
+
+def evaluate_policy(run, model, it=None, reference=None, temperature=1.0, problems=None, ood_problems=None,
+                    sampled_problems=None, samples=None):
+    """The policy's held-out figures (see above) with the run's settings: eval_problems (greedy
+    held-out and OOD, and the sampled problems), eval_samples (answers per problem at `temperature`;
+    0: greedy only); the arguments override them (the ladder's own sizes). With `it`, a few
+    transcripts go to samples.txt. Call it with the model in eval mode (the loop does)."""
+    n = problems or run.cfg["eval_problems"]
+    k = run.cfg["eval_samples"] if samples is None else samples
+    metrics, transcripts = greedy_accuracy(run, model, "heldout", n)
+    metrics.update(greedy_accuracy(run, model, "ood", ood_problems or n)[0])
+    if k >= 1:
+        sampled, lines = sampled_accuracy(run, model, sampled_problems or n, k, temperature, reference)
+        metrics.update(sampled)
+        transcripts += lines
+    if it is not None:
+        write_samples(run, it, transcripts)
+    return metrics, transcripts
 
 
 def write_samples(run, it, transcripts):

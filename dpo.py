@@ -49,6 +49,7 @@ defaults = dict(
     # common keys: one pass over a small fixed pair set at a gentle lr, far below SFT's (at 1e-4
     # DPO's KL to the reference grew to ~5 nats and held-out accuracy fell further)
     learning_rate=3e-5, min_lr=3e-6, warmup_iters=10, max_iters=60, batch_size=16, eval_interval=60,
+    eval_samples=1,              # one held-out answer per problem at T = 1: the KL drift to π_ref on it
 )
 
 
@@ -144,7 +145,7 @@ def reference_logprobs(run, reference, examples):
 def attach_reference(run, example_sets):
     """Put ex["ref"] = (log π_ref(resp 0), log π_ref(resp 1)) on every example, from the cache file
     when its key matches, else computed once (every rank computes; rank 0 writes)."""
-    reference = C.load_reference(run)
+    reference = run.ref_model
     key = cache_key(run, reference, example_sets)
     path = os.path.join(run.cfg["out_dir"], f"ref_logprobs_{key[:16]}.pt")
     cached = torch.load(path, weights_only=True) if os.path.isfile(path) else None
@@ -225,6 +226,9 @@ def as_means(sums):
 # ----------------------------------------------------------------------------------------------
 # The algorithm
 
+needs = ("reference",)  # the loop builds π_ref once (run.ref_model): pairs, the reference log-probs, the KL
+
+
 def setup(run):
     if run.cfg["loss"] not in LOSSES:
         raise ValueError(f"loss={run.cfg['loss']!r}: choose from {LOSSES}")
@@ -262,10 +266,9 @@ def loss(run, model, batch):
 
 @torch.no_grad()
 def evaluate(run, it):
-    """Held-out preference figures (val_*), and on the environment: greedy held-out accuracy and
-    response length, and the KL drift to π_ref on sampled answers."""
+    """Held-out preference figures (val_*), and on the built-in task the policy's figures: greedy
+    held-out and OOD accuracy and length, and on sampled answers (T = 1) the KL drift to π_ref."""
     model = run.raw_model
-    model.eval()
     totals = {}
     with run.autocast:
         for chunk in C.chunks(run.heldout_examples[run.rank::run.world_size], run.cfg["eval_batch_size"]):
@@ -284,9 +287,5 @@ def evaluate(run, it):
     reduced = C.all_reduce_sum({k: totals.get(k, 0.0) for k in keys}, run)  # every key, on ranks without examples too
     metrics = {f"val_{k}": v for k, v in as_means(reduced).items()}
     if not run.cfg["data"]:
-        env_metrics, transcripts = C.env_accuracy(run, model, "heldout", run.cfg["eval_problems"])
-        metrics.update(env_metrics)
-        metrics.update(C.sampled_reference_kl(run, model, C.load_reference(run)))
-        C.write_samples(run, it, transcripts)
-    model.train()
+        metrics.update(C.evaluate_policy(run, model, it, run.ref_model)[0])
     return metrics

@@ -216,7 +216,7 @@ defaults = dict(
     break_it="none",           # none | fp8_sampler | all_equal | length_bonus | format_exploit (a failure and its monitor)
     share_prompt=True,         # run each prompt once for its G responses, in scoring and in the loss
     staleness=0,               # 0: synchronous; 1: the next rollouts are sampled during the update (see above)
-    eval_pass_k=4,             # pass@k on the held-out split at the sampling temperature (< 2: off)
+    eval_samples=8,            # held-out answers per problem at the temperature: pass@8 is Best-of-8 by the verifier
     # common keys with RL values: 20x below SFT's lr, constant after a short warm-up (Adam's first
     # steps are sign steps). At 1e-4 the policy switches to worked answers within about 10
     # iterations on the default task (README); 3e-4 lost 16 points on the old all-worked task.
@@ -224,7 +224,6 @@ defaults = dict(
 )
 
 defaults.update(C.REWARD_KEYS)  # reward_mode and RLVP's β, λ, μ: one definition for grpo.py and ppo.py
-defaults.update(C.BEST_OF_N_KEYS)  # the Best-of-N figure every evaluation logs
 
 CHOICES = dict(estimator=("reinforce", "rloo", "grpo", "dr_grpo"), adv_scale=("auto", "group", "batch", "none"),
                ratio_level=("token", "sequence"), policy_loss=("clip", "cispo"),
@@ -481,7 +480,6 @@ def sample_round(run, model, it, shard, round_):
                     max_new_tokens=cfg["max_new_tokens"], seed=int(rng.integers(2 ** 31)))
     ro["prompt_len"] = torch.tensor(ro["prompt_lens"], device=ro["ids"].device)
     t0 = time.time()
-    model.eval()  # the sampler restored train mode; score (and later train) with dropout off
     if run.old_logprobs_mode == "recompute":  # the sampler's numbers kept for the gap and TIS
         ro["sampler_logprobs"] = ro["old_logprobs"]
         ro["old_logprobs"] = score(run, model, ro["ids"], ro["prompt_len"]) * ro["mask"]
@@ -803,6 +801,10 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
 """
 
 
+needs = ("reference",)  # the loop builds π_ref once: run.ref_model
+loss_dropout = False    # the loop keeps dropout off in the loss too: it scores the function that sampled
+
+
 def setup(run):
     check_config(run.cfg, run.world_size)
     C.check_reward_mode(run.cfg, run.env)
@@ -812,7 +814,6 @@ def setup(run):
     if run.cfg["prompt_sampling"] == "edge":  # the pool and each prompt's running success (NaN: unseen)
         run.pool = run.env.problems("train", run.cfg["prompt_pool"], seed=run.cfg["seed"])
         run.pool_success = np.full(len(run.pool), np.nan)
-    run.ref_model = C.load_reference(run)
     mode = run.cfg["old_logprobs"]
     run.old_logprobs_mode = mode if mode != "auto" else ("recompute" if run.device.startswith("cuda") else "sampler")
     if run.cfg["staleness"]:  # one_step_off_rollouts: the sampler's own weights, and its thread
@@ -873,7 +874,6 @@ def batches(run, it):
         run.stats["time_wait_rollouts"] = time.time() - t0  # what the overlap did not hide
     else:
         rollouts = rollout_shards(run, run.raw_model, it)
-    run.raw_model.eval()  # score and train with dropout off: the function that sampled
     shards, counts = [r for r, _ in rollouts], [c for _, c in rollouts]
     rewards = torch.cat([b["reward"] for b in shards])
     kept = torch.cat([b["mask"].sum(1) > 0 for b in shards])
@@ -960,31 +960,10 @@ def loss(run, model, batch):
     return loss_sum, count, {**metrics, "tokens": float(mask.sum())}
 
 
-@torch.no_grad()
 def evaluate(run, it):
-    """Held-out accuracy (greedy) and pass@k (k samples at the training temperature), OOD accuracy,
-    KL to π_ref on sampled held-out answers, Best-of-N by the verifier, and a few trajectories to
-    read in samples.txt."""
-    model, cfg = run.raw_model, run.cfg
-    was_training = model.training
-    model.eval()
-    n, k = cfg["eval_problems"], cfg["eval_pass_k"]
-    metrics, transcripts = C.env_accuracy(run, model, "heldout", n)
-    ood, _ = C.env_accuracy(run, model, "ood", n)
-    metrics.update(ood)
-    if k >= 2:
-        sampled, sampled_transcripts = C.env_accuracy(run, model, "heldout", n, temperature=cfg["temperature"],
-                                                      samples=k, seed=1)
-        metrics[f"heldout_pass@{k}"] = sampled[f"heldout_pass@{k}"]
-        metrics["heldout_sampled_acc"] = sampled["heldout_acc"]
-        transcripts += [t.replace("[heldout]", f"[heldout, T={cfg['temperature']}]") for t in sampled_transcripts[:2]]
-    metrics["heldout_kl_ref"] = C.sampled_reference_kl(run, model, run.ref_model, cfg["temperature"])["kl_ref"]
-    if cfg["eval_best_of_n"] >= 1:  # the upper-bound estimate beside the result (C.BEST_OF_N_KEYS)
-        metrics.update(C.best_of_n(run, model, "heldout", C.best_of_n_problems(cfg), cfg["eval_best_of_n"],
-                                   temperature=cfg["temperature"]))
-    C.write_samples(run, it, transcripts)
-    model.train(was_training)
-    return metrics
+    """Greedy held-out and OOD accuracy; on eval_samples held-out answers per problem at the training
+    temperature their accuracy, pass@k (Best-of-k by the verifier) and the KL to π_ref."""
+    return C.evaluate_policy(run, run.raw_model, it, run.ref_model, run.cfg["temperature"])[0]
 
 
 def state_dict(run):

@@ -20,7 +20,7 @@ A stage that fails stops the ladder with its error; every finished stage is kept
 
 Every language-model stage is evaluated on the environment after the runs (cached in
 OUT_ROOT/STAGE/ladder_eval.json until the stage or the SFT stage is redone or the settings change):
-greedy and sampled (T = 1) held-out accuracy, pass@k (Best-of-k by the verifier), OOD accuracy,
+(common.evaluate_policy) greedy and sampled (T = 1) held-out accuracy, pass@k (Best-of-k by the verifier), OOD accuracy,
 sampled length, the share of answers that show their work, and the KL to the SFT model of the
 stage's task (sft, or calc_sft for the calculator branch) on the stage's own samples. The reward
 model reports its held-out pair accuracy from its metrics.jsonl.
@@ -70,10 +70,10 @@ OPTIONS = dict(
     out_root="out",      # stage directories, report.md and ladder.png go here
     stages="",           # comma-separated stages to run ("" = all)
     redo="",             # comma-separated stages to run again although done, or "all"
-    eval_n=1000,         # held-out problems for greedy and sampled accuracy (and the KL to SFT)
+    eval_n=1000,         # held-out problems for greedy accuracy
     eval_ood_n=500,      # OOD problems (greedy)
-    eval_pass_n=200,     # held-out problems for pass@k ...
-    eval_pass_k=8,       # ... with k samples each at T = 1
+    eval_pass_n=200,     # held-out problems sampled at T = 1 (accuracy, length, pass@k, the KL to SFT) ...
+    eval_samples=8,      # ... k answers each (was eval_pass_k)
     seeds=1,             # train every stage after SFT with this many seeds (seed, seed+1, ...) from the one SFT; seed k > 1 goes to OUT_ROOT/seedK/
     threads=0,           # torch threads of every stage and of the evaluation; 0 = torch's default (one per core)
 )
@@ -89,7 +89,7 @@ TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 
 def parse_command_line(argv):
     """-> (ladder options, train.py arguments for every stage, {stage: its own arguments})."""
-    given = T.parse_args(argv)
+    given = T.renamed(T.parse_args(argv))  # (eval_pass_k is now eval_samples)
     options = {k: T._coerce(k, given.pop(k), v) if k in given else v for k, v in OPTIONS.items()}
     names = [name for name, _, _ in STAGES]
     wide, per_stage = {}, {name: {} for name in names}
@@ -250,23 +250,20 @@ def evaluate_stage(stage_dir, reference_dir, options, device):
     """The report's figures of one stage's checkpoint (see the module docstring)."""
     cfg = read_json(os.path.join(stage_dir, "config.json"))
     run = C.setup_device(dict(device=device))
-    run.cfg = dict(cfg, eval_problems=options["eval_n"])  # (sampled_reference_kl samples eval_problems)
+    run.cfg = cfg
     run.tok, run.env = Tokenizer(cfg["tokenizer"]), C.config_env(cfg)
     model = C.load_model(stage_dir, run.device)
     if isinstance(model, ScalarHeadGPT):  # a reward model: no answers to grade, its pairs instead
         return dict(kind="reward_model", pair_acc=last_logged(stage_dir, "val_pair_acc"),
                     pairs=last_logged(stage_dir, "val_pairs"))
-    n, k = options["eval_n"], options["eval_pass_k"]
-    greedy, _ = C.env_accuracy(run, model, "heldout", n)
-    sampled, transcripts = C.env_accuracy(run, model, "heldout", n, temperature=1.0, seed=1)
-    passed, _ = C.env_accuracy(run, model, "heldout", options["eval_pass_n"], temperature=1.0, samples=k, seed=2)
-    ood, _ = C.env_accuracy(run, model, "ood", options["eval_ood_n"])
-    kl = None
-    if reference_dir:
-        kl = C.sampled_reference_kl(run, model, C.load_model(reference_dir, run.device))["kl_ref"]
-    return dict(kind="policy", greedy_acc=greedy["heldout_acc"], sampled_acc=sampled["heldout_acc"],
-                pass_at_k=passed[f"heldout_pass@{k}"], ood_acc=ood["ood_acc"], length=sampled["heldout_len"],
-                work=sampled.get("heldout_work"), kl_sft=kl, samples=transcripts[:3])
+    reference = C.load_model(reference_dir, run.device) if reference_dir else None
+    figures, transcripts = C.evaluate_policy(run, model, reference=reference, temperature=1.0, problems=options["eval_n"],
+                                             ood_problems=options["eval_ood_n"], sampled_problems=options["eval_pass_n"],
+                                             samples=options["eval_samples"])
+    k = options["eval_samples"]
+    return dict(kind="policy", greedy_acc=figures["heldout_acc"], sampled_acc=figures["heldout_sampled_acc"],
+                pass_at_k=figures[f"heldout_pass@{k}"], ood_acc=figures["ood_acc"], length=figures["heldout_sampled_len"],
+                work=figures["heldout_sampled_work"], kl_sft=figures.get("heldout_kl_ref"), samples=transcripts[:3])
 
 
 def evaluation(root, name, k, options, device):
@@ -310,7 +307,7 @@ def table_row(root, name, record, figures, options):
         cells = [f"pair acc {pair}", "–", "–", "–", "–", "–", "–"]
     else:
         n = options["eval_n"]
-        cells = [accuracy_cell(figures["greedy_acc"], n), accuracy_cell(figures["sampled_acc"], n),
+        cells = [accuracy_cell(figures["greedy_acc"], n), accuracy_cell(figures["sampled_acc"], options["eval_pass_n"]),
                  fmt(figures["pass_at_k"], ".3f"), accuracy_cell(figures["ood_acc"], options["eval_ood_n"]),
                  fmt(figures["length"], ".1f"), fmt(figures["work"], ".2f"), fmt(figures["kl_sft"], ".3f")]
     tokens = last_logged(stage_dir, "train_tokens")
@@ -408,14 +405,14 @@ def plot_ladder(root, results, options):
 
 def write_report(root, results, options):
     """OUT_ROOT/report.md and ladder.png from results: {stage: [(seed k, record, figures)]} of done runs."""
-    k = options["eval_pass_k"]
+    k = options["eval_samples"]
     firsts = [(name, runs[0][1]) for name, runs in results.items()]
     runtime = ", ".join(sorted({f"torch {r.get('torch', '?')}, {r.get('threads', '?')} threads" for _, r in firsts}))
     seeds = max(len(runs) for runs in results.values())
     lines = ["# The post-training ladder", "",
-             f"Held-out accuracy on {options['eval_n']} problems (greedy, and one sample at T = 1), pass@{k} on "
-             f"{options['eval_pass_n']}, OOD greedy on {options['eval_ood_n']}; ± is the 95% binomial half-width "
-             f"1.96·sqrt(p(1−p)/n). Length (tokens) and work share (answers that write a step before the answer) "
+             f"Held-out accuracy greedy on {options['eval_n']} problems and sampled at T = 1, {k} answers to each of "
+             f"{options['eval_pass_n']} (their mean, and pass@{k}), OOD greedy on {options['eval_ood_n']}; ± is the 95% "
+             f"binomial half-width 1.96·sqrt(p(1−p)/n), n the problems. Length (tokens) and work share (answers that write a step before the answer) "
              f"are of the T = 1 samples; KL to SFT: mean over the stage's own T = 1 samples of "
              f"Σ_t log π_stage − log π_SFT (nats per answer), π_SFT the SFT stage of its task "
              f"({' or '.join(KL_REFERENCES)}). "

@@ -101,7 +101,6 @@ A teacher for the default task, made with the project's own scripts (config/teac
 
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -121,7 +120,7 @@ defaults = dict(
     samples_per_prompt=1,      # answers per prompt: distillation needs no group, every token is graded
     rollout_prompts=0,         # prompts per sampler call (a shard); 0 = prompts_per_iter / world_size
     temperature=1.0,           # sampling temperature; student and teacher logits are both divided by it
-    eval_samples=4,            # held-out answers sampled per problem at the temperature (< 1: off)
+    eval_samples=4,            # held-out answers sampled per problem at the temperature (0: off)
     # common keys with RL values (one step per batch of fresh samples), sized for the tiny model on a CPU
     learning_rate=1e-4, min_lr=1e-4, warmup_iters=5, max_iters=30, eval_interval=10, log_interval=1,
 )
@@ -238,7 +237,6 @@ def rollout_shard(run, it, shard):
     sampler = run.teacher if cfg["kl_estimator"] == "teacher_samples" else run.raw_model  # off-policy: the teacher writes
     ro = C.rollouts(run, sampler, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"],
                     max_new_tokens=cfg["max_new_tokens"], seed=int(rng.integers(2 ** 31)))
-    run.raw_model.eval()  # the sampler restored train mode: the teacher (if self) and the loss run without dropout
     t0 = time.time()
     ro["teacher_logprobs"], graded = teacher_logprobs(run, ro)
     if cfg["anchor_coef"]:
@@ -251,6 +249,9 @@ def rollout_shard(run, it, shard):
 
 # ----------------------------------------------------------------------------------------------
 # The algorithm module interface (see train.py)
+
+loss_dropout = False  # the loop keeps dropout off in the loss: the teacher (if self) and the student score what was sampled
+
 
 def setup(run):
     cfg = run.cfg
@@ -362,18 +363,6 @@ def loss(run, model, batch):
                                  anchor_kl=float(anchor_kl) / n, tokens=float(count))
 
 
-@torch.no_grad()
 def evaluate(run, it):
-    """Held-out accuracy, greedy and sampled at τ (with pass@eval_samples), OOD accuracy, and a few
-    trajectories to read in samples.txt."""
-    model, cfg = run.raw_model, run.cfg
-    model.eval()
-    metrics, transcripts = C.env_accuracy(run, model, "heldout", cfg["eval_problems"])
-    metrics.update(C.env_accuracy(run, model, "ood", cfg["eval_problems"])[0])
-    if cfg["eval_samples"] >= 1:
-        sampled, _ = C.env_accuracy(run, model, "heldout", cfg["eval_problems"], temperature=cfg["temperature"],
-                                    samples=cfg["eval_samples"], seed=1)
-        metrics.update({k if "pass@" in k else k.replace("heldout_", "heldout_sampled_"): v for k, v in sampled.items()})
-    C.write_samples(run, it, transcripts)
-    model.train()
-    return metrics
+    """Greedy held-out and OOD accuracy; sampled held-out accuracy and pass@eval_samples."""
+    return C.evaluate_policy(run, run.raw_model, it, temperature=run.cfg["temperature"])[0]

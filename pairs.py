@@ -229,13 +229,12 @@ def load_preferences(run, singles=False):
         if kinds == {"pair"} and singles:
             train, heldout = to_singles(train), to_singles(heldout)
     else:
-        sampler = C.load_reference(run)  # the model init_from names, before any training
+        sampler = run.ref_model  # the model init_from names, before any training (built by the loop)
         if not isinstance(sampler, GPT):
             raise ValueError(f"built-in pairs are sampled from init_from's language model, but "
                              f"init_from={cfg['init_from']!r} is a scalar model: pass --data=FILE")
         train, counts = builtin_pairs(run, sampler, "train", cfg["train_prompts"], seed=1)
         heldout, heldout_counts = builtin_pairs(run, sampler, "heldout", cfg["heldout_prompts"], seed=1)
-        del sampler
         if run.master:
             print(f"built-in {cfg['pairs']} pairs: train {counts}, heldout {heldout_counts}")
         if singles:

@@ -21,8 +21,9 @@ prompts, where every candidate is right, from crowding out the hard ones in the 
 Logged per round: cand_acc (the candidates' verifier accuracy, a sample of the policy at the
 temperature), unique_frac (distinct verified responses / verified ones), kept_frac (kept / all
 candidates), prompt_cover (prompts with at least one kept answer) and pool (examples kept).
-Evaluation: greedy held-out and OOD accuracy, and Best-of-N (common.best_of_n): the accuracy of the
-best of N samples by the verifier, an upper-bound estimate of what RL or RFT can reach by selection.
+Evaluation (common.evaluate_policy): greedy held-out and OOD accuracy, and on eval_samples = N
+sampled answers per held-out problem pass@N, which is Best-of-N by the verifier: the accuracy of the
+best of N samples, an upper-bound estimate of what RL or RFT can reach by selection.
 
 Every rank samples the whole round with the same seed and weights (so every rank holds the same
 pool) and trains on its shard of each global batch, as SFT does.
@@ -41,7 +42,7 @@ defaults = dict(
     candidates=8,          # k: responses sampled per prompt (4–16)
     per_prompt_cap=2,      # at most this many distinct verified responses per prompt enter the pool
     temperature=1.0,       # sampling temperature of the candidates
-    best_of_n=8,           # N of the Best-of-N evaluation on held-out prompts (< 2: off)
+    eval_samples=8,        # held-out answers per problem at the temperature: pass@8 is Best-of-8 by the verifier
     # common keys with fine-tuning values: a gentler lr than SFT from scratch, short runs
     learning_rate=3e-4, min_lr=3e-5, warmup_iters=5, max_iters=60, eval_interval=20, log_interval=1,
 )
@@ -71,13 +72,10 @@ def sample_pool(run, round_):
     """One round: candidates from the current policy, verified, selected -> (pool, figures)."""
     cfg, tok, k = run.cfg, run.tok, run.cfg["candidates"]
     model = run.raw_model
-    was_training = model.training
-    model.eval()
     problems = run.env.problems("train", cfg["round_prompts"], seed=int(C.seeded_rng(run, round_).integers(2 ** 31)))
     prompts = [tok.prompt_ids(p["prompt"]) for p in problems]
     tokens, _, forced = C.generate(run, model, [p for p in prompts for _ in range(k)], temperature=cfg["temperature"],
                                    seed=cfg["seed"] + round_)
-    model.train(was_training)
     groups = [g for g in range(len(problems)) for _ in range(k)]
     # an answer cut off by the length limit would teach the model not to stop: not verified
     rewards = [run.env.verify(problems[g], C.response_text(run, t)) if tok.eos in t else 0.0
@@ -149,20 +147,9 @@ def batches(run, it):
 loss = C.masked_nll_loss  # the loop calls loss(run, model, batch)
 
 
-@torch.no_grad()
 def evaluate(run, it):
-    """Greedy held-out and OOD accuracy, Best-of-N on held-out prompts, a few transcripts."""
-    model, cfg = run.raw_model, run.cfg
-    was_training = model.training
-    model.eval()
-    metrics, transcripts = C.env_accuracy(run, model, "heldout", cfg["eval_problems"])
-    metrics.update(C.env_accuracy(run, model, "ood", cfg["eval_problems"])[0])
-    if cfg["best_of_n"] >= 2:
-        metrics.update(C.best_of_n(run, model, "heldout", cfg["eval_problems"], cfg["best_of_n"],
-                                   temperature=cfg["temperature"]))
-    C.write_samples(run, it, transcripts)
-    model.train(was_training)
-    return metrics
+    """Greedy held-out and OOD accuracy; sampled held-out accuracy and pass@k, Best-of-k by the verifier."""
+    return C.evaluate_policy(run, run.raw_model, it, temperature=run.cfg["temperature"])[0]
 
 
 def state_dict(run):

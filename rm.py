@@ -62,6 +62,9 @@ def wrap_model(run, model):
     return model if isinstance(model, ScalarHeadGPT) else ScalarHeadGPT(model)
 
 
+needs = ("reference",)  # built-in pairs are sampled by init_from's policy (run.ref_model, built by the loop)
+
+
 def setup(run):
     run.train_pairs, run.heldout_pairs, transcripts = pairs.load_preferences(run)
     C.write_samples(run, 0, transcripts)
@@ -77,7 +80,6 @@ def batches(run, it):
 def evaluate(run, it):
     """Held-out pairwise accuracy, mean margin and loss."""
     model = run.raw_model
-    model.eval()
     sums = dict(correct=0.0, margin=0.0, loss=0.0, pairs=0.0)
     with run.autocast:
         for chunk in C.chunks(run.heldout_pairs[run.rank::run.world_size], run.cfg["eval_batch_size"]):
@@ -88,7 +90,6 @@ def evaluate(run, it):
             sums["loss"] += float(F.softplus(-margin).sum())
             sums["pairs"] += len(margin)
     sums = C.all_reduce_sum(sums, run)
-    model.train()
     n = sums["pairs"]
     return dict(val_pair_acc=sums["correct"] / n, val_margin=sums["margin"] / n, val_loss=sums["loss"] / n,
                 val_pairs=n)  # (the size of the accuracy's noise band)

@@ -171,9 +171,10 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
 
     tool_hook(row, generated_ids) -> list of ids or None is called after each sampled token; ids it
     returns are fed to that row one per step (the tool's output) while other rows keep sampling.
+
+    The model's train/eval mode is left as it is: the caller decides dropout (train.py's loop samples
+    and evaluates in eval mode).
     """
-    was_training = model.training
-    model.eval()  # dropout off while sampling
     device = next(model.parameters()).device
     B = len(prompts)
     if B == 0:
@@ -239,7 +240,6 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
             rows, tok, next_pos = rows[keep_idx], tok[keep_idx], next_pos[keep_idx]
         logits = model(tok[:, None], pos=next_pos[:, None], cache=cache)[:, -1]
         next_pos = next_pos + 1
-    model.train(was_training)
     n = length.tolist()
     return ([t[:k] for t, k in zip(out_tok.tolist(), n)], [lp[:k] for lp, k in zip(out_logp.tolist(), n)],
             [[int(f) for f in fs[:k]] for fs, k in zip(out_forced.tolist(), n)])

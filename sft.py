@@ -141,8 +141,8 @@ loss = C.masked_nll_loss  # the loop calls loss(run, model, batch)
 
 @torch.no_grad()
 def evaluate(run, it):
+    """The validation loss; with the built-in task (SFT, not pre-training) the policy's figures."""
     model = run.raw_model
-    model.eval()
     L = run.cfg["block_size"] + 1
     examples = [(ids[:L], m[:L]) for ids, m in run.val_examples[run.rank::run.world_size]]
     total, count = 0.0, 0.0
@@ -153,9 +153,5 @@ def evaluate(run, it):
     total, count = C.all_reduce_sum([total, count], run)
     metrics = {"val_loss": total / max(count, 1.0)}
     if run.cfg["algo"] == "sft" and not run.cfg["data"]:
-        for split in ("heldout", "ood"):
-            m, transcripts = C.env_accuracy(run, model, split, run.cfg["eval_problems"])
-            metrics.update(m)
-            C.write_samples(run, it, transcripts)
-    model.train()
+        metrics.update(C.evaluate_policy(run, model, it)[0])
     return metrics

@@ -107,6 +107,8 @@ DEFAULTS = dict(
     eval_problems=200,          # held-out problems per evaluation
     eval_batch_size=100,        # rows per sampler call in evaluation
     log_interval=10,            # write a metrics.jsonl row every this many iterations
+    eval_samples=0,             # answers sampled per held-out problem at the sampling temperature: their accuracy,
+                                # pass@k (= Best-of-k by the verifier) and the KL to the reference; 0 = greedy only
     max_new_tokens=64,          # response length limit for sampling (evaluation and rollouts)
     max_tool_calls=6,           # tool environments (--env=calculator, treasure): calls run per response; later ones get an error back
     checkpoint=True,            # write ckpt.pt at every evaluation and at the end
@@ -148,6 +150,28 @@ ALIASES = dict(lr="learning_rate", bs="batch_size", batch="batch_size", micro_ba
                model="init_from", lora_r="lora_rank", n_layers="n_layer", n_heads="n_head")
 
 
+# Keys renamed in this version: the old name still works and says the new one (in a resumed run's
+# saved config too; where two old names meet, the later one counts)
+RENAMED = dict(eval_pass_k="eval_samples", eval_best_of_n="eval_samples", best_of_n="eval_samples")
+# Keys removed in this version: ignored, with a note saying why
+REMOVED = dict(eval_best_of_n_problems="Best-of-N by the verifier is pass@k, on the eval_problems held-out problems "
+                                       "that every sampled figure uses")
+
+
+def renamed(overrides):
+    """overrides with renamed keys under their new name and removed ones dropped, a note for each."""
+    out = {}
+    for key, value in overrides.items():
+        if key in REMOVED:
+            print(f"note: config key {key!r} is gone ({REMOVED[key]}); ignored")
+        elif key in RENAMED:
+            print(f"note: config key {key!r} is now {RENAMED[key]!r}")
+            out[RENAMED[key]] = value
+        else:
+            out[key] = value
+    return out
+
+
 def available_algos():
     """The --algo names whose module exists (ALGOS may name one that is still to be written)."""
     return sorted(name for name, module in ALGOS.items() if importlib.util.find_spec(module) is not None)
@@ -167,6 +191,7 @@ def algo_module(name):
 
 def make_config(overrides):
     """DEFAULTS + the algorithm's defaults, overridden by `overrides` (dict), type-checked."""
+    overrides = renamed(overrides)
     algo = overrides.get("algo", DEFAULTS["algo"])
     module = algo_module(algo)
     defaults = dict(DEFAULTS)
@@ -355,21 +380,25 @@ def after_the_ladder(overrides):
     return overrides, (f"{cfg['algo']}: " + ", ".join(chosen) + "; pass these keys to choose others") if chosen else ""
 
 
-def train(overrides):
-    """Run one training job; returns the run (run.raw_model, run.metrics: the last evaluation)."""
-    overrides = dict(overrides)
-    resume_ckpt = None
-    if overrides.get("init_from") == "resume":
-        # the checkpoint's config is the run's config; only what is given again on the command line changes
-        out_dir = overrides.get("out_dir", DEFAULTS["out_dir"]).format(algo=overrides.get("algo", DEFAULTS["algo"]))
-        path = os.path.join(out_dir, "ckpt.pt")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"init_from=resume: no checkpoint at {path}")
-        resume_ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        overrides = {**resume_ckpt["config"], **{k: v for k, v in overrides.items() if k != "init_from"}}
+def load_resume(overrides):
+    """init_from=resume: (the checkpoint, the overrides it implies): its saved config, changed only by
+    what is given again on the command line. Otherwise (None, overrides)."""
+    if overrides.get("init_from") != "resume":
+        return None, overrides
+    out_dir = overrides.get("out_dir", DEFAULTS["out_dir"]).format(algo=overrides.get("algo", DEFAULTS["algo"]))
+    path = os.path.join(out_dir, "ckpt.pt")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"init_from=resume: no checkpoint at {path}")
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    return ckpt, {**ckpt["config"], **{k: v for k, v in overrides.items() if k != "init_from"}}
+
+
+def setup(overrides, ckpt):
+    """The run (config, device, tokenizer, environment, models) and its optimizer, seeded; the
+    algorithm's setup done. The models an algorithm declares in `needs` are built here, once."""
     cfg = make_config(overrides)
     run = C.setup_device(cfg)
-    run.cfg, run.algo, run.stats = cfg, algo_module(cfg["algo"]), {}
+    run.cfg, run.algo, run.stats, run.train_tokens = cfg, algo_module(cfg["algo"]), {}, 0
     run.tok = make_tokenizer(cfg["tokenizer"])
     run.env = C.config_env(cfg)
     if run.master:
@@ -385,110 +414,145 @@ def train(overrides):
         raise ValueError(f"--algo {cfg['algo']} trains a language model; init_from={cfg['init_from']!r} is not one")
     if cfg["lora_rank"]:
         apply_lora(model, cfg["lora_rank"], cfg["lora_alpha"], trainable=("head",))
-    if resume_ckpt is not None:
-        model.load_state_dict(resume_ckpt["train_model"] or resume_ckpt["model"])
+    if ckpt is not None:
+        model.load_state_dict(ckpt["train_model"] or ckpt["model"])
     model.to(run.device)
     run.raw_model = model
     # the sampler's decode steps change shape every token, so only the training calls (run.model) compile
     trained = torch.compile(model) if cfg["compile"] else model
     run.model = DDP(trained, device_ids=[run.device] if run.device.startswith("cuda") else None) if run.ddp else trained
-    n_train, n_total = count_parameters(model)
     torch.manual_seed(cfg["seed"] + run.rank)  # same init on every rank (above), own dropout masks (below)
+    needs = getattr(run.algo, "needs", ())
+    run.ref_model = C.load_reference(run) if "reference" in needs else None  # π_ref: init_from, frozen
     run.algo.setup(run)
 
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
-                                   {"params": no_decay, "weight_decay": 0.0}],
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg["weight_decay"]},
+                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                                   lr=cfg["learning_rate"], betas=(cfg["beta1"], cfg["beta2"]),
                                   fused=True)  # one kernel for all tensors (CUDA, and CPU: 3× faster there)
-    start_iter = run.train_tokens = 0  # train_tokens: the running total of tokens trained on (logged)
-    metrics_path = os.path.join(cfg["out_dir"], "metrics.jsonl")
-    if resume_ckpt is not None:
-        optimizer.load_state_dict(resume_ckpt["optimizer"])
-        start_iter, run.train_tokens = resume_ckpt["iter"], resume_ckpt.get("train_tokens", 0)  # older: uncounted
-        rng = resume_ckpt["rng"]
-        random.setstate(rng["python"]); np.random.set_state(rng["numpy"]); torch.set_rng_state(rng["torch"])
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        if resume_ckpt["algo_state"] is not None:
-            run.algo.load_state_dict(run, resume_ckpt["algo_state"])
-        if run.master and os.path.exists(metrics_path):  # drop lines logged after the checkpoint
-            rows = [line for line in open(metrics_path) if json.loads(line)["iter"] <= start_iter]
-            open(metrics_path, "w").writelines(rows)
-    elif run.master:
-        open(metrics_path, "w").close()
-        with open(os.path.join(cfg["out_dir"], "config.json"), "w") as f:
-            json.dump(cfg, f, indent=1)
-        print(f"{cfg['algo']}: {n_train:,} trainable of {n_total:,} parameters on {run.device}"
-              f" x{run.world_size}, out_dir={cfg['out_dir']}")
+    return run, optimizer
 
-    def log(row):
+
+def resume(run, optimizer, ckpt, metrics_path):
+    """The iteration to start from: the checkpoint's, with the optimizer, RNG and algorithm state
+    restored and metrics.jsonl cut back to it; or 0, with a fresh metrics.jsonl and config.json."""
+    cfg = run.cfg
+    if ckpt is None:
         if run.master:
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            open(metrics_path, "w").close()
+            with open(os.path.join(cfg["out_dir"], "config.json"), "w") as f:
+                json.dump(cfg, f, indent=1)
+            n_train, n_total = count_parameters(run.raw_model)
+            print(f"{cfg['algo']}: {n_train:,} trainable of {n_total:,} parameters on {run.device}"
+                  f" x{run.world_size}, out_dir={cfg['out_dir']}")
+        return 0
+    optimizer.load_state_dict(ckpt["optimizer"])
+    run.train_tokens = ckpt.get("train_tokens", 0)  # older checkpoints: uncounted
+    rng = ckpt["rng"]
+    random.setstate(rng["python"]); np.random.set_state(rng["numpy"]); torch.set_rng_state(rng["torch"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    if ckpt["algo_state"] is not None:
+        run.algo.load_state_dict(run, ckpt["algo_state"])
+    if run.master and os.path.exists(metrics_path):  # drop lines logged after the checkpoint
+        rows = [line for line in open(metrics_path) if json.loads(line)["iter"] <= ckpt["iter"]]
+        open(metrics_path, "w").writelines(rows)
+    return ckpt["iter"]
 
-    def evaluate(it):
-        t0 = time.time()
-        metrics = run.algo.evaluate(run, it)
-        metrics["eval_time"] = time.time() - t0
-        log({"iter": it, **metrics})
-        if run.master and cfg["plot"]:
-            C.plot_metrics(cfg["out_dir"])
-        return metrics
 
+def set_dropout(run, in_loss):
+    """The one place that sets train/eval mode. Dropout is on only inside the loss, and there only
+    for an algorithm that does not declare `loss_dropout = False` (on-policy RL: its loss must score
+    the very function that sampled, or the ratio π_θ/π_old is off from the first step). Rollouts,
+    scoring and evaluation always run with dropout off."""
+    run.raw_model.train(in_loss and getattr(run.algo, "loss_dropout", True))
+
+
+def next_step(run, steps, figures):
+    """The next optimizer step's micro-batches from the algorithm's `batches`, or None when done. A
+    generator is sent the previous step's figures (PPO's early stop on its KL)."""
+    set_dropout(run, False)
+    try:
+        return steps.send(figures) if inspect.isgenerator(steps) else next(steps)
+    except StopIteration:
+        return None
+
+
+def optimizer_step(run, optimizer, micro_batches):
+    """Backward through every micro-batch (DDP syncs on the last), then the gradient rescaled to the
+    loss summed over the global count, clipped, and applied. Returns (the step's figures summed over
+    micro-batches and ranks, the gradient norm before clipping or None)."""
+    cfg, params = run.cfg, [p for g in optimizer.param_groups for p in g["params"]]
+    set_dropout(run, True)
+    optimizer.zero_grad(set_to_none=True)
+    local = {"micro_batches": 0.0}
+    for m, batch in enumerate(micro_batches):
+        last = m == len(micro_batches) - 1
+        with contextlib.nullcontext() if (last or not run.ddp) else run.model.no_sync():
+            with run.autocast:
+                loss_sum, n, extra = run.algo.loss(run, run.model, batch)
+            loss_sum.backward()
+        local["micro_batches"] += 1
+        # figures stay tensors until the step's end: on a GPU, float() here would wait for
+        # the backward pass at every micro-batch instead of once per step
+        for k, v in {"count": n, "loss": loss_sum, **extra}.items():
+            local[k] = local.get(k, 0.0) + (v.detach() if torch.is_tensor(v) else v)
+    step = C.all_reduce_sum(local, run)  # one all-reduce per step: the global count and figures
+    # DDP averaged the per-rank sums over ranks; turn that into the sum over the global count,
+    # then clip: one pass to measure the gradient and one to scale it (rescale and clip together)
+    grads = [p.grad for p in params if p.grad is not None]
+    scale = run.world_size / max(step["count"], 1e-8)
+    grad_norm = None
+    if cfg["grad_clip"] > 0:
+        grad_norm = scale * torch.nn.utils.get_total_norm(grads)  # the norm of the rescaled gradient
+        scale = scale * (cfg["grad_clip"] / (grad_norm + 1e-6)).clamp(max=1.0)  # as clip_grad_norm_
+    torch._foreach_mul_(grads, scale)
+    optimizer.step()
+    return step, grad_norm
+
+
+def evaluate(run, it, metrics_path):
+    """The algorithm's held-out figures at iteration `it` (dropout off), logged and plotted."""
+    set_dropout(run, False)
+    t0 = time.time()
+    metrics = run.algo.evaluate(run, it)
+    metrics["eval_time"] = time.time() - t0
+    log(run, metrics_path, {"iter": it, **metrics})
+    if run.master and run.cfg["plot"]:
+        C.plot_metrics(run.cfg["out_dir"])
+    return metrics
+
+
+def log(run, metrics_path, row):
+    if run.master:
+        with open(metrics_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def train(overrides):
+    """Run one training job; returns the run (run.raw_model, run.metrics: the last evaluation)."""
+    ckpt, overrides = load_resume(dict(overrides))
+    run, optimizer = setup(overrides, ckpt)
+    cfg, metrics_path = run.cfg, os.path.join(run.cfg["out_dir"], "metrics.jsonl")
+    start_iter = resume(run, optimizer, ckpt, metrics_path)
     from tqdm import tqdm
     # in a terminal the bar redraws 10 times a second; into a file or a pipe (a log, the ladder) every
     # 30 s, so that a log holds a few lines per run rather than thousands of carriage returns
     bar = tqdm(range(start_iter, cfg["max_iters"]), initial=start_iter, total=cfg["max_iters"],
                disable=not run.master, dynamic_ncols=True, desc=cfg["algo"],
                mininterval=0.1 if sys.stderr.isatty() else 30)
-    metrics = {}
-    if start_iter == 0 and cfg["eval_interval"] > 0:
-        metrics = evaluate(0)
+    metrics = evaluate(run, 0, metrics_path) if start_iter == 0 and cfg["eval_interval"] > 0 else {}
     for it in bar:
         t0 = time.time()
         lr = lr_at(cfg, it)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        run.stats = {}
-        model.train()
-        sums, grad_norm = {}, None  # the iteration's figures, summed over its steps, micro-batches and ranks
-        steps = run.algo.batches(run, it)  # RL: the rollouts happen here
-        listens = inspect.isgenerator(steps)  # a generator is sent each step's figures (PPO's early stop)
-        steps, figures = iter(steps), None
-        t_update = time.time()
-        while True:  # one pass per optimizer step
-            try:
-                micro_batches = steps.send(figures) if listens else next(steps)
-            except StopIteration:
-                break
-            optimizer.zero_grad(set_to_none=True)
-            local = {"micro_batches": 0.0}
-            for m, batch in enumerate(micro_batches):
-                last = m == len(micro_batches) - 1
-                sync = contextlib.nullcontext() if (last or not run.ddp) else run.model.no_sync()
-                with sync:
-                    with run.autocast:
-                        loss_sum, n, extra = run.algo.loss(run, run.model, batch)
-                    loss_sum.backward()
-                local["micro_batches"] += 1
-                # figures stay tensors until the step's end: on a GPU, float() here would wait for
-                # the backward pass at every micro-batch instead of once per step
-                for k, v in {"count": n, "loss": loss_sum, **extra}.items():
-                    local[k] = local.get(k, 0.0) + (v.detach() if torch.is_tensor(v) else v)
-            step = C.all_reduce_sum(local, run)  # one all-reduce per step: the global count and figures
-            # DDP averaged the per-rank sums over ranks; turn that into the sum over the global count,
-            # then clip: one pass to measure the gradient and one to scale it (rescale and clip together)
-            grads = [p.grad for p in params if p.grad is not None]
-            scale = run.world_size / max(step["count"], 1e-8)
-            grad_norm = None
-            if cfg["grad_clip"] > 0:
-                grad_norm = scale * torch.nn.utils.get_total_norm(grads)  # the norm of the rescaled gradient
-                scale = scale * (cfg["grad_clip"] / (grad_norm + 1e-6)).clamp(max=1.0)  # as clip_grad_norm_
-            torch._foreach_mul_(grads, scale)
-            optimizer.step()
+        run.stats, sums, figures, grad_norm = {}, {}, None, None  # sums: over steps, micro-batches, ranks
+        set_dropout(run, False)
+        steps, t_update = iter(run.algo.batches(run, it)), time.time()  # RL: the rollouts happen here
+        while (micro_batches := next_step(run, steps, figures)) is not None:
+            step, grad_norm = optimizer_step(run, optimizer, micro_batches)
             for k, v in step.items():
                 sums[k] = sums.get(k, 0.0) + v
             run.train_tokens += step.get("tokens", 0.0)
@@ -499,14 +563,14 @@ def train(overrides):
                    "train_tokens": run.train_tokens, **run.stats}
             if grad_norm is not None:
                 row["grad_norm"] = float(grad_norm)
-            log(row)
+            log(run, metrics_path, row)
             bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)  # shown at the next redraw
-        if cfg["eval_interval"] > 0 and ((it + 1) % cfg["eval_interval"] == 0 or it + 1 == cfg["max_iters"]):
-            metrics = evaluate(it + 1)
+        at_eval = cfg["eval_interval"] > 0 and (it + 1) % cfg["eval_interval"] == 0
+        if at_eval or (cfg["eval_interval"] > 0 and it + 1 == cfg["max_iters"]):
+            metrics = evaluate(run, it + 1, metrics_path)
             if run.master:
                 bar.write(f"iter {it + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
-        if cfg["checkpoint"] and run.master and (
-                (cfg["eval_interval"] > 0 and (it + 1) % cfg["eval_interval"] == 0) or it + 1 == cfg["max_iters"]):
+        if cfg["checkpoint"] and run.master and (at_eval or it + 1 == cfg["max_iters"]):
             C.save_checkpoint(run, optimizer, it + 1)
     bar.close()
     if run.ddp:

@@ -19,6 +19,5 @@ kl, kl_coef = "k3_loss", 0.001
 learning_rate, min_lr, warmup_iters = 1e-6, 1e-6, 0
 max_iters = 20
 eval_interval, eval_problems, eval_batch_size = 10, 1319, 128
-eval_pass_k = 0           # pass@k on 1,319 problems x k long answers: off for the short run
-eval_best_of_n = 0
+eval_samples = 0          # pass@k on 1,319 problems x k long answers: off for the short run
 out_dir = "out/gsm8k_grpo"

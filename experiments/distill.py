@@ -68,7 +68,7 @@ DEFAULT_ARMS = ("grpo", "opd_full", "opd_sampled", "offpolicy")
 FRACTIONS = (0.5, 0.75, 0.9)  # of the way from the student's start to the teacher
 QUICK = dict(cap=4, min_iters=2, eval_problems=16, kl_problems=8, seeds="1",
              set=["prompts_per_iter=4", "max_new_tokens=24", "batch_size=4", "eval_batch_size=16"])
-QUICK_GRPO = dict(prompts_per_iter=2, group_size=2, eval_pass_k=0, eval_best_of_n=0)
+QUICK_GRPO = dict(prompts_per_iter=2, group_size=2, eval_samples=0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -99,7 +99,7 @@ def evaluate(run, model, n):
     """Greedy held-out accuracy, worked-answer share and answer length on the first n held-out problems."""
     was_training = model.training
     model.eval()
-    m = C.env_accuracy(run, model, "heldout", n)[0]
+    m = C.greedy_accuracy(run, model, "heldout", n)[0]
     model.train(was_training)
     return dict(acc=m["heldout_acc"], work=m["heldout_work"], len=m["heldout_len"])
 

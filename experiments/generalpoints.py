@@ -36,7 +36,7 @@ import train as T  # noqa: E402  (after the path: the script runs from anywhere)
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, prompts_per_iter=2, group_size=2, eval_batch_size=8,
              max_new_tokens=24, train_problems=64, val_examples=8, device="cpu", plot=False)
-ARMS = dict(rl=dict(algo="grpo", eval_pass_k=0, eval_best_of_n=0),  # greedy accuracy only, as SFT evaluates
+ARMS = dict(rl=dict(algo="grpo", eval_samples=0),  # greedy accuracy only, as SFT evaluates
             sft=dict(algo="sft"))
 
 

@@ -53,7 +53,7 @@ SEEDS = (1337, 1338)
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, prompts_per_iter=2, group_size=2, eval_batch_size=8,
              max_new_tokens=24, train_problems=64, val_examples=8, device="cpu", plot=False)
 # more SFT continues at the learning rate the SFT recipe's cosine ends at (no second warm-up to its peak)
-ARMS = dict(grpo=dict(algo="grpo", eval_pass_k=0, eval_best_of_n=0), sft=dict(algo="sft", learning_rate=2e-4, min_lr=2e-4))
+ARMS = dict(grpo=dict(algo="grpo", eval_samples=0), sft=dict(algo="sft", learning_rate=2e-4, min_lr=2e-4))
 REWORDS = (("What is ", "Compute "), ("?", "."), ("got ", "found "), ("gave away ", "lost "),
            ("How many now.", "How many are left?"))
 
@@ -93,12 +93,12 @@ CANDIDATES = dict(
 def accuracy(r, model, split, n):
     """(greedy accuracy, binomial band) on n problems of `split`: heldout, or a candidate's name."""
     if split == "heldout":
-        metrics, _ = C.env_accuracy(r, model, "heldout", n)
+        metrics, _ = C.greedy_accuracy(r, model, "heldout", n)
     else:  # the candidate stands in for the run's "ood" split
         make, env = CANDIDATES[r.env.name][split], r.env
         shifted = types.SimpleNamespace(name=env.name, verify=env.verify, shows_work=env.shows_work,
                                         problems=lambda s, k, seed=0: make(env, k, seed))
-        metrics, _ = C.env_accuracy(types.SimpleNamespace(**{**vars(r), "env": shifted}), model, "ood", n)
+        metrics, _ = C.greedy_accuracy(types.SimpleNamespace(**{**vars(r), "env": shifted}), model, "ood", n)
         metrics = {"heldout_acc": metrics["ood_acc"]}
     acc = metrics["heldout_acc"]
     return acc, 2 * math.sqrt(max(acc * (1 - acc), 1e-12) / n)

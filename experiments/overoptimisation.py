@@ -200,7 +200,7 @@ def main():
     out_dir = os.path.join(args.out, "ppo")
     run(dict(common, algo="ppo", init_from=args.init_from, reward="rm", reward_model=reward_model,
              kl_coef=args.kl_coef, max_iters=args.ppo_iters, eval_interval=max(1, args.ppo_iters // args.ppo_evals),
-             eval_best_of_n=0, out_dir=out_dir))
+             eval_samples=0, out_dir=out_dir))
     results["ppo"], results["ppo_evals"] = ppo_curve(out_dir, args.bin)
     results["turning_points"] = {name: turning_point(results[name]) for name in ("best_of_n", "ppo")}
     with open(os.path.join(args.out, "results.json"), "w") as f:

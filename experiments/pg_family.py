@@ -102,7 +102,7 @@ def main(argv=None):
     torch.set_num_threads(1)
     common = dict(init_from=args.sft, max_iters=args.iters, eval_interval=args.eval_every, prompts_per_iter=args.prompts,
                   group_size=args.group_size,
-                  eval_problems=args.eval_problems, eval_pass_k=0, eval_best_of_n=0, minibatches=args.minibatches)
+                  eval_problems=args.eval_problems, eval_samples=0, minibatches=args.minibatches)
     common.update(T.parse_args([f"--{kv}" for kv in args.set]))
     results = {}
     for arm in args.arms.split(","):

@@ -169,7 +169,7 @@ def main():
               **T.parse_args([f"--{kv}" for kv in args.set])}
     os.makedirs(args.out, exist_ok=True)
     start = init_checkpoint(args, common)
-    common.update(prompts_per_iter=args.prompts_per_iter, group_size=args.group_size, eval_pass_k=0, eval_best_of_n=0)
+    common.update(prompts_per_iter=args.prompts_per_iter, group_size=args.group_size, eval_samples=0)
     if args.quick:
         common.update(prompts_per_iter=QUICK["prompts_per_iter"], group_size=QUICK["group_size"])
 

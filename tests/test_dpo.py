@@ -213,9 +213,10 @@ def test_builtin_run_logs_env_and_kl(tiny):
                              heldout_prompts=4, block_size=128))
     rows = [json.loads(line) for line in open(os.path.join(run.cfg["out_dir"], "metrics.jsonl"))]
     first = rows[0]
-    for key in ("heldout_acc", "heldout_len", "kl_ref", "sampled_len", "val_pref_acc", "val_margin", "val_len_chosen"):
+    for key in ("heldout_acc", "heldout_len", "ood_acc", "heldout_kl_ref", "heldout_sampled_len", "val_pref_acc",
+                "val_margin", "val_len_chosen"):
         assert key in first and key in run.metrics, key
-    assert first["iter"] == 0 and abs(first["kl_ref"]) < 1e-3  # the policy is still the reference
+    assert first["iter"] == 0 and abs(first["heldout_kl_ref"]) < 1e-3  # the policy is still the reference
     assert first["val_margin"] == pytest.approx(0.0, abs=1e-5)
     train_row = next(r for r in rows if "loss" in r)
     for key in ("reward_chosen", "reward_rejected", "margin", "pref_acc", "logp_chosen", "logp_rejected"):

@@ -231,6 +231,7 @@ def test_overlong_penalty_ramp():
 
 def first_step_ratio_dev(run, temperature=None, train_mode=False):
     """max |ρ − 1| over the first optimizer step, π_θ scored at `temperature` (default: the run's)."""
+    run.raw_model.eval()  # as the loop leaves it for batches() and the loss (grpo.loss_dropout = False)
     steps = list(grpo.batches(run, 3))
     if train_mode:
         run.raw_model.train()
@@ -252,7 +253,7 @@ def test_ratio_is_one_on_the_first_step_tokens_in_tokens_out(tmp_path):
     with patched(run):
         dev, steps = first_step_ratio_dev(run)
         assert dev < 1e-4
-        assert not run.raw_model.training  # batches() left dropout off for the loss
+        assert not run.raw_model.training and not grpo.loss_dropout  # the loop keeps dropout off in the loss
         metrics = grpo.loss(run, run.model, steps[0][0])[2]
         assert metrics["ratio_dev"] < 1e-4 and metrics["clip_frac"] == 0.0
         assert first_step_ratio_dev(run, temperature=1.0)[0] > 0.05  # the temperature trap
@@ -385,7 +386,7 @@ def test_kl_off_trains_exactly_as_a_zero_kl_term_that_scores_the_reference(tmp_p
 
 def test_evaluation_logs_the_kl_to_the_reference(run):
     """heldout_kl_ref, on the policy's samples whatever the kl key: 0 while π = π_ref (no update yet)."""
-    with patched(run, kl="off", eval_pass_k=0):
+    with patched(run, kl="off", eval_samples=1):
         metrics = grpo.evaluate(run, 0)
     assert abs(metrics["heldout_kl_ref"]) < 1e-4
 
@@ -533,7 +534,7 @@ def test_staleness_1_resumes_exactly_with_lora_and_enforces_its_bound(tmp_path, 
 def test_recipe_configs_train_and_evaluate(recipe, tmp_path, monkeypatch):
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
     overrides = T.parse_args([os.path.join(ROOT, "config", f"{recipe}.py")])
-    overrides.update(TINY, **SMALL, max_iters=2, eval_interval=2, eval_problems=4, eval_pass_k=2,
+    overrides.update(TINY, **SMALL, max_iters=2, eval_interval=2, eval_problems=4, eval_samples=2,
                      out_dir=str(tmp_path / recipe))
     if recipe == "dapo":
         overrides["overlong_cache"] = 4

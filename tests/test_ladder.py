@@ -20,7 +20,7 @@ TINY_LADDER = ladder.command_line(dict(TINY, max_iters=2)) + [
     "--opd.prompts_per_iter=4", "--opd.max_new_tokens=8", "--opsd.prompts_per_iter=4", "--opsd.max_new_tokens=8",
     "--calc_sft.train_problems=64", "--calc_sft.val_examples=8",
     "--calc_grpo.prompts_per_iter=4", "--calc_grpo.group_size=2", "--calc_grpo.max_new_tokens=8",
-    "--eval_n=8", "--eval_ood_n=4", "--eval_pass_n=4", "--eval_pass_k=2"]
+    "--eval_n=8", "--eval_ood_n=4", "--eval_pass_n=4", "--eval_samples=2"]
 # every stage but rft, which refuses a policy that verifies nothing (as a 2-iteration tiny model is;
 # tests/test_rft.py runs it)
 NAMES = [name for name, _, _ in ladder.STAGES if name != "rft"]

@@ -169,7 +169,7 @@ def test_agentic_experiment_script_runs_at_tiny_size(tmp_path):
     args = [sys.executable, os.path.join(ROOT, "experiments", "agentic.py"), f"--out={out}", "--iters=1",
             "--sft_iters=2", "--eval_problems=4", "--set", "n_layer=1", "--set", "n_embd=32", "--set", "n_head=2",
             "--set", "prompts_per_iter=2", "--set", "group_size=2", "--set", "batch_size=4", "--set", "device='cpu'",
-            "--set", "eval_batch_size=8", "--set", "max_new_tokens=16", "--set", "eval_pass_k=0", "--set", "plot=False"]
+            "--set", "eval_batch_size=8", "--set", "max_new_tokens=16", "--set", "eval_samples=0", "--set", "plot=False"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-2000:]
