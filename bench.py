@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 
 import torch
 import torch.nn.functional as F
@@ -259,7 +260,6 @@ def interleaved_loop_times(overrides):
     everything the loop does per iteration (batches, lr schedule, accumulation, clipping, logging,
     progress bar) is inside. Also returns the mean model input tokens of an iteration, and the run."""
     marks, bare_times, tokens, bare = [], [], [], {}
-    original = sft.batches
 
     def interleaved_batches(run, it):
         sync(run.device)
@@ -270,7 +270,7 @@ def interleaved_loop_times(overrides):
             bare["optimizer"] = torch.optim.AdamW(bare["model"].parameters(), lr=run.cfg["learning_rate"],
                                                   betas=(run.cfg["beta1"], run.cfg["beta2"]),
                                                   weight_decay=run.cfg["weight_decay"])
-        micro_batches = original(run, it)[0]  # this iteration's batches (they depend only on seed and it)
+        micro_batches = sft.batches(run, it)[0]  # this iteration's batches (they depend only on seed and it)
         tokens.append(sum(ids[:, :-1].numel() for ids, _ in micro_batches))  # model input tokens
         sync(run.device)
         bare_start = clocks()
@@ -279,13 +279,10 @@ def interleaved_loop_times(overrides):
         end = clocks()
         bare_times.append((end[0] - bare_start[0], end[1] - bare_start[1]))
         marks.append((start, end))
-        return original(run, it)
+        return sft.batches(run, it)
 
-    sft.batches = interleaved_batches
-    try:
-        run = T.train(overrides)
-    finally:
-        sft.batches = original
+    # sft as the loop sees it, its batches wrapped: passed to train, nothing patched
+    run = T.train(overrides, algo=types.SimpleNamespace(**{**vars(sft), "batches": interleaved_batches}))
     shared = [(b[0][0] - a[1][0], b[0][1] - a[1][1]) for a, b in zip(marks, marks[1:])]
     return list(zip(shared, bare_times)), statistics.mean(tokens), run
 
@@ -398,45 +395,36 @@ def rl_rollout(args):
                        prompts_per_iter=RL_PROMPTS, group_size=RL_GROUP, max_new_tokens=RL_NEW_TOKENS,
                        out_dir=out_dir, init_from=args["init_from"]))
     optimizer = torch.optim.AdamW(run.raw_model.parameters(), lr=run.cfg["learning_rate"])
-    calls, original = [], C.rollouts
-
-    def recorded(run, model, problems, samples_per_prompt, **kw):
-        calls.append((problems, samples_per_prompt, kw))
-        return original(run, model, problems, samples_per_prompt, **kw)
-
-    C.rollouts = recorded
     in_step, phase, bare, tokens, split = [], [], [], [], []
-    try:
-        for it in range(RL_ITERS):
-            sync(run.device)
-            t0 = time.perf_counter()
-            steps = grpo.batches(run, it)  # returns before the update: the rollout phase only
-            sync(run.device)
-            t_rollout = time.perf_counter() - t0
-            problems, G, kw = calls[-1]
-            prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(G)]
-            t0 = time.perf_counter()
-            out, _ = run.raw_model.generate(prompts, kw["max_new_tokens"], temperature=kw["temperature"],
-                                            stop_tokens=(run.tok.eos,), seed=kw["seed"], pad_id=run.tok.pad)
-            sync(run.device)
-            t_bare = time.perf_counter() - t0
-            n = sum(len(t) for t in out)
-            if n != run.stats["len_mean"] * len(prompts):
-                raise RuntimeError("the bare sampler did not reproduce the step's tokens: not the same work")
-            t0 = time.perf_counter()
-            rl_update(run, optimizer, steps)
-            sync(run.device)
-            t_update = time.perf_counter() - t0
-            if it >= RL_WARMUP:
-                in_step.append(n / run.stats["time_decode"]), phase.append(n / t_rollout), bare.append(n / t_bare)
-                tokens.append(n)
-                seconds = dict(update=t_update, **{k: run.stats[f"time_{k}"] for k in RL_PHASES[:3]})
-                split.append({k: v / (t_rollout + t_update) for k, v in seconds.items()})
-    finally:
-        C.rollouts = original
+    cfg = run.cfg
+    for it in range(RL_ITERS):  # one shard, one round: the problems and seed are grpo.sample_round's
+        sync(run.device)
+        t0 = time.perf_counter()
+        steps = grpo.batches(run, it)  # returns before the update: the rollout phase only
+        sync(run.device)
+        t_rollout = time.perf_counter() - t0
+        problems, seed = C.shard_problems(run, it, 0, 0)
+        prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(cfg["group_size"])]
+        t0 = time.perf_counter()
+        out = run.raw_model.generate(prompts, cfg["max_new_tokens"], temperature=cfg["temperature"],
+                                     stop_tokens=(run.tok.eos,), seed=seed, pad_id=run.tok.pad).tokens
+        sync(run.device)
+        t_bare = time.perf_counter() - t0
+        n = sum(len(t) for t in out)
+        if n != run.stats["len_mean"] * len(prompts):
+            raise RuntimeError("the bare sampler did not reproduce the step's tokens: not the same work")
+        t0 = time.perf_counter()
+        rl_update(run, optimizer, steps)
+        sync(run.device)
+        t_update = time.perf_counter() - t0
+        if it >= RL_WARMUP:
+            in_step.append(n / run.stats["time_decode"]), phase.append(n / t_rollout), bare.append(n / t_bare)
+            tokens.append(n)
+            seconds = dict(update=t_update, **{k: run.stats[f"time_{k}"] for k in RL_PHASES[:3]})
+            split.append({k: v / (t_rollout + t_update) for k, v in seconds.items()})
     step_tok_s, phase_tok_s, bare_tok_s = (statistics.median(x) for x in (in_step, phase, bare))
     split_pct = {k: 100 * statistics.mean(s[k] for s in split) for k in RL_PHASES}
-    report(bench="rl_rollout", batch=len(prompts), max_new_tokens=kw["max_new_tokens"],
+    report(bench="rl_rollout", batch=len(prompts), max_new_tokens=cfg["max_new_tokens"],
            tokens_per_step=round(statistics.mean(tokens)), iterations_timed=len(in_step),
            rl_step_decode_tok_s=round(step_tok_s), bare_sampler_tok_s=round(bare_tok_s),
            in_step_vs_bare_pct=round(100 * step_tok_s / bare_tok_s, 1),
@@ -460,7 +448,7 @@ def rl_shared_prompt(args):
     run = T.train(dict(algo="grpo", max_iters=0, eval_interval=0, checkpoint=False, device=args["device"],
                        out_dir=tempfile.mkdtemp(prefix="bench_shared_"), init_from=args["init_from"], **GRPO_SIZES))
     steps = grpo.batches(run, 0)
-    rows = grpo.concat_rows([mb for step in steps for mb in step], run.tok.pad)
+    rows = C.Rollout.cat([mb for step in steps for mb in step], run.tok.pad)
     start = {k: v.clone() for k, v in run.raw_model.state_dict().items()}
     optimizer = torch.optim.AdamW(run.raw_model.parameters(), lr=run.cfg["learning_rate"])
 
@@ -468,14 +456,14 @@ def rl_shared_prompt(args):
         def fn():
             run.cfg["share_prompt"] = share
             run.raw_model.load_state_dict(start)
-            grpo.score(run, run.ref_model, rows["ids"], rows["prompt_len"])
+            grpo.score(run, run.ref_model, rows.ids, rows.prompt_lens)
             rl_update(run, optimizer, steps)
         return fn
 
     times = alternating_medians(dict(shared=iteration(True), unshared=iteration(False)), run.device, SHARED_REPEATS)
     (shared, cpu_shared), (unshared, cpu_unshared) = times["shared"], times["unshared"]
-    prompt, length = float(rows["prompt_len"].float().mean()), float(rows["lengths"].float().mean())
-    report(bench="rl_shared_prompt", responses=len(rows["ids"]), mean_prompt_tokens=round(prompt, 1),
+    prompt, length = float(rows.prompt_lens.float().mean()), float(rows.lengths.float().mean())
+    report(bench="rl_shared_prompt", responses=len(rows.ids), mean_prompt_tokens=round(prompt, 1),
            mean_response_tokens=round(length, 1), shared_ms=round(1000 * shared, 1),
            unshared_ms=round(1000 * unshared, 1), speedup=round(unshared / shared, 3),
            cpu_speedup=round(cpu_unshared / cpu_shared, 3))
@@ -483,7 +471,7 @@ def rl_shared_prompt(args):
     # the sampler: the rollouts' prompts, G copies of each (one prefill per distinct prompt), against
     # as many distinct prompts of the same lengths (their first token made unique: a prefill per row);
     # exactly max_new_tokens each (no stop token), so the decode steps are the same work
-    prompts = [row[:n].tolist() for row, n in zip(rows["ids"], rows["prompt_len"].tolist())]
+    prompts = [row[:n].tolist() for row, n in zip(rows.ids, rows.prompt_lens.tolist())]
     distinct = [[i % run.raw_model.config.vocab_size] + p[1:] for i, p in enumerate(prompts)]
     assert len(set(map(tuple, distinct))) == len(distinct) and len(set(map(tuple, prompts))) < len(prompts)
     new_tokens = run.cfg["max_new_tokens"]

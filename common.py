@@ -24,10 +24,11 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from envs import GSM8K, make_env
 from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora, sequence_logprobs
-from sampler import sample
+from sampler import Samples, sample
 from tokenizer import make_tokenizer
 
 
@@ -93,6 +94,14 @@ def seeded_rng(run, *keys):
     """A numpy RNG that depends only on the seed and `keys` (e.g. the iteration): batches are a pure
     function of the step, so a resumed run draws exactly what the uninterrupted one would."""
     return np.random.default_rng([run.cfg["seed"], *keys])
+
+
+def shard_problems(run, *keys):
+    """A rollout shard's fresh train problems (C.shard_size of them) and its sampler seed, both drawn
+    from seeded_rng(run, *keys) (e.g. the iteration and the shard): the same on any world size."""
+    rng = seeded_rng(run, *keys)
+    problems = run.env.problems("train", shard_size(run), seed=int(rng.integers(2 ** 31)))
+    return problems, int(rng.integers(2 ** 31))
 
 
 def shard(items, run, micro_steps, batch_size):
@@ -381,7 +390,7 @@ def tool_hook(run, prompts):
 
 def generate(run, model, prompts, max_new_tokens=None, temperature=0.0, seed=None, batch_size=None, **kw):
     """Sample responses for a list of prompt-id lists in chunks, running the environment's tool when
-    it has one; returns (tokens, logprobs, forced), forced = 1 on tool tokens (see sampler.sample)."""
+    it has one; returns sampler.Samples(tokens, logprobs, forced), forced = 1 on tool tokens."""
     max_new_tokens = max_new_tokens or run.cfg["max_new_tokens"]
     batch_size = batch_size or run.cfg["eval_batch_size"]
     tokens, logprobs, forced = [], [], []
@@ -393,7 +402,7 @@ def generate(run, model, prompts, max_new_tokens=None, temperature=0.0, seed=Non
             tokens += t
             logprobs += lp
             forced += f
-    return tokens, logprobs, forced
+    return Samples(tokens, logprobs, forced)
 
 
 def collate(examples, pad_id, device):
@@ -496,32 +505,94 @@ def score_responses(scalar_model, ids, mask):
     return values.gather(1, last[:, None]).squeeze(1).float()
 
 
+@dataclasses.dataclass
+class Rollout:
+    """Responses sampled for problems and verified: N rows, the problems' G samples each side by
+    side. Tokens in, tokens out: response ids are never decoded and re-encoded for training (text is
+    decoded for the verifier only). With a tool environment a response holds the tool's results too
+    (fed in by the sampler): they stay in ids as context and have mask 0, so no loss gives them weight.
+
+    Per-token tensors are (N, T-1) (or (N, T-1, ...)), aligned with the shifted targets ids[:, 1:]
+    exactly like sequence_logprobs(model, ids): position t scores token ids[:, t+1]."""
+    ids: torch.Tensor            # (N, T) long: prompt + response, right-padded with <|pad|>
+    mask: torch.Tensor           # (N, T-1) 1 on sampled response tokens (stop token included); 0 on the
+                                 #          prompt, tool tokens and padding
+    forced: torch.Tensor         # (N, T-1) 1 on the tool's tokens (response tokens the model did not sample)
+    old_logprobs: torch.Tensor   # (N, T-1) the sampler's log-probs (π_old), 0 where mask is 0
+    rewards: torch.Tensor        # (N,) the verifier's reward
+    lengths: torch.Tensor        # (N,) response lengths in tokens
+    truncated: torch.Tensor      # (N,) bool: hit max_new_tokens without the end token
+    group: torch.Tensor          # (N,) the index of the problem each row answers
+    prompt_lens: torch.Tensor    # (N,) each row's prompt length
+    seq_len: torch.Tensor        # (N,) the index of the row's last response token + 1: its own width
+    problems: list               # each row's problem
+    texts: list                  # each row's decoded response
+    responses: list              # each row's response ids
+    decode_time: float = 0.0     # seconds sampling, verifying, and scoring (an algorithm's forwards)
+    verify_time: float = 0.0
+    score_time: float = 0.0
+    # what an algorithm adds before it trains on the rows; None until then
+    sampler_logprobs: torch.Tensor = None  # (N, T-1) the sampler's own, where old_logprobs are recomputed
+    ref_logprobs: torch.Tensor = None      # (N, T-1) π_ref's of the sampled tokens, or (N, T-1, V) its whole
+                                           # distributions (opd's anchor)
+    teacher_logprobs: torch.Tensor = None  # (N, T-1, V) a teacher's distributions (opd)
+    verified: torch.Tensor = None          # (N,) the verifier's reward where `rewards` is another
+    reward: torch.Tensor = None            # (N,) the shaped reward the advantages come from
+    advantages: torch.Tensor = None        # (N,) one per response
+    step_advantages: torch.Tensor = None   # (N, T-1) one per token (process rewards)
+    keep: torch.Tensor = None              # (N,) 1 on rows that train, 0 on rows kept only for shape
+
+    def select(self, rows):
+        """These rows (indices, in order), every tensor and list cut to them, and to their own width."""
+        rows = torch.as_tensor(rows, dtype=torch.long, device=self.ids.device)
+        width = max(int(self.seq_len[rows].max()), 2) if len(rows) else 2
+        picked = rows.tolist()
+        out = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if torch.is_tensor(value):
+                value = value[rows]
+                if value.dim() > 1:  # ids (N, T), per-token (N, T-1, ...)
+                    value = value[:, :width if field.name == "ids" else width - 1]
+            elif isinstance(value, list):
+                value = [value[i] for i in picked]
+            out[field.name] = value
+        return Rollout(**out)
+
+    def response_masks(self):
+        """Each row's loss mask over its own response tokens, as lists: 1 on the sampled ones, 0 on
+        the tool's."""
+        return [[int(m) for m in row[start - 1:start - 1 + len(response)]]
+                for row, start, response in zip(self.mask.tolist(), self.prompt_lens.tolist(), self.responses)]
+
+    @staticmethod
+    def cat(parts, pad_id):
+        """The rows of several rollouts in order, right-padded to the widest (ids with pad_id, per-token
+        values with 0); times add up."""
+        width = max(p.ids.size(1) for p in parts)
+        out = {}
+        for field in dataclasses.fields(Rollout):
+            values = [getattr(p, field.name) for p in parts]
+            if values[0] is None:
+                out[field.name] = None
+            elif torch.is_tensor(values[0]) and values[0].dim() > 1:
+                w, fill = (width, pad_id) if field.name == "ids" else (width - 1, 0.0)
+                out[field.name] = torch.cat([F.pad(v, [0, 0] * (v.dim() - 2) + [0, w - v.size(1)], value=fill)
+                                             for v in values])
+            elif torch.is_tensor(values[0]):
+                out[field.name] = torch.cat(values)
+            elif isinstance(values[0], list):
+                out[field.name] = [x for v in values for x in v]
+            else:
+                out[field.name] = sum(values)
+        return Rollout(**out)
+
+
 def rollouts(run, model, problems, samples_per_prompt, temperature=1.0, max_new_tokens=None, seed=None,
              top_k=None, top_p=None, batch_size=None):
-    """Sample `samples_per_prompt` responses per problem with the KV-cache sampler and score them
-    with the environment's verifier. Tokens in, tokens out: response ids are never decoded and
-    re-encoded for training (text is decoded only for the verifier). The sampler runs on all
-    prompts at once, or in chunks of `batch_size`.
-
-    With a tool environment the response holds the tool's results too, fed in by the sampler
-    (tool_hook): they stay in ids as context and have mask 0, so no loss (policy gradient, KL, value,
-    SFT) gives them any weight.
-
-    Returns a dict; per-token tensors are aligned with the shifted targets ids[:, 1:], exactly like
-    sequence_logprobs(model, ids), so position t scores token ids[:, t+1]:
-        ids          (N, T) long   prompt + response, right-padded with <|pad|>; N = P·G, grouped by prompt
-        mask         (N, T-1) float 1 on sampled response tokens (stop token included), 0 on prompt,
-                                    tool tokens and padding
-        forced       (N, T-1) float 1 on the tool's tokens (response tokens the model did not sample)
-        old_logprobs (N, T-1) float the sampler's log-probs (π_old), 0 where mask is 0
-        rewards      (N,) float    verifier reward
-        lengths      (N,) long     response lengths in tokens
-        truncated    (N,) bool     response hit max_new_tokens without the end token
-        group        (N,) long     index of the problem each row answers
-        texts, problems            decoded responses (for logs) and the problem of each row
-        responses, prompt_lens     each row's response ids and prompt length (token_rewards reads them)
-        decode_time, verify_time   seconds
-    """
+    """The one rollout path: sample `samples_per_prompt` responses per problem with the KV-cache
+    sampler (on all prompts at once, or in chunks of `batch_size`), decode them, verify them with the
+    environment's verifier and lay them out with their masks: a Rollout."""
     prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(samples_per_prompt)]
     rows = [p for p in problems for _ in range(samples_per_prompt)]
     t0 = time.time()
@@ -540,24 +611,26 @@ def rollouts(run, model, problems, samples_per_prompt, temperature=1.0, max_new_
         mask[i, len(p) - 1:len(p) - 1 + len(t)] = 1.0 - tool[i, len(p) - 1:len(p) - 1 + len(t)]
         old[i, len(p) - 1:len(p) - 1 + len(t)] = torch.tensor(lp)
     device = run.device
-    return dict(ids=ids.to(device), mask=mask.to(device), forced=tool.to(device), old_logprobs=old.to(device),
-                rewards=rewards.to(device), lengths=torch.tensor([len(t) for t in tokens], device=device),
-                truncated=torch.tensor([run.tok.eos not in t for t in tokens], device=device),
-                group=torch.arange(len(problems), device=device).repeat_interleave(samples_per_prompt),
-                texts=texts, problems=rows, responses=tokens, prompt_lens=[len(p) for p in prompts],
-                decode_time=t1 - t0, verify_time=t2 - t1)
+    mask = mask.to(device)
+    return Rollout(ids=ids.to(device), mask=mask, forced=tool.to(device), old_logprobs=old.to(device),
+                   rewards=rewards.to(device), lengths=torch.tensor([len(t) for t in tokens], device=device),
+                   truncated=torch.tensor([run.tok.eos not in t for t in tokens], device=device),
+                   group=torch.arange(len(problems), device=device).repeat_interleave(samples_per_prompt),
+                   prompt_lens=torch.tensor([len(p) for p in prompts], device=device),
+                   seq_len=last_response_column(mask) + 2, problems=rows, texts=texts, responses=tokens,
+                   decode_time=t1 - t0, verify_time=t2 - t1)
 
 
 def token_rewards(run, roll, signals):
     """Per-step or per-action signals placed on tokens (SPEC §3 Process vs outcome, RLVP).
     signals(problem, response text) -> [(character offset just after the step, value)]. Returns
-    (values, marked), both (N, T-1) aligned with roll["mask"]: each value added at the column of the
+    (values, marked), both (N, T-1) aligned with roll.mask: each value added at the column of the
     step's last token (the token whose text holds the character before the offset; an offset at the
     end of the text: the row's last response token, the end token when there is one), marked True
     there. A step never ends on a tool token: the model's own text closes every call and answer."""
-    values, marked = torch.zeros_like(roll["mask"]), torch.zeros_like(roll["mask"], dtype=torch.bool)
-    for i, (problem, text, tokens, start) in enumerate(zip(roll["problems"], roll["texts"], roll["responses"],
-                                                            roll["prompt_lens"])):
+    values, marked = torch.zeros_like(roll.mask), torch.zeros_like(roll.mask, dtype=torch.bool)
+    for i, (problem, text, tokens, start) in enumerate(zip(roll.problems, roll.texts, roll.responses,
+                                                            roll.prompt_lens.tolist())):
         # the text's byte offset after each token (response_text drops the end token: 0 bytes)
         ends = np.cumsum([0 if t == run.tok.eos else len(run.tok.decode([t]).encode()) for t in tokens])
         for offset, value in signals(problem, text):
@@ -617,13 +690,11 @@ def greedy_accuracy(run, model, split, n):
     if split not in getattr(run.env, "splits", ("train", "heldout", "ood")):
         return {}, []  # (a dataset has no ood split: no figures for it)
     problems = run.env.problems(split, n, seed=0)[run.rank::run.world_size]
-    tokens = generate(run, model, [run.tok.prompt_ids(p["prompt"]) for p in problems], temperature=0.0, seed=0)[0]
-    texts = [response_text(run, t) for t in tokens]
-    correct = [run.env.verify(p, text) for p, text in zip(problems, texts)]
-    sums = all_reduce_sum(dict(correct=sum(correct), n=len(problems), tokens=sum(map(len, tokens)),
-                               work=sum(map(run.env.shows_work, texts))), run)
+    roll = rollouts(run, model, problems, 1, temperature=0.0, seed=0, batch_size=run.cfg["eval_batch_size"])
+    sums = all_reduce_sum(dict(correct=float(roll.rewards.sum()), n=len(problems), tokens=float(roll.lengths.sum()),
+                               work=sum(map(run.env.shows_work, roll.texts))), run)
     transcripts = [f"[{split}] {p['prompt']}\n  -> {text!r}  (answer {p['answer']}, reward {r:.0f})"
-                   for p, text, r in zip(problems[:4], texts, correct)]
+                   for p, text, r in zip(problems[:4], roll.texts, roll.rewards.tolist())]
     return {f"{split}_acc": sums["correct"] / sums["n"], f"{split}_len": sums["tokens"] / sums["n"],
             f"{split}_work": sums["work"] / sums["n"]}, transcripts  # work: answers that write their steps
 
@@ -637,12 +708,12 @@ def sampled_accuracy(run, model, n, k, temperature, reference=None):
     problems = run.env.problems("heldout", n, seed=0)[run.rank::run.world_size]
     size = run.cfg["eval_batch_size"]
     roll = rollouts(run, model, problems, k, temperature=temperature, seed=1, batch_size=size)
-    correct = roll["rewards"].view(len(problems), k)
+    correct = roll.rewards.view(len(problems), k)
     sums = dict(correct=float(correct.sum()), passed=float(correct.amax(1).sum()), problems=len(problems),
-                tokens=float(roll["lengths"].sum()), work=sum(map(run.env.shows_work, roll["texts"])), kl=0.0)
+                tokens=float(roll.lengths.sum()), work=sum(map(run.env.shows_work, roll.texts)), kl=0.0)
     if reference is not None:
         with run.autocast:
-            for ids, old, mask in zip(*(chunks(roll[key], size) for key in ("ids", "old_logprobs", "mask"))):
+            for ids, old, mask in zip(*(chunks(t, size) for t in (roll.ids, roll.old_logprobs, roll.mask))):
                 sums["kl"] += float(((old - sequence_logprobs(reference, ids, temperature)) * mask).sum())
     sums = all_reduce_sum(sums, run)
     responses = sums["problems"] * k
@@ -653,7 +724,7 @@ def sampled_accuracy(run, model, n, k, temperature, reference=None):
     if reference is not None:
         metrics["heldout_kl_ref"] = sums["kl"] / responses
     transcripts = [f"[heldout, T={temperature}] {p['prompt']}\n  -> {text!r}  (answer {p['answer']}, reward {r:.0f})"
-                   for p, text, r in list(zip(roll["problems"], roll["texts"], roll["rewards"].tolist()))[:2 * k:k]]
+                   for p, text, r in list(zip(roll.problems, roll.texts, roll.rewards.tolist()))[:2 * k:k]]
     return metrics, transcripts
 
 

@@ -181,7 +181,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 import common as C
 from model import kl_estimate, sequence_logprobs, token_logprobs_and_entropy
@@ -427,12 +426,6 @@ def rollout_cost(prompts, answers, tokens, gpus, tok_per_s_per_gpu, n_params, fl
 # ----------------------------------------------------------------------------------------------
 # Rollouts: shards, scoring, rewards, dynamic sampling
 
-PER_TOKEN = ("mask", "old_logprobs", "ref_logprobs", "sampler_logprobs")  # (N, T-1), aligned with ids[:, 1:];
-# no ref with kl=off, the sampler's log-probs only beside recomputed ones
-TOKEN_KEYS = PER_TOKEN + ("step_advantages",)  # and with reward_mode=process, one advantage per token
-PER_ROW = ("rewards", "reward", "advantages", "lengths", "truncated", "seq_len", "keep", "prompt_len")  # (N,)
-
-
 @torch.no_grad()
 def score(run, model, ids, prompt_lens):
     """Per-token log-probs of ids[:, 1:] at the sampling temperature, no gradient, in chunks; with
@@ -443,126 +436,98 @@ def score(run, model, ids, prompt_lens):
                           for chunk, lens in zip(C.chunks(ids, size), C.chunks(prompt_lens, size))])
 
 
-def select_rows(batch, rows):
-    """The rows of a rollout batch (its per-token and per-row tensors), cut to their own width."""
-    rows = torch.as_tensor(rows, dtype=torch.long, device=batch["ids"].device)
-    out = {k: batch[k][rows] for k in ("ids",) + TOKEN_KEYS + PER_ROW if k in batch}
-    width = int(out["seq_len"].max()) if len(rows) else 2
-    out["ids"] = out["ids"][:, :width]
-    for k in TOKEN_KEYS:
-        if k in out:
-            out[k] = out[k][:, :width - 1]
-    return out
-
-
-def concat_rows(parts, pad_id):
-    """Concatenate row selections, right-padding to the widest (ids with pad_id, the rest with 0)."""
-    width = max(p["ids"].size(1) for p in parts)
-    out = {}
-    for k in parts[0]:
-        if k == "ids" or k in TOKEN_KEYS:
-            w, fill = (width, pad_id) if k == "ids" else (width - 1, 0.0)
-            out[k] = torch.cat([F.pad(p[k], (0, w - p[k].size(1)), value=fill) for p in parts])
-        else:
-            out[k] = torch.cat([p[k] for p in parts])
-    return out
-
-
 def sample_round(run, model, it, shard, round_):
-    """One rollout of a shard by `model` (π_old): fresh train problems, G responses each, scored and rewarded."""
+    """One rollout of a shard by `model` (π_old): fresh train problems, G responses each, scored and
+    rewarded. Returns (the Rollout, (P,) True on degenerate groups)."""
     cfg, G = run.cfg, run.cfg["group_size"]
-    rng = C.seeded_rng(run, it, shard, round_)
-    problems = run.env.problems("train", C.shard_size(run), seed=int(rng.integers(2 ** 31)))
+    problems, seed = C.shard_problems(run, it, shard, round_)
     if cfg["prompt_sampling"] == "edge":  # this shard's slice of the iteration's draw from the pool
         problems = [run.pool[i] for i in run.edge_draw[shard]]
     sampler = fp8_copy(model) if cfg["break_it"] == "fp8_sampler" else model
-    ro = C.rollouts(run, sampler, problems, G, temperature=cfg["temperature"],
-                    max_new_tokens=cfg["max_new_tokens"], seed=int(rng.integers(2 ** 31)))
-    ro["prompt_len"] = torch.tensor(ro["prompt_lens"], device=ro["ids"].device)
+    ro = C.rollouts(run, sampler, problems, G, temperature=cfg["temperature"], max_new_tokens=cfg["max_new_tokens"],
+                    seed=seed)
     t0 = time.time()
     if run.old_logprobs_mode == "recompute":  # the sampler's numbers kept for the gap and TIS
-        ro["sampler_logprobs"] = ro["old_logprobs"]
-        ro["old_logprobs"] = score(run, model, ro["ids"], ro["prompt_len"]) * ro["mask"]
+        ro.sampler_logprobs = ro.old_logprobs
+        ro.old_logprobs = score(run, model, ro.ids, ro.prompt_lens) * ro.mask
     if cfg["kl"] != "off":  # with kl=off nothing reads π_ref: no forward (evaluation logs the KL)
-        ro["ref_logprobs"] = score(run, run.ref_model, ro["ids"], ro["prompt_len"]) * ro["mask"]
-    ro["time_score"] = time.time() - t0
-    ro["seq_len"] = C.last_response_column(ro["mask"]) + 2  # index of the last response token + 1
+        ro.ref_logprobs = score(run, run.ref_model, ro.ids, ro.prompt_lens) * ro.mask
+    ro.score_time = time.time() - t0
     # the sampler stops earlier than max_new_tokens when the longest prompt leaves less room
     longest_prompt = max(len(run.tok.prompt_ids(p["prompt"])) for p in problems)
     limit = min(cfg["max_new_tokens"], run.raw_model.config.block_size - longest_prompt)
-    ro["verified"], ro["rewards"] = ro["rewards"], broken_rewards(cfg["break_it"], ro)  # the env's verdict, the training reward
-    reward = ro["rewards"] + overlong_penalty(ro["lengths"].cpu(), limit, cfg["overlong_cache"]).to(ro["rewards"].device)
+    ro.verified, ro.rewards = ro.rewards, broken_rewards(cfg["break_it"], ro)  # the env's verdict, the training reward
+    reward = ro.rewards + overlong_penalty(ro.lengths.cpu(), limit, cfg["overlong_cache"]).to(ro.rewards.device)
     if cfg["kl"] == "k1_reward":
-        reward = reward - cfg["kl_coef"] * ((ro["old_logprobs"] - ro["ref_logprobs"]) * ro["mask"]).sum(1)
-    ro["reward"] = reward
+        reward = reward - cfg["kl_coef"] * ((ro.old_logprobs - ro.ref_logprobs) * ro.mask).sum(1)
+    ro.reward = reward
     if cfg["estimator"] == "reinforce":  # the batch-mean baseline needs the whole batch: later
-        ro["advantages"], ro["degenerate"] = torch.zeros_like(reward), torch.zeros(len(problems), dtype=torch.bool)
+        ro.advantages, degenerate = torch.zeros_like(reward), torch.zeros(len(problems), dtype=torch.bool)
     elif cfg["reward_mode"] == "process":  # one advantage per token, the response's shared one unused
         steps, ends = C.token_rewards(run, ro, run.env.step_rewards)
-        ro["step_advantages"], ro["degenerate"] = process_advantages(steps, ends, ro["mask"], G, cfg["estimator"],
+        ro.step_advantages, degenerate = process_advantages(steps, ends, ro.mask, G, cfg["estimator"],
                                                                      advantage_scale(cfg))
-        ro["advantages"] = torch.zeros_like(reward)
+        ro.advantages = torch.zeros_like(reward)
     elif cfg["reward_mode"] in ("rlvp", "path"):  # path: Φ alone (no outcome channel), the inaction trap
         signals = C.path_signals(run)
-        path = torch.tensor([sum(v for _, v in signals(p, t)) for p, t in zip(ro["problems"], ro["texts"])],
+        path = torch.tensor([sum(v for _, v in signals(p, t)) for p, t in zip(ro.problems, ro.texts)],
                             dtype=torch.float32, device=reward.device)  # float even when no row has a signal
         outcome = reward if cfg["reward_mode"] == "rlvp" else torch.zeros_like(reward)
         beta = cfg["rlvp_beta"] if cfg["reward_mode"] == "rlvp" else 1.0
-        adv, ro["degenerate"] = rlvp_advantages(outcome.view(-1, G), path.view(-1, G), cfg["estimator"], beta,
+        adv, degenerate = rlvp_advantages(outcome.view(-1, G), path.view(-1, G), cfg["estimator"], beta,
                                                 advantage_scale(cfg))
-        ro["advantages"] = adv.flatten()
+        ro.advantages = adv.flatten()
     else:
-        adv, ro["degenerate"] = group_advantages(reward.view(-1, G), cfg["estimator"], advantage_scale(cfg))
-        ro["advantages"] = adv.flatten()
-    ro["degenerate"] = ro["degenerate"].to(reward.device)
-    return ro
+        adv, degenerate = group_advantages(reward.view(-1, G), cfg["estimator"], advantage_scale(cfg))
+        ro.advantages = adv.flatten()
+    return ro, degenerate.to(reward.device)
 
 
 def rollout_shard(run, model, it, shard):
     """A shard's training rows sampled by `model`: C.shard_size(run) groups, with keep = 0 on rows
     that must not train (dropped degenerate groups), plus the shard's counts for the logs."""
     cfg, G, n = run.cfg, run.cfg["group_size"], C.shard_size(run)
-    first = sample_round(run, model, it, shard, 0)
-    if first["degenerate"].any() and cfg["on_degenerate"] == "raise" and cfg["estimator"] != "reinforce":
-        raise ValueError(f"iteration {it}: {int(first['degenerate'].sum())} of {n} groups have all rewards "
+    first, first_degenerate = sample_round(run, model, it, shard, 0)
+    if first_degenerate.any() and cfg["on_degenerate"] == "raise" and cfg["estimator"] != "reinforce":
+        raise ValueError(f"iteration {it}: {int(first_degenerate.sum())} of {n} groups have all rewards "
                          f"equal (on_degenerate='raise'); choose drop or zeros")
-    rounds = [first]
-    informative = lambda ro: [g for g in range(n) if not ro["degenerate"][g]]
-    found = len(informative(first))
+    rounds = [(first, first_degenerate)]
+    informative = lambda degenerate: [g for g in range(n) if not degenerate[g]]
+    found = len(informative(first_degenerate))
     while found < n and len(rounds) <= cfg["dynamic_sampling_rounds"]:
         rounds.append(sample_round(run, model, it, shard, len(rounds)))
-        found += len(informative(rounds[-1]))
+        found += len(informative(rounds[-1][1]))
     drop = cfg["on_degenerate"] == "drop" and cfg["estimator"] != "reinforce"
     parts, taken = [], 0
-    for ro in rounds:  # informative groups first, in sampling order
-        groups = informative(ro)[:n - taken] if drop else list(range(n))
+    for ro, degenerate in rounds:  # informative groups first, in sampling order
+        groups = informative(degenerate)[:n - taken] if drop else list(range(n))
         taken += len(groups)
         if groups:
-            parts.append(select_rows(ro, [g * G + j for g in groups for j in range(G)]))
-            parts[-1]["keep"] = torch.ones(len(groups) * G, device=ro["ids"].device)
+            parts.append(ro.select([g * G + j for g in groups for j in range(G)]))
+            parts[-1].keep = torch.ones(len(groups) * G, device=ro.ids.device)
         if taken == n:
             break
     if taken < n:  # rounds ran out: fill with degenerate groups of the first round, masked out
-        groups = [g for g in range(n) if first["degenerate"][g]][:n - taken]
-        parts.append(select_rows(first, [g * G + j for g in groups for j in range(G)]))
-        parts[-1]["keep"] = torch.zeros(len(groups) * G, device=first["ids"].device)
-    batch = concat_rows(parts, run.tok.pad)
-    batch["mask"] = batch["mask"] * batch["keep"][:, None]
+        groups = [g for g in range(n) if first_degenerate[g]][:n - taken]
+        parts.append(first.select([g * G + j for g in groups for j in range(G)]))
+        parts[-1].keep = torch.zeros(len(groups) * G, device=first.ids.device)
+    batch = C.Rollout.cat(parts, run.tok.pad)
+    batch.mask = batch.mask * batch.keep[:, None]
     counts = dict(
-        reward_sum=float(first["rewards"].sum()), reward_n=len(first["rewards"]),
-        all_fail=float((first["rewards"].view(-1, G).amax(1) == 0).sum()),
-        violations=sum(sign < 0 for p, t in zip(first["problems"], first["texts"])
+        reward_sum=float(first.rewards.sum()), reward_n=len(first.rewards),
+        all_fail=float((first.rewards.view(-1, G).amax(1) == 0).sum()),
+        violations=sum(sign < 0 for p, t in zip(first.problems, first.texts)
                        for _, sign in run.env.path_signals(p, t)) if hasattr(run.env, "path_signals") else 0,
-        degenerate=float(degenerate_groups(first["rewards"].view(-1, G)).sum()), groups=n,  # on the verifier's reward
-        extra_rollouts=(len(rounds) - 1) * n * G, kept_groups=float(batch["keep"].sum()) / G,
-        time_decode=sum(ro["decode_time"] for ro in rounds), time_verify=sum(ro["verify_time"] for ro in rounds),
-        time_score=sum(ro["time_score"] for ro in rounds),
-        work=sum(map(run.env.shows_work, first["texts"])),
-        parse_errors=sum(C.unparsed(run.env, t) for t in first["texts"]),
-        group_reward=first["rewards"].view(-1, G).mean(1).tolist(),  # edge sampling's running success
-        decoded_tokens=sum(float(ro["lengths"].sum()) for ro in rounds))
-    rejected = first["verified"] == 0  # reward_len_corr's moments: shaped reward y against length x
-    x, y = first["lengths"][rejected].double(), first["reward"][rejected].double()
+        degenerate=float(degenerate_groups(first.rewards.view(-1, G)).sum()), groups=n,  # on the verifier's reward
+        extra_rollouts=(len(rounds) - 1) * n * G, kept_groups=float(batch.keep.sum()) / G,
+        time_decode=sum(ro.decode_time for ro, _ in rounds), time_verify=sum(ro.verify_time for ro, _ in rounds),
+        time_score=sum(ro.score_time for ro, _ in rounds),
+        work=sum(map(run.env.shows_work, first.texts)),
+        parse_errors=sum(C.unparsed(run.env, t) for t in first.texts),
+        group_reward=first.rewards.view(-1, G).mean(1).tolist(),  # edge sampling's running success
+        decoded_tokens=sum(float(ro.lengths.sum()) for ro, _ in rounds))
+    rejected = first.verified == 0  # reward_len_corr's moments: shaped reward y against length x
+    x, y = first.lengths[rejected].double(), first.reward[rejected].double()
     counts.update(corr_n=len(x), corr_x=float(x.sum()), corr_y=float(y.sum()), corr_xy=float((x * y).sum()),
                   corr_xx=float((x * x).sum()), corr_yy=float((y * y).sum()))
     return batch, counts
@@ -634,12 +599,12 @@ def training_verifier(run):
 def broken_rewards(kind, ro):
     """The training reward under break_it=kind (unchanged for none and fp8_sampler)."""
     if kind == "all_equal":
-        return torch.zeros_like(ro["rewards"])
+        return torch.zeros_like(ro.rewards)
     if kind == "length_bonus":
-        return ro["rewards"] + 0.01 * ro["lengths"].to(ro["rewards"])
+        return ro.rewards + 0.01 * ro.lengths.to(ro.rewards)
     if kind == "format_exploit":
-        return torch.tensor([lax_verify(p, t) for p, t in zip(ro["problems"], ro["texts"])], device=ro["rewards"].device)
-    return ro["rewards"]
+        return torch.tensor([lax_verify(p, t) for p, t in zip(ro.problems, ro.texts)], device=ro.rewards.device)
+    return ro.rewards
 
 
 def alarms(rows, cfg):
@@ -669,8 +634,8 @@ def alarms(rows, cfg):
         ratio_drift=lambda r: on_policy and r["ratio_dev"] > 1e-3,
         stale_rollouts=lambda r: r.get("staleness", 0) > 0,
         degenerate_groups=lambda r: r["degenerate_frac"] > 0.75,
-        entropy_collapse=lambda r: not r["entropy"] >= first["entropy"] / 4,  # NaN too
-        length_bias=lambda r: r.get("reward_len_corr", 0) > 0.5 or r["len_mean"] > 2 * first["len_mean"],
+        entropy_collapse=lambda r: not r["entropy"] >= first.entropy / 4,  # NaN too
+        length_bias=lambda r: r.get("reward_len_corr", 0) > 0.5 or r["len_mean"] > 2 * first.len_mean,
         verifier_errors=lambda r: r.get("verifier_error_rate", 0) > 0,
         parse_errors=lambda r: r.get("parse_error_rate", 0) > 0.2)
     fired = {}
@@ -875,33 +840,33 @@ def batches(run, it):
     else:
         rollouts = rollout_shards(run, run.raw_model, it)
     shards, counts = [r for r, _ in rollouts], [c for _, c in rollouts]
-    rewards = torch.cat([b["reward"] for b in shards])
-    kept = torch.cat([b["mask"].sum(1) > 0 for b in shards])
+    rewards = torch.cat([b.reward for b in shards])
+    kept = torch.cat([b.mask.sum(1) > 0 for b in shards])
     if cfg["estimator"] == "reinforce":  # A = r − mean of the whole global batch
         total, n = C.all_reduce_sum([float(rewards.sum()), len(rewards)], run)
         for b in shards:
-            b["advantages"] = b["reward"] - total / n
+            b.advantages = b.reward - total / n
     if advantage_scale(cfg) == "batch":  # one std over the global batch (REINFORCE++)
-        scaled = batch_scale([b["advantages"] for b in shards], [b["mask"].sum(1) > 0 for b in shards], run)
+        scaled = batch_scale([b.advantages for b in shards], [b.mask.sum(1) > 0 for b in shards], run)
         for b, adv in zip(shards, scaled):
-            b["advantages"] = adv
+            b.advantages = adv
     if cfg["prompt_sampling"] == "edge":
         edge_record(run, [c["group_reward"] for c in counts])
 
     # figures for the log, summed over ranks (round-0 figures: an unbiased sample of the policy)
-    lengths = torch.cat([b["lengths"].float() for b in shards])
+    lengths = torch.cat([b.lengths.float() for b in shards])
     sums = {k: sum(c[k] for c in counts)
             for k in ("reward_sum", "reward_n", "degenerate", "groups", "extra_rollouts", "kept_groups", "work",
                       "all_fail", "violations", "parse_errors", "corr_n", "corr_x", "corr_y", "corr_xy", "corr_xx",
                       "corr_yy")}
     sums.update(
         len_sum=float(lengths.sum()), len_sq=float((lengths ** 2).sum()), len_n=len(lengths),
-        truncated=sum(float(b["truncated"].sum()) for b in shards),
-        tokens=sum(float(b["mask"].sum()) for b in shards), shaped=float((rewards * kept).sum()))
+        truncated=sum(float(b.truncated.sum()) for b in shards),
+        tokens=sum(float(b.mask.sum()) for b in shards), shaped=float((rewards * kept).sum()))
     if cfg["kl"] != "off":
-        sums["kl"] = sum(float(((b["old_logprobs"] - b["ref_logprobs"]) * b["mask"]).sum()) for b in shards)
+        sums["kl"] = sum(float(((b.old_logprobs - b.ref_logprobs) * b.mask).sum()) for b in shards)
     if run.old_logprobs_mode == "recompute":  # the sampler against the trainer, same weights
-        gaps = [((b["old_logprobs"] - b["sampler_logprobs"]).abs() * b["mask"]) for b in shards]
+        gaps = [((b.old_logprobs - b.sampler_logprobs).abs() * b.mask) for b in shards]
         sums["gap"] = sum(float(g.sum()) for g in gaps)
         sums.update({f"gap_max_{r}": max(float(g.max()) for g in gaps) if r == run.rank else 0.0
                      for r in range(run.world_size)})  # the max over ranks, through a sum
@@ -933,27 +898,27 @@ def batches(run, it):
     # minibatch m = slice m of every shard, so the global minibatch is the same for any world size
     minibatches = []
     for m in range(cfg["minibatches"]):
-        rows = concat_rows([select_rows(b, np.array_split(np.arange(len(b["ids"])), cfg["minibatches"])[m])
-                            for b in shards], run.tok.pad)
-        minibatches.append([select_rows(rows, r) for r in C.chunks(range(len(rows["ids"])), cfg["batch_size"])])
+        rows = C.Rollout.cat([b.select(np.array_split(np.arange(len(b.ids)), cfg["minibatches"])[m]) for b in shards],
+                             run.tok.pad)
+        minibatches.append([rows.select(r) for r in C.chunks(range(len(rows.ids)), cfg["batch_size"])])
     return [mb for _ in range(cfg["inner_epochs"]) for mb in minibatches]
 
 
 def loss(run, model, batch):
     """One micro-batch: π_θ log-probs at the sampler's temperature, the clipped surrogate, and the
     policy's entropy on its own samples."""
-    ids, mask, temperature = batch["ids"], batch["mask"], run.cfg["temperature"]
+    ids, mask, temperature = batch.ids, batch.mask, run.cfg["temperature"]
     if run.cfg["share_prompt"]:  # each distinct prompt runs once, its keys and values shared by its rows
-        shared = SharedPrompts(ids, batch["prompt_len"])
+        shared = SharedPrompts(ids, batch.prompt_lens)
         logp, entropy = token_logprobs_and_entropy(model(shared.inputs, prompts=shared), shared.targets, temperature)
         logp, entropy = shared.to_rows(logp), shared.to_rows(entropy)
     else:
         logp, entropy = token_logprobs_and_entropy(model(ids[:, :-1]), ids[:, 1:], temperature)
-    advantages = batch["step_advantages"] if "step_advantages" in batch else batch["advantages"]
-    tis, capped = (tis_weights(batch["old_logprobs"], batch["sampler_logprobs"], mask, run.cfg["tis_cap"])
+    advantages = batch.step_advantages if batch.step_advantages is not None else batch.advantages
+    tis, capped = (tis_weights(batch.old_logprobs, batch.sampler_logprobs, mask, run.cfg["tis_cap"])
                    if run.cfg["tis_cap"] else (None, 0))
-    loss_sum, count, metrics = policy_loss(logp, batch["old_logprobs"], advantages, mask, run.cfg,
-                                           ref_logp=batch.get("ref_logprobs"), tis_weight=tis)
+    loss_sum, count, metrics = policy_loss(logp, batch.old_logprobs, advantages, mask, run.cfg,
+                                           ref_logp=batch.ref_logprobs, tis_weight=tis)
     if run.cfg["tis_cap"]:
         metrics["tis_capped_frac"] = capped / max(float(mask.sum()), 1.0)
     metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))

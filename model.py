@@ -262,15 +262,11 @@ class GPT(nn.Module):
     def forward(self, idx, pos=None, attn_mask=None, cache=None, prompts=None):
         return self.lm_head(self.hidden(idx, pos, attn_mask, cache, prompts))
 
-    @torch.no_grad()
     def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                  stop_tokens=(), seed=None, pad_id=0, tool_hook=None):
-        """Batched KV-cache sampling of ragged prompts (see `sample`). Returns (tokens, logprobs), and
-        with a tool_hook (tokens, logprobs, forced): forced marks the injected tool tokens, which no
-        loss may train on."""
-        tokens, logprobs, forced = sample(self, prompts, max_new_tokens, temperature, top_k, top_p,
-                                          stop_tokens, seed, pad_id, tool_hook)
-        return (tokens, logprobs) if tool_hook is None else (tokens, logprobs, forced)
+        """Batched KV-cache sampling of ragged prompts: sampler.sample, which returns
+        Samples(tokens, logprobs, forced); forced marks injected tool tokens, which no loss may train on."""
+        return sample(self, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens, seed, pad_id, tool_hook)
 
     @classmethod
     def from_pretrained(cls, name_or_dir, dropout=0.0):

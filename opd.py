@@ -190,10 +190,10 @@ def teacher_prompt(run, problem):
 def anchor_logprobs(run, ro):
     """log π_init(·| student prompt, y_<t) at τ (N, T-1, V), the anchor's constants: the frozen
     starting model reads exactly what the student read, in chunks of batch_size rows."""
-    out = torch.zeros(*ro["mask"].shape, run.ref_model.config.vocab_size, device=ro["mask"].device)
-    for rows in C.chunks(range(len(ro["ids"])), run.cfg["batch_size"]):
+    out = torch.zeros(*ro.mask.shape, run.ref_model.config.vocab_size, device=ro.mask.device)
+    for rows in C.chunks(range(len(ro.ids)), run.cfg["batch_size"]):
         with run.autocast:
-            logits = run.ref_model(ro["ids"][rows.start:rows.stop, :-1])
+            logits = run.ref_model(ro.ids[rows.start:rows.stop, :-1])
         out[rows.start:rows.stop] = F.log_softmax(logits.float() / run.cfg["temperature"], dim=-1)
     return out
 
@@ -201,17 +201,17 @@ def anchor_logprobs(run, ro):
 @torch.no_grad()
 def teacher_logprobs(run, ro):
     """The teacher's grades of the rollouts ro: (log-probs (N, T-1, V), graded (N, T-1)), aligned
-    with ro["ids"][:, 1:] like ro["mask"]: log π_t(·| teacher prompt, y_<t) at τ on the graded
+    with ro.ids[:, 1:] like ro.mask: log π_t(·| teacher prompt, y_<t) at τ on the graded
     response positions, 0 elsewhere. Each row is re-rendered as the teacher's prompt + the student's
     answer tokens, as many as fit the teacher's context (graded = the sampled response positions kept;
     a tool's results are read as context, never graded), and
     scored in one forward pass per chunk; the kept positions of both layouts hold the same tokens in
     the same order, so the two mask-selects align."""
-    ids, mask, tau = ro["ids"], ro["mask"], run.cfg["temperature"]
+    ids, mask, tau = ro.ids, ro.mask, run.cfg["temperature"]
     context = run.teacher.config.block_size + 1  # the last token is only a target
-    prompts = [run.tok.prompt_ids(teacher_prompt(run, p)) for p in ro["problems"]]
+    prompts = [run.tok.prompt_ids(teacher_prompt(run, p)) for p in ro.problems]
     room = torch.tensor([max(context - len(p), 0) for p in prompts], device=mask.device)
-    response = mask + ro["forced"]  # the teacher reads tool results too, but grades only sampled tokens
+    response = mask + ro.forced  # the teacher reads tool results too, but grades only sampled tokens
     kept = response * (response.cumsum(1) <= room[:, None])
     graded = mask * kept
     out = torch.zeros(*mask.shape, run.teacher.config.vocab_size, device=mask.device)
@@ -230,21 +230,21 @@ def teacher_logprobs(run, ro):
 
 
 def rollout_shard(run, it, shard):
-    """Shard `shard` of iteration `it`: fresh train problems, the student's answers, the teacher's scores."""
+    """Shard `shard` of iteration `it`: fresh train problems, the student's answers, the teacher's
+    scores. Returns (the Rollout, its response tokens left ungraded)."""
     cfg = run.cfg
-    rng = C.seeded_rng(run, it, shard)
-    problems = run.env.problems("train", C.shard_size(run), seed=int(rng.integers(2 ** 31)))
+    problems, seed = C.shard_problems(run, it, shard)
     sampler = run.teacher if cfg["kl_estimator"] == "teacher_samples" else run.raw_model  # off-policy: the teacher writes
     ro = C.rollouts(run, sampler, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"],
-                    max_new_tokens=cfg["max_new_tokens"], seed=int(rng.integers(2 ** 31)))
+                    max_new_tokens=cfg["max_new_tokens"], seed=seed)
     t0 = time.time()
-    ro["teacher_logprobs"], graded = teacher_logprobs(run, ro)
+    ro.teacher_logprobs, graded = teacher_logprobs(run, ro)
     if cfg["anchor_coef"]:
-        ro["anchor_logprobs"] = anchor_logprobs(run, ro)
-    ro["time_teacher"] = time.time() - t0
-    ro["ungraded"] = float((ro["mask"] - graded).sum())
-    ro["mask"] = graded  # the loss and its count: graded positions only
-    return ro
+        ro.ref_logprobs = anchor_logprobs(run, ro)
+    ro.score_time = time.time() - t0
+    ungraded = float((ro.mask - graded).sum())
+    ro.mask, ro.seq_len = graded, C.last_response_column(graded) + 2  # the loss and its count: graded positions only
+    return ro, ungraded
 
 
 # ----------------------------------------------------------------------------------------------
@@ -326,38 +326,32 @@ algorithm: `--algo opd`, on-policy distillation, started from `{c['init_from']}`
 def batches(run, it):
     """This rank's shards, scored by the teacher; figures for the log; one optimizer step of
     micro-batches of at most batch_size answers."""
-    shards = [rollout_shard(run, it, s) for s in range(run.rank, run.cfg["prompts_per_iter"] // C.shard_size(run),
-                                                            run.world_size)]
+    shards, ungraded = zip(*[rollout_shard(run, it, s) for s in range(run.rank, run.cfg["prompts_per_iter"] // C.shard_size(run),
+                                                                      run.world_size)])
     sums = C.all_reduce_sum(dict(
-        reward=sum(float(ro["rewards"].sum()) for ro in shards), answers=sum(len(ro["rewards"]) for ro in shards),
-        tokens=sum(float(ro["lengths"].sum()) for ro in shards),
-        truncated=sum(float(ro["truncated"].sum()) for ro in shards), ungraded=sum(ro["ungraded"] for ro in shards),
-        work=sum(sum(map(run.env.shows_work, ro["texts"])) for ro in shards),
-        parse_errors=sum(C.unparsed(run.env, t) for ro in shards for t in ro["texts"])), run)
+        reward=sum(float(ro.rewards.sum()) for ro in shards), answers=sum(len(ro.rewards) for ro in shards),
+        tokens=sum(float(ro.lengths.sum()) for ro in shards),
+        truncated=sum(float(ro.truncated.sum()) for ro in shards), ungraded=sum(ungraded),
+        work=sum(sum(map(run.env.shows_work, ro.texts)) for ro in shards),
+        parse_errors=sum(C.unparsed(run.env, t) for ro in shards for t in ro.texts)), run)
     run.stats.update(reward=sums["reward"] / sums["answers"], len_mean=sums["tokens"] / sums["answers"],
                      truncated_frac=sums["truncated"] / sums["answers"], rollout_tokens=sums["tokens"],
                      ungraded_frac=sums["ungraded"] / max(sums["tokens"], 1.0),
-                     time_decode=sum(ro["decode_time"] for ro in shards),
-                     time_teacher=sum(ro["time_teacher"] for ro in shards))
+                     time_decode=sum(ro.decode_time for ro in shards),
+                     time_teacher=sum(ro.score_time for ro in shards))
     run.stats.update(work_frac=sums["work"] / sums["answers"], parse_error_rate=sums["parse_errors"] / sums["answers"],
                      verifier_error_rate=run.verifier_check["verifier_error_rate"])
-    micro_batches = []
-    for ro in shards:
-        seq_len = C.last_response_column(ro["mask"]) + 2  # per row: index of its last token + 1
-        for rows in C.chunks(range(len(ro["ids"])), run.cfg["batch_size"]):
-            width = max(int(seq_len[rows.start:rows.stop].max()), 2)  # cut the shard's padding to the chunk's own
-            micro_batches.append({k: ro[k][rows.start:rows.stop, :width if k == "ids" else width - 1]
-                                  for k in ("ids", "mask", "teacher_logprobs", "anchor_logprobs") if k in ro})
-    return [micro_batches]
+    # each micro-batch cut to its own rows' width (the last graded token)
+    return [[ro.select(rows) for ro in shards for rows in C.chunks(range(len(ro.ids)), run.cfg["batch_size"])]]
 
 
 def loss(run, model, batch):
     """One micro-batch: the student's logits at τ on its own answers, the estimator's loss."""
-    ids, mask = batch["ids"], batch["mask"]
+    ids, mask = batch.ids, batch.mask
     logits = model(ids[:, :-1])
     loss_sum, count, reverse_kl, entropy, anchor_kl = distillation_loss(
-        logits, ids[:, 1:], batch["teacher_logprobs"], mask, run.cfg["kl_estimator"], run.cfg["temperature"],
-        run.cfg["kl_topk"], batch.get("anchor_logprobs"), run.cfg["anchor_coef"])
+        logits, ids[:, 1:], batch.teacher_logprobs, mask, run.cfg["kl_estimator"], run.cfg["temperature"],
+        run.cfg["kl_topk"], batch.ref_logprobs, run.cfg["anchor_coef"])
     n = max(float(count), 1.0)
     return loss_sum, count, dict(reverse_kl=float(reverse_kl) / n, entropy=float(entropy) / n,
                                  anchor_kl=float(anchor_kl) / n, tokens=float(count))

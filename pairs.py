@@ -147,18 +147,17 @@ def builtin_pairs(run, sampler, split, n_prompts, seed):
     k = cfg["samples_per_prompt"]
     samples = [[]] * len(problems)
     if cfg["pairs"] in ("verifier", "both"):
-        tokens, _, forced = C.generate(run, sampler, [p for p in prompts for _ in range(k)],
-                                       temperature=cfg["pair_temperature"], seed=seed)
-        answers = [(t, [1 - f for f in tool]) for t, tool in zip(tokens, forced)]  # (ids, loss mask)
+        roll = C.rollouts(run, sampler, problems, k, temperature=cfg["pair_temperature"], seed=seed,
+                          batch_size=cfg["eval_batch_size"])
+        answers = list(zip(roll.responses, roll.response_masks(), roll.rewards.tolist()))  # (ids, loss mask, verdict)
         samples = [answers[i * k:(i + 1) * k] for i in range(len(problems))]
     rng = random.Random(seed)
     pairs, counts = [], dict(verifier=0, demo_chosen=0, all_correct=0, style=0, too_long=0)
     for problem, prompt, answers in zip(problems, prompts, samples):
         demo = env.solve(problem)
         if cfg["pairs"] in ("verifier", "both"):
-            verdicts = [env.verify(problem, C.response_text(run, ids)) for ids, _ in answers]
-            correct = [a for a, v in zip(answers, verdicts) if v == 1.0]
-            wrong = [a for a, v in zip(answers, verdicts) if v == 0.0]
+            correct = [(ids, mask) for ids, mask, verdict in answers if verdict == 1.0]
+            wrong = [(ids, mask) for ids, mask, verdict in answers if verdict == 0.0]
             chosen = correct[0] if correct else tok.assistant_ids(demo)
             if wrong and len(prompt) + len(chosen[0]) > cfg["block_size"]:
                 counts["too_long"] += 1  # (sampled answers always fit; a demonstration may not)

@@ -312,11 +312,11 @@ def score_micro_batch(run, problems, seed):
     log-probs (when the KL penalty is on), sequence rewards."""
     cfg = run.cfg
     roll = C.rollouts(run, run.policy, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"], seed=seed)
-    ids, mask = roll["ids"], roll["mask"]
-    out = dict(ids=ids, mask=mask, verifier=roll["rewards"], sampler_logprobs=roll["old_logprobs"],
-               lengths=roll["lengths"].float(), truncated=roll["truncated"].float(), decode_time=roll["decode_time"])
-    out["shows_work"] = torch.tensor([float(run.env.shows_work(t)) for t in roll["texts"]], device=ids.device)
-    out["parse_error"] = torch.tensor([float(C.unparsed(run.env, t)) for t in roll["texts"]], device=ids.device)
+    ids, mask = roll.ids, roll.mask
+    out = dict(ids=ids, mask=mask, verifier=roll.rewards, sampler_logprobs=roll.old_logprobs,
+               lengths=roll.lengths.float(), truncated=roll.truncated.float(), decode_time=roll.decode_time)
+    out["shows_work"] = torch.tensor([float(run.env.shows_work(t)) for t in roll.texts], device=ids.device)
+    out["parse_error"] = torch.tensor([float(C.unparsed(run.env, t)) for t in roll.texts], device=ids.device)
     if cfg["reward_mode"] == "process":
         out["step_rewards"] = C.token_rewards(run, roll, run.env.step_rewards)[0]
     elif cfg["reward_mode"] in ("rlvp", "path"):
@@ -329,11 +329,11 @@ def score_micro_batch(run, problems, seed):
             out["old_logprobs"] = token_logprobs(logits, ids[:, 1:], cfg["temperature"]) * mask
         else:  # the sampler's log-probs equal a training forward's (fp32): only the critic runs
             values = run.raw_model.critic(ids[:, :-1])
-            out["old_logprobs"] = roll["old_logprobs"]
+            out["old_logprobs"] = roll.old_logprobs
         if scores_reference(run):
             out["ref_logprobs"] = sequence_logprobs(run.ref_model, ids, cfg["temperature"]) * mask
         rm_score = C.score_responses(run.reward_model, ids, mask) if run.reward_model is not None else None
-    out.update(old_values=values.float() * mask, score=rm_score if rm_score is not None else roll["rewards"])
+    out.update(old_values=values.float() * mask, score=rm_score if rm_score is not None else roll.rewards)
     return out
 
 

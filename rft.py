@@ -71,18 +71,16 @@ def round_length(cfg):
 def sample_pool(run, round_):
     """One round: candidates from the current policy, verified, selected -> (pool, figures)."""
     cfg, tok, k = run.cfg, run.tok, run.cfg["candidates"]
-    model = run.raw_model
     problems = run.env.problems("train", cfg["round_prompts"], seed=int(C.seeded_rng(run, round_).integers(2 ** 31)))
-    prompts = [tok.prompt_ids(p["prompt"]) for p in problems]
-    tokens, _, forced = C.generate(run, model, [p for p in prompts for _ in range(k)], temperature=cfg["temperature"],
-                                   seed=cfg["seed"] + round_)
-    groups = [g for g in range(len(problems)) for _ in range(k)]
+    roll = C.rollouts(run, run.raw_model, problems, k, temperature=cfg["temperature"], seed=cfg["seed"] + round_,
+                      batch_size=cfg["eval_batch_size"])
+    groups, tokens, prompts = roll.group.tolist(), roll.responses, [tok.prompt_ids(p["prompt"]) for p in problems]
     # an answer cut off by the length limit would teach the model not to stop: not verified
-    rewards = [run.env.verify(problems[g], C.response_text(run, t)) if tok.eos in t else 0.0
-               for g, t in zip(groups, tokens)]
+    rewards = (roll.rewards * ~roll.truncated).tolist()
     kept = select_candidates(groups, [tuple(t) for t in tokens], rewards, cfg["per_prompt_cap"])
     # mask 1 on the answer's own tokens; 0 on the prompt and on tool results (the environment's text)
-    pool = [(prompts[groups[i]] + tokens[i], [0] * len(prompts[groups[i]]) + [1 - f for f in forced[i]]) for i in kept]
+    masks = roll.response_masks()
+    pool = [(prompts[groups[i]] + tokens[i], [0] * len(prompts[groups[i]]) + masks[i]) for i in kept]
     verified = sum(r > 0 for r in rewards)
     distinct = len({(g, tuple(t)) for g, t, r in zip(groups, tokens, rewards) if r > 0})
     unparsed = sum(C.unparsed(run.env, C.response_text(run, t)) for t in tokens)

@@ -34,7 +34,7 @@ def main():
     model, tok = C.load_model(args.checkpoint), C.load_tokenizer(args.checkpoint)
     env = C.config_env(C.read_checkpoint(args.checkpoint)["config"])  # the task the checkpoint was trained on
     prompt = tok.prompt_ids(args.question)
-    tokens, logprobs = model.generate([prompt] * args.n, args.max_new_tokens, temperature=args.temperature,
+    tokens, logprobs, _ = model.generate([prompt] * args.n, args.max_new_tokens, temperature=args.temperature,
                                       stop_tokens=(tok.eos,), seed=args.seed, pad_id=tok.pad)
     for toks, lps in zip(tokens, logprobs):
         text = tok.decode([t for t in toks if t != tok.eos])

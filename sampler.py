@@ -7,6 +7,8 @@ It never imports model.py: `sample` takes the model as an argument, as nanochat'
 beside its gpt.py.
 """
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -132,6 +134,14 @@ class SharedPrompts:
 # ----------------------------------------------------------------------------------------------
 # Sampling
 
+class Samples(NamedTuple):
+    """What the sampler returns, per row: the generated ids (the stop token included when hit),
+    their log-probs, and 0/1 marks on the ids a tool injected."""
+    tokens: list
+    logprobs: list
+    forced: list
+
+
 def filter_logits(logits, top_k, top_p):
     """Truncate the (already temperature-scaled) distribution: top-k, then nucleus (top-p)."""
     if top_k is not None and top_k < logits.size(-1):
@@ -164,7 +174,7 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
     cache column; each row's position ids start at 0 at its own first token, and pad keys are
     masked out, so a row's logits equal those of the same prompt alone.
 
-    Returns (tokens, logprobs, forced): per row the generated ids (stop token included when hit),
+    Returns Samples(tokens, logprobs, forced): per row the generated ids (stop token included when hit),
     their log-probs under the distribution they were drawn from (logits / temperature before
     top-k / top-p: what RL uses as π_old; greedy (temperature=0) reports the temperature-1
     log-prob), and a 0/1 list marking tokens injected by tool_hook (log-prob 0.0, masked in RL).
@@ -178,7 +188,7 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
     device = next(model.parameters()).device
     B = len(prompts)
     if B == 0:
-        return [], [], []
+        return Samples([], [], [])
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     # rows that ask for the same prompt (GRPO's G samples of one) share its prefill: each distinct
@@ -241,8 +251,8 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
         logits = model(tok[:, None], pos=next_pos[:, None], cache=cache)[:, -1]
         next_pos = next_pos + 1
     n = length.tolist()
-    return ([t[:k] for t, k in zip(out_tok.tolist(), n)], [lp[:k] for lp, k in zip(out_logp.tolist(), n)],
-            [[int(f) for f in fs[:k]] for fs, k in zip(out_forced.tolist(), n)])
+    return Samples([t[:k] for t, k in zip(out_tok.tolist(), n)], [lp[:k] for lp, k in zip(out_logp.tolist(), n)],
+                   [[int(f) for f in fs[:k]] for fs, k in zip(out_forced.tolist(), n)])
 
 
 def _tool_step(tool_hook, queued, rows, tok, tok_logp, generated):

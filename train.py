@@ -393,12 +393,12 @@ def load_resume(overrides):
     return ckpt, {**ckpt["config"], **{k: v for k, v in overrides.items() if k != "init_from"}}
 
 
-def setup(overrides, ckpt):
+def setup(overrides, ckpt, algo=None):
     """The run (config, device, tokenizer, environment, models) and its optimizer, seeded; the
     algorithm's setup done. The models an algorithm declares in `needs` are built here, once."""
     cfg = make_config(overrides)
     run = C.setup_device(cfg)
-    run.cfg, run.algo, run.stats, run.train_tokens = cfg, algo_module(cfg["algo"]), {}, 0
+    run.cfg, run.algo, run.stats, run.train_tokens = cfg, algo or algo_module(cfg["algo"]), {}, 0
     run.tok = make_tokenizer(cfg["tokenizer"])
     run.env = C.config_env(cfg)
     if run.master:
@@ -530,10 +530,12 @@ def log(run, metrics_path, row):
             f.write(json.dumps(row) + "\n")
 
 
-def train(overrides):
-    """Run one training job; returns the run (run.raw_model, run.metrics: the last evaluation)."""
+def train(overrides, algo=None):
+    """Run one training job; returns the run (run.raw_model, run.metrics: the last evaluation).
+    algo: an object with the algorithm interface to run in place of the --algo module (bench.py
+    times the loop around sft's batches wrapped in its own)."""
     ckpt, overrides = load_resume(dict(overrides))
-    run, optimizer = setup(overrides, ckpt)
+    run, optimizer = setup(overrides, ckpt, algo)
     cfg, metrics_path = run.cfg, os.path.join(run.cfg["out_dir"], "metrics.jsonl")
     start_iter = resume(run, optimizer, ckpt, metrics_path)
     from tqdm import tqdm

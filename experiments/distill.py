@@ -179,7 +179,7 @@ def kl_profile(run, student, teacher, n, max_positions=48):
     (ROLES; the first answer token is its own role) the share of the summed KL and the mean KL."""
     problems = run.env.problems("heldout", n, seed=3)
     ro = C.rollouts(run, student, problems, 1, temperature=1.0, seed=5)
-    ids, mask = ro["ids"], ro["mask"]
+    ids, mask = ro.ids, ro.mask
     kl = torch.zeros_like(mask)
     for rows in C.chunks(range(len(ids)), run.cfg["eval_batch_size"]):
         s = F.log_softmax(student(ids[rows.start:rows.stop, :-1]).float(), dim=-1)
@@ -187,7 +187,7 @@ def kl_profile(run, student, teacher, n, max_positions=48):
         kl[rows.start:rows.stop] = (s.exp() * (s - t)).sum(-1) * mask[rows.start:rows.stop]
     by_position = [[0.0, 0] for _ in range(max_positions)]
     by_role = {r: [0.0, 0] for r in ROLES}
-    for i, response in enumerate(ro["responses"]):
+    for i, response in enumerate(ro.responses):
         values = kl[i][mask[i] > 0].tolist()
         offsets, text = [], ""
         for token in response:  # each token's first character, for its role

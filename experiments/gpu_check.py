@@ -77,7 +77,7 @@ def sampler_vs_generate(device, tiny, repeats):
 
         def sample_ours():
             with autocast:
-                tokens, _ = ours.generate(prompts.tolist(), new_tokens, temperature=1.0, seed=0)
+                tokens = ours.generate(prompts.tolist(), new_tokens, temperature=1.0, seed=0).tokens
             assert all(len(t) == new_tokens for t in tokens)
 
         def sample_hf():

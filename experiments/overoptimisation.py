@@ -71,8 +71,8 @@ def best_of_n(args, common, reward_model):
         roll = C.rollouts(r, policy, chunk, args.bon_max, temperature=1.0, seed=k, batch_size=size)
         with r.autocast:
             proxy.append(torch.cat([C.score_responses(r.reward_model, ids, mask) for ids, mask in
-                                    zip(C.chunks(roll["ids"], size), C.chunks(roll["mask"], size))]).view(len(chunk), -1))
-        gold.append(roll["rewards"].view(len(chunk), -1).cpu())
+                                    zip(C.chunks(roll.ids, size), C.chunks(roll.mask, size))]).view(len(chunk), -1))
+        gold.append(roll.rewards.view(len(chunk), -1).cpu())
     proxy, gold = torch.cat(proxy).cpu(), torch.cat(gold)
     base = float(proxy.mean())
     points, N = [], 1

@@ -56,7 +56,7 @@ def test_greedy_generate_matches_transformers(hf_dir):
     # ragged prompts in one batch: ours left-pads them, transformers decodes each one alone
     prompts = [random_ids(1, 5, seed=2)[0].tolist(), random_ids(1, 11, seed=3)[0].tolist(), [7]]
     new = 20
-    tokens, logprobs = ours.generate(prompts, max_new_tokens=new, temperature=0.0)
+    tokens, logprobs, _ = ours.generate(prompts, max_new_tokens=new, temperature=0.0)
     for prompt, got, got_lp in zip(prompts, tokens, logprobs):
         with torch.no_grad():
             out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),

@@ -2,6 +2,7 @@
 degenerate groups, dynamic sampling, the KL term, the sampler/trainer traps, DDP, the recipes."""
 
 import contextlib
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -195,13 +196,17 @@ def test_padding_contributes_nothing(loss_agg):
     assert torch.equal(a.grad * (1 - mask), torch.zeros(3, 5))  # prompt positions get no gradient either
 
 
+def pad_columns(mb, extra, pad_id):
+    """The micro-batch with `extra` more padding columns: pad ids, per-token values 0."""
+    wide = {f.name: torch.cat([v, torch.zeros(len(v), extra, dtype=v.dtype)], 1) for f in dataclasses.fields(mb)
+            if f.name != "ids" and torch.is_tensor(v := getattr(mb, f.name)) and v.dim() == 2}
+    return dataclasses.replace(mb, ids=torch.cat([mb.ids, torch.full((len(mb.ids), extra), pad_id)], 1), **wide)
+
+
 def test_padding_columns_do_not_change_the_model_loss(run):
     with patched(run):
         mb = next(iter(grpo.batches(run, 0)))[0]
-    padded = dict(mb, ids=torch.cat([mb["ids"], torch.full((len(mb["ids"]), 7), run.tok.pad)], 1))
-    for k in grpo.PER_TOKEN:
-        if k in mb:  # sampler_logprobs only beside recomputed ones
-            padded[k] = torch.cat([mb[k], torch.zeros(len(mb[k]), 7)], 1)
+    padded = pad_columns(mb, 7, run.tok.pad)
     sa, na, _ = grpo.loss(run, run.model, mb)
     sb, nb, _ = grpo.loss(run, run.model, padded)
     assert float(na) == float(nb) and float(sa.detach()) == pytest.approx(float(sb.detach()), abs=1e-5)
@@ -238,9 +243,9 @@ def first_step_ratio_dev(run, temperature=None, train_mode=False):
     dev = 0.0
     for mb in steps[0]:
         with torch.no_grad():
-            logp = sequence_logprobs(run.model, mb["ids"], temperature or run.cfg["temperature"])
-        on = mb["mask"] > 0
-        dev = max(dev, float(((logp - mb["old_logprobs"]).exp() - 1).abs()[on].max()))
+            logp = sequence_logprobs(run.model, mb.ids, temperature or run.cfg["temperature"])
+        on = mb.mask > 0
+        dev = max(dev, float(((logp - mb.old_logprobs).exp() - 1).abs()[on].max()))
     return dev, steps
 
 
@@ -261,7 +266,7 @@ def test_ratio_is_one_on_the_first_step_tokens_in_tokens_out(tmp_path):
     # tokens in, tokens out: the sampled ids do not survive decode + encode, so scoring re-encoded
     # text would not give ρ = 1
     mb = steps[0][0]
-    rows = [ids[(m > 0).nonzero().min() + 1:(m > 0).nonzero().max() + 2].tolist() for ids, m in zip(mb["ids"], mb["mask"])]
+    rows = [ids[(m > 0).nonzero().min() + 1:(m > 0).nonzero().max() + 2].tolist() for ids, m in zip(mb.ids, mb.mask)]
     assert any(run.tok.encode(run.tok.decode(r)) != r for r in rows)
     run.old_logprobs_mode = "recompute"
     with patched(run):
@@ -273,16 +278,14 @@ def test_shared_prompts_give_the_same_scores_loss_and_gradients(run):
     one full row per response, on a micro-batch of three groups with prompts of different lengths,
     extra padding columns and off-policy π_old (so that some ratios are clipped)."""
     with patched(run, kl="k3_loss", kl_coef=0.1):
-        mb = grpo.concat_rows([row for mbs in grpo.batches(run, 0) for row in mbs][:3], run.tok.pad)
-        full = sequence_logprobs(run.ref_model, mb["ids"]) * mb["mask"]
-        assert torch.allclose(grpo.score(run, run.ref_model, mb["ids"], mb["prompt_len"]) * mb["mask"], full, atol=1e-5)
-    assert len(set(mb["prompt_len"].tolist())) > 1
-    mb = dict(mb, ids=torch.cat([mb["ids"], torch.full((len(mb["ids"]), 3), run.tok.pad)], 1),
-              old_logprobs=mb["old_logprobs"] + 0.3 * torch.randn(mb["mask"].shape, generator=torch.Generator().manual_seed(0)),
-              advantages=torch.randn(len(mb["ids"]), generator=torch.Generator().manual_seed(1)))
-    for k in grpo.PER_TOKEN:
-        if k in mb:
-            mb[k] = torch.cat([mb[k], torch.zeros(len(mb[k]), 3)], 1)
+        mb = C.Rollout.cat([row for mbs in grpo.batches(run, 0) for row in mbs][:3], run.tok.pad)
+        full = sequence_logprobs(run.ref_model, mb.ids) * mb.mask
+        assert torch.allclose(grpo.score(run, run.ref_model, mb.ids, mb.prompt_lens) * mb.mask, full, atol=1e-5)
+    assert len(set(mb.prompt_lens.tolist())) > 1
+    mb = dataclasses.replace(
+        mb, old_logprobs=mb.old_logprobs + 0.3 * torch.randn(mb.mask.shape, generator=torch.Generator().manual_seed(0)),
+        advantages=torch.randn(len(mb.ids), generator=torch.Generator().manual_seed(1)))
+    mb = pad_columns(mb, 3, run.tok.pad)
     params = [p for p in run.raw_model.parameters() if p.requires_grad]
     results = []
     for share in (False, True):
@@ -303,23 +306,23 @@ def test_degenerate_groups_drop_or_zeros(run):
     with patched(run, some_degenerate_reward, on_degenerate="drop"):
         batch, counts = grpo.rollout_shard(run, run.raw_model, 7, 0)
     G = run.cfg["group_size"]
-    degenerate = grpo.degenerate_groups(batch["reward"].view(-1, G)).repeat_interleave(G)
+    degenerate = grpo.degenerate_groups(batch.reward.view(-1, G)).repeat_interleave(G)
     assert 0 < degenerate.sum() < len(degenerate)
-    assert torch.equal(batch["keep"], (~degenerate).float())
-    assert torch.equal(batch["mask"].sum(1) > 0, ~degenerate)
-    kept = grpo.select_rows(batch, (~degenerate).nonzero().squeeze(1))
-    surrogate = lambda b, cfg: grpo.policy_loss(b["old_logprobs"] - 0.1 * b["mask"], b["old_logprobs"], b["advantages"],
-                                                b["mask"], cfg, ref_logp=b["ref_logprobs"])
+    assert torch.equal(batch.keep, (~degenerate).float())
+    assert torch.equal(batch.mask.sum(1) > 0, ~degenerate)
+    kept = batch.select((~degenerate).nonzero().squeeze(1))
+    surrogate = lambda b, cfg: grpo.policy_loss(b.old_logprobs - 0.1 * b.mask, b.old_logprobs, b.advantages,
+                                                b.mask, cfg, ref_logp=b.ref_logprobs)
     for agg in grpo.CHOICES["loss_agg"]:
         cfg = dict(run.cfg, loss_agg=agg)
         (s_all, n_all, _), (s_kept, n_kept, _) = surrogate(batch, cfg), surrogate(kept, cfg)
         assert int(n_all) == int(n_kept) and float(s_all) == pytest.approx(float(s_kept), abs=1e-6)
     with patched(run, some_degenerate_reward, on_degenerate="zeros"):
         zeros, _ = grpo.rollout_shard(run, run.raw_model, 7, 0)
-    degenerate = grpo.degenerate_groups(zeros["reward"].view(-1, G)).repeat_interleave(G)
-    assert torch.equal(zeros["keep"], torch.ones(len(degenerate)))
-    assert torch.equal(zeros["advantages"][degenerate], torch.zeros(int(degenerate.sum())))
-    n_zeros = grpo.aggregate(zeros["mask"], zeros["mask"], "seq_mean_token_mean", 16)[1]
+    degenerate = grpo.degenerate_groups(zeros.reward.view(-1, G)).repeat_interleave(G)
+    assert torch.equal(zeros.keep, torch.ones(len(degenerate)))
+    assert torch.equal(zeros.advantages[degenerate], torch.zeros(int(degenerate.sum())))
+    n_zeros = grpo.aggregate(zeros.mask, zeros.mask, "seq_mean_token_mean", 16)[1]
     assert int(n_zeros) == len(degenerate)  # every response counts, degenerate ones included
     with patched(run, some_degenerate_reward, on_degenerate="raise"), pytest.raises(ValueError, match="raise"):
         grpo.rollout_shard(run, run.raw_model, 7, 0)
@@ -331,15 +334,15 @@ def test_dynamic_sampling_refills_and_never_trains_on_degenerate_groups(run):
     with patched(run, rare, on_degenerate="drop", dynamic_sampling_rounds=6):
         batch, counts = grpo.rollout_shard(run, run.raw_model, 11, 0)
         steps = list(grpo.batches(run, 11))
-    kept = batch["keep"] > 0
+    kept = batch.keep > 0
     assert kept.any() and counts["extra_rollouts"] > 0 and counts["extra_rollouts"] % (n * G) == 0
-    assert not grpo.degenerate_groups(batch["reward"][kept].view(-1, G)).any()
+    assert not grpo.degenerate_groups(batch.reward[kept].view(-1, G)).any()
     assert run.stats["extra_rollouts"] == counts["extra_rollouts"]
     with patched(run, lambda p, text: 1.0, on_degenerate="drop", dynamic_sampling_rounds=3):
         solved, counts = grpo.rollout_shard(run, run.raw_model, 11, 0)
         solved_steps = list(grpo.batches(run, 11))
-    assert counts["extra_rollouts"] == 3 * n * G and not (solved["keep"] > 0).any()
-    assert float(solved["mask"].sum()) == 0.0  # nothing to learn from, and nothing learnt from it
+    assert counts["extra_rollouts"] == 3 * n * G and not (solved.keep > 0).any()
+    assert float(solved.mask.sum()) == 0.0  # nothing to learn from, and nothing learnt from it
     # the same number of optimizer steps and micro-batches either way: DDP ranks cannot diverge
     assert [len(s) for s in steps] == [len(s) for s in solved_steps]
 
@@ -363,7 +366,7 @@ def test_kl_off_rollouts_run_no_forward_besides_the_sampler(run):
         run.stats = {}  # (the loop empties it every iteration)
         with patched(run, kl="off"):
             steps = grpo.batches(run, 0)
-        assert calls == [] and "ref_logprobs" not in steps[0][0] and "kl_ref" not in run.stats
+        assert calls == [] and steps[0][0].ref_logprobs is None and "kl_ref" not in run.stats
         with patched(run):  # k3_loss: π_ref scores the rollouts (in one chunk of batch_size rows at most)
             grpo.batches(run, 0)
         assert set(calls) == {"reference"} and "kl_ref" in run.stats

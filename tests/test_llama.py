@@ -102,7 +102,7 @@ def test_greedy_generate_matches_transformers(hf_dir):
     prompts = [random_ids(1, 5, seed=2)[0].tolist(), random_ids(1, 11, seed=3)[0].tolist(), [7],
                random_ids(1, 5, seed=2)[0].tolist()]
     new = 16
-    tokens, logprobs = ours.generate(prompts, max_new_tokens=new, temperature=0.0)
+    tokens, logprobs, _ = ours.generate(prompts, max_new_tokens=new, temperature=0.0)
     expected, expected_lp = hf_greedy(hf, prompts, new)
     assert tokens == expected
     torch.testing.assert_close(torch.tensor(logprobs), expected_lp, atol=1e-4, rtol=0)

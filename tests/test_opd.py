@@ -175,10 +175,10 @@ def test_teacher_gets_no_gradient_and_the_student_does(models, tmp_path):
     assert not any(p.requires_grad for p in run.teacher.parameters())
     (micro_batches,) = opd.batches(run, 0)
     for batch in micro_batches:
-        assert not batch["teacher_logprobs"].requires_grad
+        assert not batch.teacher_logprobs.requires_grad
         loss_sum, count, metrics = opd.loss(run, run.model, batch)
         loss_sum.backward()
-        assert metrics["tokens"] == float(count) == float(batch["mask"].sum())
+        assert metrics["tokens"] == float(count) == float(batch.mask.sum())
     assert all(p.grad is None for p in run.teacher.parameters())
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in run.raw_model.parameters())
 
@@ -189,24 +189,24 @@ def test_temperature_reaches_teacher_and_student(models, tmp_path, teacher):
     OPSD the privileged one) + the student's answer, and the student's KL at τ."""
     tau = 2.0
     run = opd_run(models, tmp_path, max_iters=0, temperature=tau, **({"teacher": "self"} if teacher == "self" else {}))
-    ro = opd.rollout_shard(run, 0, 0)
-    for i in range(len(ro["ids"])):
-        problem = ro["problems"][i]
+    ro, ungraded = opd.rollout_shard(run, 0, 0)
+    for i in range(len(ro.ids)):
+        problem = ro.problems[i]
         prompt_text = problem["prompt"] + (f"\n(Reference answer: {problem['answer']})" if teacher == "self" else "")
         prompt = run.tok.prompt_ids(prompt_text)
-        answer = ro["ids"][i, 1:][ro["mask"][i] > 0].tolist()
+        answer = ro.ids[i, 1:][ro.mask[i] > 0].tolist()
         ids = torch.tensor([prompt + answer])
         with torch.no_grad():
             expected = F.log_softmax(run.teacher(ids[:, :-1])[0, len(prompt) - 1:] / tau, dim=-1)
-        torch.testing.assert_close(ro["teacher_logprobs"][i][ro["mask"][i] > 0], expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ro.teacher_logprobs[i][ro.mask[i] > 0], expected, atol=1e-5, rtol=1e-5)
     with torch.no_grad():
-        logits = run.raw_model(ro["ids"][:, :-1])
+        logits = run.raw_model(ro.ids[:, :-1])
     p = F.log_softmax(logits / tau, dim=-1)
-    manual = ((p.exp() * (p - ro["teacher_logprobs"])).sum(-1) * ro["mask"]).sum()
-    got = opd.distillation_loss(logits, ro["ids"][:, 1:], ro["teacher_logprobs"], ro["mask"], "full", tau)[0]
+    manual = ((p.exp() * (p - ro.teacher_logprobs)).sum(-1) * ro.mask).sum()
+    got = opd.distillation_loss(logits, ro.ids[:, 1:], ro.teacher_logprobs, ro.mask, "full", tau)[0]
     torch.testing.assert_close(got, manual)
-    assert not torch.allclose(got, opd.distillation_loss(logits, ro["ids"][:, 1:], ro["teacher_logprobs"],
-                                                         ro["mask"], "full", 1.0)[0])
+    assert not torch.allclose(got, opd.distillation_loss(logits, ro.ids[:, 1:], ro.teacher_logprobs,
+                                                         ro.mask, "full", 1.0)[0])
 
 
 def test_opsd_grades_only_what_fits_the_teachers_context(models, tmp_path):
@@ -214,11 +214,11 @@ def test_opsd_grades_only_what_fits_the_teachers_context(models, tmp_path):
     than some answers take, and they are graded only as far as the teacher sees (96 + 1 with the target)."""
     student = write_checkpoint(tmp_path / "short", seed=0, block_size=96)
     run = opd_run((student, models[1]), tmp_path, max_iters=0, teacher="self", prompts_per_iter=8)
-    ro = opd.rollout_shard(run, 0, 0)
-    for i, problem in enumerate(ro["problems"]):
+    ro, ungraded = opd.rollout_shard(run, 0, 0)
+    for i, problem in enumerate(ro.problems):
         prompt = run.tok.prompt_ids(f"{problem['prompt']}\n(Reference answer: {problem['answer']})")
-        assert int(ro["mask"][i].sum()) == max(0, min(int(ro["lengths"][i]), 97 - len(prompt)))
-    assert ro["ungraded"] == float(ro["lengths"].sum() - ro["mask"].sum()) > 0
+        assert int(ro.mask[i].sum()) == max(0, min(int(ro.lengths[i]), 97 - len(prompt)))
+    assert ungraded == float(ro.lengths.sum() - ro.mask.sum()) > 0
 
 
 def test_opsd_solution_grades_every_answer_position_at_the_default_context(models, tmp_path):
@@ -229,8 +229,8 @@ def test_opsd_solution_grades_every_answer_position_at_the_default_context(model
     problems = run.env.problems("train", 2000)
     longest = max(len(run.tok.prompt_ids(opd.teacher_prompt(run, p))) for p in problems)
     assert longest + 64 <= 128 + 1, longest
-    ro = opd.rollout_shard(run, 0, 0)
-    assert ro["ungraded"] == 0 and float(ro["mask"].sum()) == float(ro["lengths"].sum())
+    ro, ungraded = opd.rollout_shard(run, 0, 0)
+    assert ungraded == 0 and float(ro.mask.sum()) == float(ro.lengths.sum())
     assert opd.teacher_prompt(run, problems[0]) == f"(Reference solution: {run.env.solve(problems[0])})"
     run.cfg["privileged"] = "answer"
     needed = [len(run.tok.prompt_ids(opd.teacher_prompt(run, p))) + len(run.tok.response_ids(run.env.solve(p)))
@@ -242,13 +242,13 @@ def test_offpolicy_rollouts_are_the_teachers_and_the_anchor_starts_at_zero(model
     """kl_estimator=teacher_samples: the sampler's log-probs are the teacher's on its own prompt, not
     the student's. anchor_coef: π_init is a frozen copy, so before any step the anchor KL is 0."""
     run = opd_run(models, tmp_path, max_iters=0, kl_estimator="teacher_samples", anchor_coef=0.5)
-    ro = opd.rollout_shard(run, 0, 0)
+    ro, _ = opd.rollout_shard(run, 0, 0)
     with torch.no_grad():
-        scored = {name: F.log_softmax(m(ro["ids"][:, :-1]), -1).gather(-1, ro["ids"][:, 1:, None])[..., 0]
+        scored = {name: F.log_softmax(m(ro.ids[:, :-1]), -1).gather(-1, ro.ids[:, 1:, None])[..., 0]
                   for name, m in (("teacher", run.teacher), ("student", run.raw_model))}
-    on = ro["mask"] > 0
-    torch.testing.assert_close(ro["old_logprobs"][on], scored["teacher"][on], atol=1e-4, rtol=1e-4)
-    assert not torch.allclose(ro["old_logprobs"][on], scored["student"][on], atol=1e-2)
+    on = ro.mask > 0
+    torch.testing.assert_close(ro.old_logprobs[on], scored["teacher"][on], atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(ro.old_logprobs[on], scored["student"][on], atol=1e-2)
     assert not any(p.requires_grad for p in run.ref_model.parameters())
     batch = opd.batches(run, 0)[0][0]
     _, _, metrics = opd.loss(run, run.model, batch)

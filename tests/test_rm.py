@@ -59,10 +59,10 @@ def test_score_of_rollouts_is_the_scalar_at_the_end_token(tiny):
     problems = run.env.problems("heldout", 3, seed=0)
     roll = C.rollouts(run, run.raw_model.gpt, problems, 2, temperature=1.0, max_new_tokens=12, seed=0)
     with torch.no_grad():
-        values = run.raw_model(roll["ids"])
-        got = C.score_responses(run.raw_model, roll["ids"], roll["mask"])
+        values = run.raw_model(roll.ids)
+        got = C.score_responses(run.raw_model, roll.ids, roll.mask)
     for i in range(len(got)):
-        last = len(run.tok.prompt_ids(roll["problems"][i]["prompt"])) + int(roll["lengths"][i]) - 1
+        last = len(run.tok.prompt_ids(roll.problems[i]["prompt"])) + int(roll.lengths[i]) - 1
         assert got[i].item() == pytest.approx(values[i, last].item(), abs=1e-6)
 
 

@@ -156,14 +156,14 @@ def test_grpo_rollouts_mask_tool_tokens_and_they_carry_no_weight(tmp_path):
     run, policy = tool_run(tmp_path, algo="grpo", prompts_per_iter=2, group_size=4, kl="k3_loss",
                            reward_mode="process", learning_rate=1e-3, share_prompt=False)
     roll = C.rollouts(run, policy, run.env.problems("train", 2), 4, seed=0)
-    assert roll["forced"].sum() > 0 and not bool((roll["forced"] * roll["mask"]).any())
-    assert bool(((roll["forced"] > 0) <= (roll["old_logprobs"] == 0)).all())
-    for i, (toks, start) in enumerate(zip(roll["responses"], roll["prompt_lens"])):  # ids hold every token
-        assert roll["ids"][i, start:start + len(toks)].tolist() == toks
+    assert roll.forced.sum() > 0 and not bool((roll.forced * roll.mask).any())
+    assert bool(((roll.forced > 0) <= (roll.old_logprobs == 0)).all())
+    for i, (toks, start) in enumerate(zip(roll.responses, roll.prompt_lens.tolist())):  # ids hold every token
+        assert roll.ids[i, start:start + len(toks)].tolist() == toks
     step = next(iter(grpo.batches(run, 0)))
     for mb in step:
-        forced = (mb["mask"] == 0) & (torch.arange(mb["mask"].size(1)) < C.last_response_column(mb["mask"])[:, None])
-        forced &= torch.arange(mb["mask"].size(1)) >= (mb["mask"] > 0).float().argmax(1, keepdim=True)
+        forced = (mb.mask == 0) & (torch.arange(mb.mask.size(1)) < C.last_response_column(mb.mask)[:, None])
+        forced &= torch.arange(mb.mask.size(1)) >= (mb.mask > 0).float().argmax(1, keepdim=True)
         if forced.any():
             assert_forced_weightless(lambda: grpo.loss(run, run.model, mb), policy, [policy.lm_head], forced)
             break
@@ -192,11 +192,11 @@ def test_ppo_and_sft_and_opd_give_tool_tokens_no_weight(tmp_path):
     run, policy = tool_run(tmp_path, algo="opd", teacher="self")
     roll = C.rollouts(run, policy, run.env.problems("train", 4), 1, seed=0)
     logprobs, graded = opd.teacher_logprobs(run, roll)
-    assert bool((graded <= roll["mask"]).all())
-    tool_before = roll["forced"].cumsum(1) > 0  # a graded token with tool tokens before it
+    assert bool((graded <= roll.mask).all())
+    tool_before = roll.forced.cumsum(1) > 0  # a graded token with tool tokens before it
     i, col = (graded.bool() & tool_before).nonzero()[-1].tolist()
-    k = col - (roll["prompt_lens"][i] - 1)  # its index in the response
-    seq = run.tok.prompt_ids(opd.teacher_prompt(run, roll["problems"][i])) + roll["responses"][i][:k + 1]
+    k = col - (int(roll.prompt_lens[i]) - 1)  # its index in the response
+    seq = run.tok.prompt_ids(opd.teacher_prompt(run, roll.problems[i])) + roll.responses[i][:k + 1]
     expected = torch.log_softmax(run.teacher(torch.tensor([seq[:-1]]))[0, -1], -1)
     torch.testing.assert_close(logprobs[i, col], expected, atol=1e-5, rtol=0)
 
