@@ -191,34 +191,9 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
         return Samples([], [], [])
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    # rows that ask for the same prompt (GRPO's G samples of one) share its prefill: each distinct
-    # prompt runs once, then its cache row and last logits are copied to every row that asked for it
-    distinct = list(dict.fromkeys(map(tuple, prompts)))
-    index = {p: i for i, p in enumerate(distinct)}
-    of_row = torch.tensor([index[tuple(p)] for p in prompts], device=device)  # (B,) each row's distinct prompt
-    lens = torch.tensor([len(p) for p in distinct], device=device)
-    P = int(lens.max())
-    max_new_tokens = min(max_new_tokens, model.config.block_size - P)
-    if max_new_tokens <= 0:
-        raise ValueError(f"prompt of {P} tokens leaves no room in block_size={model.config.block_size}")
-    idx = torch.full((len(distinct), P), pad_id, dtype=torch.long, device=device)
-    for i, p in enumerate(distinct):
-        idx[i, P - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
-    pad_len = P - lens
-    prompt_valid = torch.arange(P, device=device).unsqueeze(0) >= pad_len.unsqueeze(1)  # False on left padding
-    ragged = bool((pad_len > 0).any())  # no row padded: no mask at all, SDPA's cheaper unmasked path
+    logits, lens, cache, max_new_tokens = prefill(model, prompts, max_new_tokens, pad_id, device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed) if seed is not None else gen.seed()
-
-    # prefill: causal within the row, never attending to pads (a pad query sees itself: no NaN)
-    causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
-    mask = (causal.unsqueeze(0) & prompt_valid[:, None, :]) | torch.eye(P, dtype=torch.bool, device=device)
-    cache = KVCache(model.config, prompt_valid, P + max_new_tokens)
-    pos = (torch.arange(P, device=device).unsqueeze(0) - pad_len.unsqueeze(1)).clamp(min=0)
-    logits = model(idx, pos=pos, attn_mask=mask.unsqueeze(1) if ragged else None, cache=cache)[:, -1]
-    if len(distinct) < B:
-        cache.select_rows(of_row)
-        logits, lens = logits[of_row], lens[of_row]
 
     # what each row generated, kept on the device: no per-row Python work in the decode loop
     out_tok = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -253,6 +228,37 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
     n = length.tolist()
     return Samples([t[:k] for t, k in zip(out_tok.tolist(), n)], [lp[:k] for lp, k in zip(out_logp.tolist(), n)],
                    [[int(f) for f in fs[:k]] for fs, k in zip(out_forced.tolist(), n)])
+
+
+def prefill(model, prompts, max_new_tokens, pad_id, device):
+    """The prompts' pass: a KV cache filled with them, left-padded (causal within a row, never
+    attending to pads; a pad query sees itself: no NaN), and each row's last logits and length.
+    Rows that ask for the same prompt (GRPO's G samples of one) share its prefill: each distinct
+    prompt runs once, then its cache row and last logits are copied to every row that asked for it.
+    Returns (logits (B, V), lens (B,), cache, max_new_tokens cut to what block_size leaves)."""
+    distinct = list(dict.fromkeys(map(tuple, prompts)))
+    index = {p: i for i, p in enumerate(distinct)}
+    of_row = torch.tensor([index[tuple(p)] for p in prompts], device=device)  # (B,) each row's distinct prompt
+    lens = torch.tensor([len(p) for p in distinct], device=device)
+    P = int(lens.max())
+    max_new_tokens = min(max_new_tokens, model.config.block_size - P)
+    if max_new_tokens <= 0:
+        raise ValueError(f"prompt of {P} tokens leaves no room in block_size={model.config.block_size}")
+    idx = torch.full((len(distinct), P), pad_id, dtype=torch.long, device=device)
+    for i, p in enumerate(distinct):
+        idx[i, P - len(p):] = torch.tensor(p, dtype=torch.long, device=device)
+    pad_len = P - lens
+    prompt_valid = torch.arange(P, device=device).unsqueeze(0) >= pad_len.unsqueeze(1)  # False on left padding
+    ragged = bool((pad_len > 0).any())  # no row padded: no mask at all, SDPA's cheaper unmasked path
+    causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
+    mask = (causal.unsqueeze(0) & prompt_valid[:, None, :]) | torch.eye(P, dtype=torch.bool, device=device)
+    cache = KVCache(model.config, prompt_valid, P + max_new_tokens)
+    pos = (torch.arange(P, device=device).unsqueeze(0) - pad_len.unsqueeze(1)).clamp(min=0)
+    logits = model(idx, pos=pos, attn_mask=mask.unsqueeze(1) if ragged else None, cache=cache)[:, -1]
+    if len(distinct) < len(prompts):
+        cache.select_rows(of_row)
+        logits, lens = logits[of_row], lens[of_row]
+    return logits, lens, cache, max_new_tokens
 
 
 def _tool_step(tool_hook, queued, rows, tok, tok_logp, generated):
