@@ -31,6 +31,7 @@ import torch.nn.functional as F
 import common as C
 import pairs
 from model import sequence_logprobs
+from sampler import SharedPrompts
 
 LOSSES = ("dpo", "ipo", "kto", "simpo", "orpo")
 USES_REFERENCE = ("dpo", "ipo", "kto")
@@ -44,7 +45,7 @@ defaults = dict(
     orpo_lambda=0.1,             # ORPO: weight λ of the odds-ratio term next to the NLL
     kto_desirable_weight=1.0,    # KTO λ_D
     kto_undesirable_weight=1.0,  # KTO λ_U
-    share_prompt=True,           # run each prompt once for both responses (sampler.SharedPrompts); False: one row each
+    share_prompt=True,           # run each prompt once for both responses where it saves work (sampler.SharedPrompts); False: never
     **pairs.PAIR_DEFAULTS,
     # common keys: one pass over a small fixed pair set at a gentle lr, far below SFT's (at 1e-4
     # DPO's KL to the reference grew to ~5 nats and held-out accuracy fell further)
@@ -107,9 +108,11 @@ def orpo_loss(mean_lp_w, mean_lp_l, lam):
 def sequence_sums(run, model, batch):
     """One forward over the batch's rows: (log-prob sums, response lengths), each split into the
     examples' first and second responses. With share_prompt the two rows of an example run their
-    common prompt once."""
-    prompt_lens = batch["prompt_lens"] if run.cfg["share_prompt"] else None
-    token_lp = sequence_logprobs(model, batch["ids"], prompt_lens=prompt_lens) * batch["mask"]
+    common prompt once, where that runs fewer positions than two full rows (on ragged prompts it may
+    not: sampler.SharedPrompts.saves_work)."""
+    ids, lens = batch["ids"], batch["prompt_lens"]  # rows i and i + B answer example i's prompt
+    share = run.cfg["share_prompt"] and SharedPrompts.saves_work(lens, ids.size(1), len(lens) // 2)
+    token_lp = sequence_logprobs(model, ids, prompt_lens=lens if share else None) * batch["mask"]
     sums, lengths = token_lp.sum(1), batch["mask"].sum(1)
     return sums.chunk(2), lengths.chunk(2)
 

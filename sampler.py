@@ -125,6 +125,16 @@ class SharedPrompts:
         prefix_valid = (unique >= 0)[self.rows]  # (N, P)
         self.attn_mask = torch.cat([prefix_valid[:, None, :].expand(N, S, P), causal.expand(N, S, S)], 2)[:, None]
 
+    @staticmethod
+    def saves_work(prompt_lens, width, n_prompts):
+        """Whether this layout runs fewer positions than one full row each: n_prompts prefixes of
+        P = max L − 1 columns and N continuations of S = T − min L columns, against N·(T − 1). With
+        ragged prompts one short prompt widens every continuation, so rows that share a prompt only
+        by two (DPO's pairs) can run more positions shared than plain."""
+        start = prompt_lens - 1
+        n = len(prompt_lens)
+        return n_prompts * int(start.max()) + n * (width - 1 - int(start.min())) < n * (width - 1)
+
     def to_rows(self, x):
         """(N, S) values of the continuation -> (N, T-1) aligned with ids[:, 1:], 0 before the last prompt token."""
         col = torch.arange(self.width, device=x.device) - self.start[:, None]  # (N, T-1) continuation column

@@ -483,7 +483,7 @@ def optimizer_step(run, optimizer, micro_batches):
     """Backward through every micro-batch (DDP syncs on the last), then the gradient rescaled to the
     loss summed over the global count, clipped, and applied. Returns (the step's figures summed over
     micro-batches and ranks, the gradient norm before clipping or None)."""
-    cfg, params = run.cfg, [p for g in optimizer.param_groups for p in g["params"]]
+    cfg, params = run.cfg, [p for p in run.raw_model.parameters() if p.requires_grad]  # (the order the norm sums in)
     set_dropout(run, True)
     optimizer.zero_grad(set_to_none=True)
     local = {"micro_batches": 0.0}

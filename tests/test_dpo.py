@@ -14,6 +14,7 @@ import pairs
 import train as T
 from conftest import run_ddp
 from model import token_logprobs
+from sampler import SharedPrompts
 from tokenizer import Tokenizer
 
 
@@ -97,12 +98,13 @@ def test_sequence_logprob_counts_response_tokens_only(tiny):
 
 
 @pytest.mark.parametrize("loss", ["dpo", "kto"])
-def test_shared_prompts_give_the_same_loss_and_gradients(tiny, loss):
+def test_shared_prompts_give_the_same_loss_and_gradients(tiny, loss, monkeypatch):
     """share_prompt runs each example's prompt once for its two rows: the same loss, metrics and
     gradient of every parameter as one full row each, on ragged prompts with padding (the policy
     moved off the reference first, so that the loss has a gradient beyond its value at z = 0)."""
     run = T.train(dpo_config(tiny, max_iters=0, loss=loss, pairs="style", train_prompts=8, heldout_prompts=2))
     batch = pairs.collate(run, run.train_examples[:6])
+    monkeypatch.setattr(SharedPrompts, "saves_work", staticmethod(lambda *a: True))  # the shared layout, whatever it costs
     assert len(set(batch["prompt_lens"].tolist())) > 1 and (batch["ids"] == run.tok.pad).any()
     with torch.no_grad():
         for p in run.raw_model.parameters():
@@ -119,6 +121,22 @@ def test_shared_prompts_give_the_same_loss_and_gradients(tiny, loss):
     assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(g_full, g_shared))
     position_0 = g_shared[[p is run.raw_model.transformer.wpe.weight for p in params].index(True)][0]
     assert position_0.abs().sum() > 0  # a prompt-only position: its gradient came through the shared keys and values
+
+
+def test_prompts_are_shared_only_where_that_runs_fewer_positions(tiny):
+    """Pairs of rows per prompt: prompts of 20 and 60 tokens in a 90-column batch run 2·59 + 4·70 = 398
+    positions shared against 4·89 = 356 plain, so DPO runs them plain; equal prompts of 40 run
+    2·39 + 4·30 = 198 against 276 and are shared. Either way the log-prob sums are the same."""
+    assert not SharedPrompts.saves_work(torch.tensor([20, 60, 20, 60]), 90, 2)
+    assert SharedPrompts.saves_work(torch.tensor([40, 40, 40, 40]), 70, 2)
+    run = T.train(dpo_config(tiny, max_iters=0, pairs="style", train_prompts=8, heldout_prompts=2))
+    batch = pairs.collate(run, run.train_examples[:6])
+    sums = []
+    for share in (False, True):
+        run.cfg = dict(run.cfg, share_prompt=share)
+        with torch.no_grad():
+            sums.append(torch.cat(dpo.sequence_sums(run, run.raw_model, batch)[0]))
+    assert torch.allclose(sums[0], sums[1], atol=1e-4)
 
 
 def test_reference_cache_equals_recomputed_and_key_tracks_the_reference(tiny):
