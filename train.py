@@ -19,8 +19,11 @@ An algorithm module (ALGOS below) supplies only what is particular to it:
                                     the command that makes it
     teacher_from                 optional: the --algo whose ladder stage is the default --teacher on the
                                     command line (train.after_the_ladder)
-    setup(run)                   build data, reference models, ... (store on `run`; the frozen
-                                    reference policy is run.ref_model)
+    needs                        optional: ("reference",) when it reads the frozen starting policy π_ref:
+                                    the loop builds it once, before setup, as run.ref_model
+    loss_dropout                 optional: False when its loss must see the function that sampled
+                                    (on-policy RL): the loop then keeps dropout off in the loss too
+    setup(run)                   build data, teachers, ... (store on `run`)
     wrap_model(run, model)       optional: turn the loaded model into what it trains (e.g. a scalar head)
     batches(run, it)             -> optimizer steps, each a list of micro-batches: a list, or a
                                     generator that decides lazily; a generator is sent, after each
@@ -32,11 +35,14 @@ An algorithm module (ALGOS below) supplies only what is particular to it:
                                     micro-batch: it is the DDP-wrapped module. metrics["tokens"], the
                                     micro-batch's target tokens that carry loss weight, is summed (not
                                     averaged) and logged as the running total `train_tokens`.
-    evaluate(run, it)            -> dict of held-out figures at iteration `it` (all ranks call it)
+    evaluate(run, it)            -> dict of held-out figures at iteration `it` (all ranks call it, the
+                                    model in eval mode); a policy's are common.evaluate_policy's
     state_dict(run) / load_state_dict(run, state)   optional: extra state to checkpoint
 
 The loop owns devices, DDP, gradient accumulation, loss normalisation, AdamW with warmup + cosine,
-clipping, evaluation, metrics.jsonl, plots and atomic checkpoints that resume exactly.
+clipping, train/eval mode (set_dropout: rollouts, scoring and evaluation never run dropout),
+evaluation, metrics.jsonl, plots and atomic checkpoints that resume exactly. train() below is the
+loop; setup, resume and the optimizer step are the functions above it.
 """
 
 import ast
