@@ -1,6 +1,7 @@
 """
 The library every script imports (`import common as C`): devices and DDP, data files, models and
-checkpoints, sampling, rollouts and evaluation helpers, metrics plots.
+checkpoints, sampling with the environment's tool, the one rollout path (rollouts -> a Rollout:
+generate, decode, verify, mask), the one policy evaluation (evaluate_policy), metrics plots.
 
 train.py is the entry point and owns the configuration and the loop; the algorithm files
 (sft.py, rm.py, dpo.py, grpo.py, ppo.py) and pairs.py build on this module. The rule that keeps
