@@ -634,8 +634,8 @@ def alarms(rows, cfg):
         ratio_drift=lambda r: on_policy and r["ratio_dev"] > 1e-3,
         stale_rollouts=lambda r: r.get("staleness", 0) > 0,
         degenerate_groups=lambda r: r["degenerate_frac"] > 0.75,
-        entropy_collapse=lambda r: not r["entropy"] >= first.entropy / 4,  # NaN too
-        length_bias=lambda r: r.get("reward_len_corr", 0) > 0.5 or r["len_mean"] > 2 * first.len_mean,
+        entropy_collapse=lambda r: not r["entropy"] >= first["entropy"] / 4,  # NaN too
+        length_bias=lambda r: r.get("reward_len_corr", 0) > 0.5 or r["len_mean"] > 2 * first["len_mean"],
         verifier_errors=lambda r: r.get("verifier_error_rate", 0) > 0,
         parse_errors=lambda r: r.get("parse_error_rate", 0) > 0.2)
     fired = {}

@@ -23,13 +23,15 @@ TOK = Tokenizer()
 
 
 def fake_roll(problems, texts, prompt_len=5):
-    """What token_rewards reads: each text tokenised as the sampler would write it, end token included."""
+    """The fields of a Rollout that token_rewards reads: each text tokenised as the sampler would write
+    it, end token included."""
     responses = [TOK.assistant_ids(t)[0] for t in texts]
     T_ = prompt_len + max(map(len, responses))
     mask = torch.zeros(len(texts), T_ - 1)
     for i, r in enumerate(responses):
         mask[i, prompt_len - 1:prompt_len - 1 + len(r)] = 1.0
-    return dict(problems=problems, texts=texts, responses=responses, prompt_lens=[prompt_len] * len(texts), mask=mask)
+    return SimpleNamespace(problems=problems, texts=texts, responses=responses,
+                           prompt_lens=torch.tensor([prompt_len] * len(texts)), mask=mask)
 
 
 def test_step_rewards_land_on_the_last_token_of_each_step():
@@ -156,10 +158,10 @@ def test_process_mode_trains_on_per_token_advantages(tmp_path):
     # a random model writes no equation: two made-up steps per response, at its middle and its end
     run.env.step_rewards = lambda p, text: [(len(text) // 2, float(len(text) % 2)), (len(text), float(len(text) % 3))]
     mb = next(iter(grpo.batches(run, 0)))[0]
-    adv = mb["step_advantages"]
-    assert adv.shape == mb["mask"].shape and bool((adv[mb["mask"] == 0] == 0).all())
-    assert adv[mb["mask"] > 0].abs().sum() > 0
-    for row, m in zip(adv, mb["mask"]):  # constant up to the middle step, then constant to the end
+    adv = mb.step_advantages
+    assert adv.shape == mb.mask.shape and bool((adv[mb.mask == 0] == 0).all())
+    assert adv[mb.mask > 0].abs().sum() > 0
+    for row, m in zip(adv, mb.mask):  # constant up to the middle step, then constant to the end
         values = row[m > 0].unique_consecutive()
         assert len(values) <= 2
 
