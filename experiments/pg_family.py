@@ -78,7 +78,7 @@ def plot(results, n, path):
         ax.errorbar(x, y, yerr=[band(v, n) for v in y], marker="o", capsize=3, label=arm)
     ax.set_xlabel("rollout tokens decoded (thousands)")
     ax.set_ylabel(f"greedy held-out accuracy ({n} problems, ± 2 SE)")
-    ax.set_title("The policy-gradient family from one SFT checkpoint (4 minibatches per rollout batch)")
+    ax.set_title("One SFT checkpoint, off-policy steps (--minibatches per rollout batch)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
