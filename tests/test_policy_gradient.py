@@ -257,6 +257,6 @@ def test_batch_scaling_in_the_loop_gives_unit_std_over_the_kept_responses(tmp_pa
     run = T.train(dict(TINY, algo="grpo", prompts_per_iter=4, group_size=4, max_new_tokens=8, max_iters=0, estimator=estimator,
                        adv_scale="batch", on_degenerate="drop", out_dir=str(tmp_path / "run")))
     rows = [mb for step in grpo.batches(run, 0)[:1] for mb in step]
-    kept = torch.cat([mb["mask"].sum(1) > 0 for mb in rows])
-    adv = torch.cat([mb["advantages"] for mb in rows])[kept]
+    kept = torch.cat([mb.mask.sum(1) > 0 for mb in rows])
+    adv = torch.cat([mb.advantages for mb in rows])[kept]
     assert len(adv) >= 8 and float(adv.std(correction=0)) == pytest.approx(1.0, abs=1e-5)
