@@ -375,7 +375,8 @@ def rl_update(run, optimizer, steps):
     params = [p for p in run.raw_model.parameters() if p.requires_grad]
     for micro_batches in steps:
         optimizer.zero_grad(set_to_none=True)
-        losses = [grpo.loss(run, run.model, mb)[:2] for mb in micro_batches]
+        with run.autocast:  # bf16 on CUDA, as in train.train
+            losses = [grpo.loss(run, run.model, mb)[:2] for mb in micro_batches]
         (sum(s for s, _ in losses) / max(sum(float(n) for _, n in losses), 1e-8)).backward()
         torch.nn.utils.clip_grad_norm_(params, run.cfg["grad_clip"])
         optimizer.step()

@@ -17,8 +17,10 @@ import contextlib
 import copy
 import dataclasses
 import json
+import math
 import os
 import random
+import shutil
 import time
 from types import SimpleNamespace
 
@@ -28,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from envs import GSM8K, make_env
-from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora, sequence_logprobs
+from model import GPT, Block, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora, sequence_logprobs
 from sampler import Samples, sample
 from tokenizer import make_tokenizer
 
@@ -53,24 +55,138 @@ def optional_dependency(error):
 # ----------------------------------------------------------------------------------------------
 # Devices and DDP
 
+def cuda_device(local_rank, n_gpus):
+    """torchrun's LOCAL_RANK -> "cuda:i", or an error when this machine has fewer GPUs than ranks."""
+    if local_rank >= n_gpus:
+        raise ValueError(f"LOCAL_RANK={local_rank} but this machine has {n_gpus} CUDA device(s): start at most "
+                         f"{n_gpus} processes per node (torchrun --nproc_per_node={max(n_gpus, 1)})")
+    return f"cuda:{local_rank}"
+
+
+def autocast_dtype(device, bf16_supported):
+    """The dtype of autocast on `device`: bf16 on a GPU that has it (Ampere and newer); None (fp32, no
+    autocast) elsewhere: on an older GPU bf16 is emulated, slowly, and fp16 would need loss scaling."""
+    return torch.bfloat16 if device.startswith("cuda") and bf16_supported else None
+
+
 def setup_device(cfg):
+    """The run's device, process group and autocast: NCCL between GPUs, gloo between CPU processes."""
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if cfg["device"] == "auto":
         device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     else:
         device = cfg["device"]
-    rank, world_size, local_rank = 0, 1, 0
+    rank, world_size = 0, 1
     if ddp:
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
         if device.startswith("cuda"):
-            device = f"cuda:{local_rank}"
+            device = cuda_device(int(os.environ.get("LOCAL_RANK", rank)), torch.cuda.device_count())
             torch.cuda.set_device(device)
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda")
-                else contextlib.nullcontext())
-    return SimpleNamespace(device=device, ddp=ddp, rank=rank, world_size=world_size,
-                           master=rank == 0, autocast=autocast)
+    dtype = autocast_dtype(device, device.startswith("cuda") and torch.cuda.is_bf16_supported(including_emulation=False))
+    if device.startswith("cuda") and dtype is None and rank == 0:
+        print(f"{device}: this GPU has no bf16 (it is emulated before Ampere): training in fp32, without autocast")
+    autocast = torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    # fsdp: shard models over the ranks (FSDP2) rather than copy them (DDP); one process has nothing to shard
+    fsdp = bool(cfg.get("fsdp")) and ddp
+    return SimpleNamespace(device=device, ddp=ddp, rank=rank, world_size=world_size, master=rank == 0,
+                           autocast=autocast, dtype=dtype or torch.float32, fsdp=fsdp, sharded=[], gathering=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory anatomy [SPEC §5, M14 §10, §13]: persistent model states only (no activations, KV cache, buffers)
+
+BYTES_PER_PARAM = {"train": 16, "frozen_bf16": 2}  # bf16 w + bf16 grad + fp32 master + 2 fp32 Adam; bf16 w
+
+# the models each algorithm holds: trained ones (AdamW) and frozen ones (reference, teacher, reward model)
+ALGO_MODELS = dict(sft=["train"], rm=["train"], rft=["train"], dpo=["train", "frozen_bf16"],
+                   grpo=["train", "frozen_bf16"], opd=["train", "frozen_bf16"],  # π_ref; the teacher
+                   ppo=["train", "train", "frozen_bf16", "frozen_bf16"])  # policy, critic; π_ref, reward model
+
+
+def stage_memory_gib(n_params, stack):
+    """The seed's teaching estimate of persistent model states (activations, KV cache, buffers,
+    sharding excluded), in GiB: one entry of `stack` per model copy, "train" or "frozen_bf16"."""
+    if not math.isfinite(n_params) or n_params <= 0:
+        raise ValueError("n_params must be finite and positive")
+    unknown = sorted(set(stack) - set(BYTES_PER_PARAM))
+    if unknown:
+        raise ValueError(f"unknown model state kinds {unknown}; expected {sorted(BYTES_PER_PARAM)}")
+    return sum(BYTES_PER_PARAM[kind] * n_params for kind in stack) / 2**30
+
+
+def gpu_memory_gib(n_params, algo, gpus, fsdp):
+    """Persistent states per GPU of `algo` with models of n_params each, on `gpus` GPUs:
+    (training, rollouts). DDP: every GPU holds every model state whatever the count. FSDP2: each holds
+    1/gpus of them, and while sampling and scoring (common.gathered) also every model's full weights
+    in bf16, 2 B/param each. Past one GPU's memory under DDP is where --fsdp starts to pay."""
+    states = stage_memory_gib(n_params, ALGO_MODELS[algo])
+    if not fsdp:
+        return states, states
+    return states / gpus, states / gpus + stage_memory_gib(n_params, ["frozen_bf16"] * len(ALGO_MODELS[algo]))
+
+
+# ----------------------------------------------------------------------------------------------
+# FSDP2 (--fsdp): weights, gradients and optimizer state sharded over the ranks
+
+def shard_model(run, model):
+    """FSDP2's fully_shard on every transformer block, every backbone and head, then the whole module:
+    each keeps 1/world_size of its weights (and, if trained, of its gradients and AdamW state) and
+    all-gathers the rest for its forward and backward, one block at a time. Frozen models (reference,
+    teacher, reward model) too, without optimizer state. On a GPU the gathered weights are in the
+    autocast dtype and gradients are reduced in fp32 (MixedPrecisionPolicy). A scalar head's backbone
+    is not a unit of its own (the head calls its `hidden`, not its forward, which carries the hooks):
+    its embeddings go with the head. Nothing happens without --fsdp."""
+    if not run.fsdp:
+        return model
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    # inputs are not cast (autocast does it), so that a block's `record` list stays the caller's object
+    policy = MixedPrecisionPolicy(param_dtype=run.dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    backbones = {id(m.gpt) for m in model.modules() if isinstance(m, ScalarHeadGPT)}
+    for module in reversed(list(model.modules())):  # children before their parents
+        unit = isinstance(module, (Block, ScalarHeadGPT)) or module is model or \
+            (isinstance(module, GPT) and id(module) not in backbones)
+        if unit and not isinstance(module, FSDPModule):
+            fully_shard(module, mp_policy=policy)
+    run.sharded.append(model)
+    if run.gathering:  # made inside `gathered`: gathered like the others
+        set_gathered(model, True)
+    return model
+
+
+def set_gathered(model, on):
+    from torch.distributed.fsdp import FSDPModule
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.unshard() if on else module.reshard()
+            module.set_reshard_after_forward(not on, recurse=False)
+
+
+@contextlib.contextmanager
+def gathered(run):
+    """--fsdp: the full weights of every sharded model on every rank for the block (one all-gather per
+    block of each), so its forwards need no collective. Sampling, scoring, setup and evaluation run
+    inside it: there ranks take different numbers of forwards (rows stop at different steps, a rank
+    may hold fewer evaluation problems), which sharded forwards, each a collective, could not do. The
+    price is a full copy of the weights (in the compute dtype) per GPU meanwhile; the optimizer
+    state and gradients stay sharded. Training forwards run outside it, sharded. Nothing under DDP."""
+    if not run.fsdp or run.gathering:
+        yield
+        return
+    for model in run.sharded:
+        set_gathered(model, True)
+    run.gathering = True
+    try:
+        yield
+    finally:
+        run.gathering = False
+        for model in run.sharded:
+            set_gathered(model, False)
+
+
+def place(run, model):
+    """A frozen model on the run's device, sharded under --fsdp."""
+    return shard_model(run, model.to(run.device))
 
 
 def all_reduce_sum(values, run):
@@ -79,10 +195,11 @@ def all_reduce_sum(values, run):
     if isinstance(values, dict):
         keys = sorted(values)
         return dict(zip(keys, all_reduce_sum([values[k] for k in keys], run)))
-    if not run.ddp:
-        return [float(v) for v in values]
-    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=run.device)  # floats or 0-d tensors
-    dist.all_reduce(t)
+    # one tensor of floats and 0-d tensors, read back to the host once (one sync, not one per value)
+    t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=run.device).detach() for v in values]) \
+        if values else torch.zeros(0, dtype=torch.float64)
+    if run.ddp:
+        dist.all_reduce(t)
     return t.tolist()
 
 
@@ -111,6 +228,29 @@ def shard(items, run, micro_steps, batch_size):
     global count."""
     assert len(items) == run.world_size * micro_steps * batch_size
     return [items[(m * run.world_size + run.rank) * batch_size:][:batch_size] for m in range(micro_steps)]
+
+
+def over_ranks(run, items, size, fn):
+    """[fn(chunk, i) for every chunk i of `items`], chunk i computed by rank i mod world_size alone,
+    the results (picklable, on the CPU) gathered to every rank in order: setup work every rank needs
+    the whole of is done once, not once per rank, and its result is what one process computes (a
+    chunk's result depends only on the chunk and its index, not on the rank that computes it)."""
+    parts = chunks(items, size)
+    mine = {i: fn(parts[i], i) for i in range(run.rank, len(parts), run.world_size)}
+    gathered = gather_objects(run, mine)
+    return [gathered[i % run.world_size][i] for i in range(len(parts))]
+
+
+@contextlib.contextmanager
+def rank0_first():
+    """Rank 0 runs the block first (a download fills the cache), then the other ranks (from the
+    cache): no rank downloads the same files at once. Every rank must enter it."""
+    ranked = dist.is_available() and dist.is_initialized()
+    if ranked and dist.get_rank() != 0:
+        dist.barrier()
+    yield
+    if ranked and dist.get_rank() == 0:
+        dist.barrier()
 
 
 def chunks(items, size):
@@ -177,7 +317,8 @@ def load_rows(path, split="train"):
         raise FileNotFoundError(f"data file {path} does not exist")
     from datasets import load_dataset
     name, _, config = path.partition(":")
-    return list(load_dataset(name, config or None, split=split))
+    with rank0_first():
+        return list(load_dataset(name, config or None, split=split))
 
 
 def dataset_splits(path, check):
@@ -288,16 +429,74 @@ def config_env(cfg):
     return make_env(cfg["env"], digits=cfg["env_digits"], n_ops=cfg["env_ops"], direct_frac=cfg["env_direct_frac"])
 
 
+# The layout of ckpt.pt. 1: before format numbers (one RNG state, numpy's as an array); 2: a format
+# number, each rank's RNG state as tensors, nothing but tensors, containers and numbers (weights_only)
+CHECKPOINT_FORMAT = 2
+
+
 def read_checkpoint(ckpt_dir, device="cpu"):
+    """ckpt.pt of a checkpoint directory, loaded with weights_only=True: tensors, containers and
+    numbers only, no pickled code runs. Format 1's numpy RNG state (an array) is allowed for its
+    weights to load; a newer format than this code's is an error."""
     path = os.path.join(ckpt_dir, "ckpt.pt")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
-    return torch.load(path, map_location=device, weights_only=False)
+    multiarray = (np._core if hasattr(np, "_core") else np.core).multiarray  # numpy 2 renamed core
+    numpy_array = [np.dtype, np.ndarray, type(np.dtype(np.uint32)), multiarray._reconstruct]
+    with torch.serialization.safe_globals(numpy_array):
+        ckpt = torch.load(path, map_location=device, weights_only=True, mmap=True)
+    if ckpt.get("format", 1) > CHECKPOINT_FORMAT:
+        raise ValueError(f"{path}: checkpoint format {ckpt['format']} is newer than this code's "
+                         f"{CHECKPOINT_FORMAT}: update the code")
+    return ckpt
+
+
+def check_resumable(ckpt, ckpt_dir):
+    """init_from=resume needs this code's layout: an older checkpoint's weights still load (init_from=DIR)."""
+    if ckpt.get("format", 1) != CHECKPOINT_FORMAT:
+        raise ValueError(f"{ckpt_dir}/ckpt.pt: checkpoint format {ckpt.get('format', 1)}, written by an older "
+                         f"version; this one resumes format {CHECKPOINT_FORMAT} only. Start a new run from its "
+                         f"weights with --init_from={ckpt_dir}, or resume it with the version that wrote it")
+
+
+def rng_state(run):
+    """This rank's RNG states (Python, numpy, torch CPU, its own CUDA device), as tensors and numbers."""
+    version, state, gauss = random.getstate()
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    return dict(python=dict(version=version, state=torch.tensor(state), gauss=gauss),
+                numpy=dict(keys=torch.from_numpy(keys.astype(np.int64)), pos=pos, has_gauss=has_gauss, cached=cached),
+                torch=torch.get_rng_state(),
+                cuda=torch.cuda.get_rng_state(run.device) if run.device.startswith("cuda") else None)
+
+
+def set_rng_state(run, state):
+    python, numpy = state["python"], state["numpy"]
+    random.setstate((python["version"], tuple(python["state"].tolist()), python["gauss"]))
+    np.random.set_state(("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
+                         numpy["cached"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and run.device.startswith("cuda"):
+        torch.cuda.set_rng_state(state["cuda"], run.device)
+
+
+def restore_rng(run, states, it):
+    """Each rank takes back its own RNG streams (its dropout masks go on as if never stopped). On a
+    different number of ranks there is no stream to take back: each rank is seeded afresh, by rank
+    and iteration, and the run goes on correctly but not bit-identically."""
+    if len(states) == run.world_size:
+        return set_rng_state(run, states[run.rank])
+    if run.master:
+        print(f"resume: the checkpoint holds the RNG streams of {len(states)} rank(s), this run has "
+              f"{run.world_size}: streams seeded afresh (dropout masks differ from an uninterrupted run)")
+    seed = run.cfg["seed"] + 1000 * it + run.rank
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def load_model(ckpt_dir, device="cpu"):
     """A trained model from a checkpoint directory, LoRA merged, in eval mode; a GPT or a ScalarHeadGPT."""
-    ckpt = read_checkpoint(ckpt_dir, device)
+    ckpt = read_checkpoint(ckpt_dir)  # on the CPU, memory-mapped: the optimizer state is never read
     model = GPT(GPTConfig(**ckpt["model_args"]))
     model = ScalarHeadGPT(model) if ckpt["kind"] == "scalar" else model
     if ckpt["lora_rank"]:
@@ -321,30 +520,73 @@ def frozen(model):
 
 def load_reference(run):
     """The frozen starting point of this run (π_ref): what init_from named, before any training."""
-    return frozen(build_model(run.cfg, run.tok)).to(run.device)
+    return place(run, frozen(build_model(run.cfg, run.tok)))
+
+
+def gather_objects(run, obj):
+    """Every rank's `obj` (picklable), in rank order, on every rank: [obj] in one process."""
+    if not run.ddp:
+        return [obj]
+    out = [None] * run.world_size
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def save_checkpoint(run, optimizer, it):
-    """Atomic: write a temporary file, then rename, so a crash never leaves a half-written ckpt.pt.
+    """Called by every rank (each adds its RNG streams); rank 0 writes. Atomic: a temporary file,
+    then a rename, so a crash never leaves a half-written ckpt.pt.
 
     "model" is what load_model() gives later scripts: the trained module itself, or its `policy` when
     the algorithm trains several (PPO's policy + critic); "train_model" then holds all of them."""
+    rng = gather_objects(run, rng_state(run))
     raw = run.raw_model
     export = raw.policy if hasattr(raw, "policy") else raw
+    sharded = save_sharded(run, optimizer, it) if run.fsdp else None
+    if run.fsdp:  # the export gathered to rank 0's CPU, for load_model and later scripts
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        model = get_model_state_dict(export, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not run.master:
+        return
     gpt = export.gpt if isinstance(export, ScalarHeadGPT) else export
     ckpt = dict(
-        model=export.state_dict(), train_model=raw.state_dict() if export is not raw else None,
-        optimizer=optimizer.state_dict(), iter=it, config=run.cfg,
+        format=CHECKPOINT_FORMAT, sharded=sharded,  # --fsdp: the trained state is in out_dir/`sharded`
+        model=model if run.fsdp else export.state_dict(),
+        train_model=raw.state_dict() if export is not raw and not run.fsdp else None,
+        optimizer=None if run.fsdp else optimizer.state_dict(), iter=it, config=run.cfg,
         model_args=dataclasses.asdict(gpt.config), kind="scalar" if isinstance(export, ScalarHeadGPT) else "lm",
         lora_rank=run.cfg["lora_rank"], lora_alpha=run.cfg["lora_alpha"], tokenizer=run.tok.name,
-        rng=dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
-                 cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None),
-        algo_state=run.algo.state_dict(run) if hasattr(run.algo, "state_dict") else None,
+        rng=rng, algo_state=run.algo.state_dict(run) if hasattr(run.algo, "state_dict") else None,
         train_tokens=run.train_tokens,
     )
     path = os.path.join(run.cfg["out_dir"], "ckpt.pt")
     torch.save(ckpt, path + ".tmp")
     os.replace(path + ".tmp", path)
+    for name in os.listdir(run.cfg["out_dir"]):  # sharded states ckpt.pt no longer names
+        if name.startswith("sharded_") and name != sharded:
+            shutil.rmtree(os.path.join(run.cfg["out_dir"], name))
+
+
+def save_sharded(run, optimizer, it):
+    """--fsdp: every rank writes its shards of the trained weights and AdamW state with
+    torch.distributed.checkpoint into out_dir/sharded_ITER (nothing is gathered); ckpt.pt, written
+    after it, names it, so a crash midway leaves the last complete pair. Returns the name."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    name = f"sharded_{it:07d}"
+    model_state, optim_state = get_state_dict(run.raw_model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=os.path.join(run.cfg["out_dir"], name))
+    return name
+
+
+def load_sharded(run, optimizer, path):
+    """The weights and AdamW state save_sharded wrote, into this run's (sharded or not) model and
+    optimizer: DCP reshards them to this run's ranks."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model_state, optim_state = get_state_dict(run.raw_model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(run.raw_model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -389,21 +631,23 @@ def tool_hook(run, prompts):
     return hook
 
 
-def generate(run, model, prompts, max_new_tokens=None, temperature=0.0, seed=None, batch_size=None, **kw):
+def generate(run, model, prompts, max_new_tokens=None, temperature=0.0, seed=None, batch_size=None,
+             spread=False, **kw):
     """Sample responses for a list of prompt-id lists in chunks, running the environment's tool when
-    it has one; returns sampler.Samples(tokens, logprobs, forced), forced = 1 on tool tokens."""
+    it has one; returns sampler.Samples(tokens, logprobs, forced), forced = 1 on tool tokens.
+    Chunk i is seeded by seed + i·batch_size. spread=True: setup work every rank needs the whole of
+    (pair sampling, RFT pools): the chunks are shared out over the ranks and gathered (over_ranks)."""
     max_new_tokens = max_new_tokens or run.cfg["max_new_tokens"]
     batch_size = batch_size or run.cfg["eval_batch_size"]
-    tokens, logprobs, forced = [], [], []
-    with run.autocast:
-        for i, chunk in enumerate(chunks(prompts, batch_size)):
-            t, lp, f = sample(model, chunk, max_new_tokens, temperature=temperature, stop_tokens=(run.tok.eos,),
-                              pad_id=run.tok.pad, seed=None if seed is None else seed + i * batch_size,
-                              tool_hook=tool_hook(run, chunk), **kw)
-            tokens += t
-            logprobs += lp
-            forced += f
-    return Samples(tokens, logprobs, forced)
+
+    def sample_chunk(chunk, i):
+        with run.autocast:
+            return sample(model, chunk, max_new_tokens, temperature=temperature, stop_tokens=(run.tok.eos,),
+                          pad_id=run.tok.pad, seed=None if seed is None else seed + i * batch_size,
+                          tool_hook=tool_hook(run, chunk), **kw)
+    parts = (over_ranks(run, prompts, batch_size, sample_chunk) if spread else
+             [sample_chunk(chunk, i) for i, chunk in enumerate(chunks(prompts, batch_size))])
+    return Samples(*([x for part in parts for x in part[k]] for k in range(3)))
 
 
 def collate(examples, pad_id, device):
@@ -590,7 +834,7 @@ class Rollout:
 
 
 def rollouts(run, model, problems, samples_per_prompt, temperature=1.0, max_new_tokens=None, seed=None,
-             top_k=None, top_p=None, batch_size=None):
+             top_k=None, top_p=None, batch_size=None, spread=False):
     """The one rollout path: sample `samples_per_prompt` responses per problem with the KV-cache
     sampler (on all prompts at once, or in chunks of `batch_size`), decode them, verify them with the
     environment's verifier and lay them out with their masks: a Rollout."""
@@ -598,12 +842,14 @@ def rollouts(run, model, problems, samples_per_prompt, temperature=1.0, max_new_
     rows = [p for p in problems for _ in range(samples_per_prompt)]
     t0 = time.time()
     tokens, logprobs, forced = generate(run, model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                        seed=seed, batch_size=batch_size or len(prompts), top_k=top_k, top_p=top_p)
+                                        seed=seed, batch_size=batch_size or len(prompts), top_k=top_k, top_p=top_p,
+                                        spread=spread)  # spread: the sampling shared out over ranks (generate)
     t1 = time.time()
     texts = [response_text(run, t) for t in tokens]
     rewards = torch.tensor([run.env.verify(p, text) for p, text in zip(rows, texts)], dtype=torch.float32)
     t2 = time.time()
-    N, T = len(prompts), max(len(p) + len(t) for p, t in zip(prompts, tokens))
+    # (a rank can hold no problem: evaluation shards of fewer problems than ranks)
+    N, T = len(prompts), max((len(p) + len(t) for p, t in zip(prompts, tokens)), default=2)
     ids = torch.full((N, T), run.tok.pad, dtype=torch.long)
     mask, tool, old = torch.zeros(N, T - 1), torch.zeros(N, T - 1), torch.zeros(N, T - 1)
     for i, (p, t, lp, f) in enumerate(zip(prompts, tokens, logprobs, forced)):

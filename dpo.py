@@ -120,6 +120,7 @@ def sequence_sums(run, model, batch):
 def weights_fingerprint(model):
     h = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor  # --fsdp: a DTensor's whole
         h.update(name.encode())
         h.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
@@ -136,18 +137,17 @@ def cache_key(run, reference, example_sets):
 
 @torch.no_grad()
 def reference_logprobs(run, reference, examples):
-    """(N, 2) log π_ref sums of every example's two responses."""
-    out = []
-    with run.autocast:
-        for chunk in C.chunks(examples, run.cfg["eval_batch_size"]):
+    """(N, 2) log π_ref sums of every example's two responses, the chunks shared out over the ranks."""
+    def chunk_sums(chunk, i):
+        with run.autocast:
             (a, b), _ = sequence_sums(run, reference, pairs.collate(run, chunk))
-            out.append(torch.stack([a, b], 1).float().cpu())
-    return torch.cat(out)
+        return torch.stack([a, b], 1).float().cpu()
+    return torch.cat(C.over_ranks(run, examples, run.cfg["eval_batch_size"], chunk_sums))
 
 
 def attach_reference(run, example_sets):
     """Put ex["ref"] = (log π_ref(resp 0), log π_ref(resp 1)) on every example, from the cache file
-    when its key matches, else computed once (every rank computes; rank 0 writes)."""
+    when its key matches, else computed once (each rank some chunks, gathered; rank 0 writes)."""
     reference = run.ref_model
     key = cache_key(run, reference, example_sets)
     path = os.path.join(run.cfg["out_dir"], f"ref_logprobs_{key[:16]}.pt")
@@ -222,7 +222,8 @@ def as_means(sums):
         if k in ("n", "n_desirable"):
             continue
         denominator = n_d if k == "reward_desirable" else n - n_d if k == "reward_undesirable" else n
-        out[k] = float(v) / max(float(denominator), 1.0)
+        # (tensors in the loss, read once per step by the loop; Python numbers in evaluation)
+        out[k] = v / (denominator.clamp(min=1) if torch.is_tensor(denominator) else max(denominator, 1.0))
     return out
 
 
@@ -264,7 +265,7 @@ def loss(run, model, batch):
     metrics.pop("loss")  # (the loop logs the loss itself)
     if z_ref is not None:
         metrics["kto_z_ref"] = z_ref
-    return losses.sum(), len(losses), {**metrics, "tokens": float(batch["mask"].sum())}
+    return losses.sum(), len(losses), {**metrics, "tokens": batch["mask"].sum()}
 
 
 @torch.no_grad()

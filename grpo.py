@@ -391,7 +391,7 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, ref_logp=None, tis_weight
     if cfg["kl"] == "k3_loss":
         kl = kl_estimate(logp, torch.where(on, ref_logp, logp), "k3")
         per_token = per_token + cfg["kl_coef"] * kl
-        metrics["kl_k3"] = float((kl.detach() * on).sum() / on.sum().clamp(min=1))
+        metrics["kl_k3"] = (kl.detach() * on).sum() / on.sum().clamp(min=1)
     loss_sum, count = aggregate(per_token, mask, cfg["loss_agg"], cfg["max_new_tokens"])
     with torch.no_grad():  # clip: tokens whose gradient the clip cut; cispo: tokens whose weight it capped
         if cfg["policy_loss"] == "cispo":
@@ -399,8 +399,8 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, ref_logp=None, tis_weight
         else:
             clipped = on & (((adv > 0) & (ratio > high)) | ((adv < 0) & (ratio < low)))
         n = on.sum().clamp(min=1)
-        metrics["clip_frac"] = float(clipped.sum() / n)
-        metrics["ratio_dev"] = float(((ratio - 1).abs() * on).max()) if on.any() else 0.0
+        metrics["clip_frac"] = clipped.sum() / n
+        metrics["ratio_dev"] = ((ratio - 1).abs() * on).amax()  # (tensors: read once per step)
     return loss_sum, count, metrics
 
 
@@ -409,7 +409,7 @@ def tis_weights(old_logp, sampler_logp, mask, cap):
     the number of tokens at the cap."""
     on = mask > 0
     weight = torch.exp(torch.where(on, old_logp - sampler_logp, 0.0))
-    return torch.where(on, weight.clamp(max=cap), 0.0), int((on & (weight > cap)).sum())
+    return torch.where(on, weight.clamp(max=cap), 0.0), (on & (weight > cap)).sum()
 
 
 def rollout_cost(prompts, answers, tokens, gpus, tok_per_s_per_gpu, n_params, flops_per_gpu, mfu):
@@ -772,6 +772,8 @@ loss_dropout = False    # the loop keeps dropout off in the loss too: it scores 
 
 def setup(run):
     check_config(run.cfg, run.world_size)
+    if run.cfg["staleness"] and run.fsdp:
+        raise ValueError("staleness=1 samples with a second copy of the weights in a thread: not with --fsdp")
     C.check_reward_mode(run.cfg, run.env)
     if run.cfg["break_it"] == "format_exploit" and not isinstance(run.env.problems("train", 1)[0].get("answer"), int):
         raise ValueError(f"break_it=format_exploit looks for the answer's number: env={run.cfg['env']} has no integer answer")
@@ -901,6 +903,11 @@ def batches(run, it):
         rows = C.Rollout.cat([b.select(np.array_split(np.arange(len(b.ids)), cfg["minibatches"])[m]) for b in shards],
                              run.tok.pad)
         minibatches.append([rows.select(r) for r in C.chunks(range(len(rows.ids)), cfg["batch_size"])])
+    if run.old_logprobs_mode == "recompute" and not cfg["staleness"]:
+        # π_old again on the very tensors the loss sees: under bf16 autocast the same rows in another
+        # batch shape (the shard's scoring chunks) round differently, and ρ ≠ 1 before any update
+        for micro in [micro for mb in minibatches for micro in mb]:
+            micro.old_logprobs = score(run, run.raw_model, micro.ids, micro.prompt_lens) * micro.mask
     return [mb for _ in range(cfg["inner_epochs"]) for mb in minibatches]
 
 
@@ -920,9 +927,9 @@ def loss(run, model, batch):
     loss_sum, count, metrics = policy_loss(logp, batch.old_logprobs, advantages, mask, run.cfg,
                                            ref_logp=batch.ref_logprobs, tis_weight=tis)
     if run.cfg["tis_cap"]:
-        metrics["tis_capped_frac"] = capped / max(float(mask.sum()), 1.0)
-    metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
-    return loss_sum, count, {**metrics, "tokens": float(mask.sum())}
+        metrics["tis_capped_frac"] = capped / mask.sum().clamp(min=1)
+    metrics["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
+    return loss_sum, count, {**metrics, "tokens": mask.sum()}  # tensors: the loop reads them once per step
 
 
 def evaluate(run, it):

@@ -185,6 +185,18 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def fp32_linear(x, layer):
+    """An output head (LM head, scalar head) in fp32 whatever the autocast: under bf16 the logits would
+    be rounded to 8 bits of mantissa, differently for different batch shapes, so the same weights
+    would score a token differently in the sampler, the scoring pass and the loss (the first PPO/GRPO
+    ratio ≠ 1, DPO's margin ≠ 0 at init, rewards and values quantised). In fp32 it is nn.Linear."""
+    with torch.autocast(x.device.type, enabled=False):
+        if layer.weight.dtype == torch.float32:
+            return layer(x.float())  # (the module itself: its hooks run)
+        bias = None if layer.bias is None else layer.bias.float()  # bf16 weights (FSDP's mixed precision)
+        return F.linear(x.float(), layer.weight.float(), bias)
+
+
 NORMS, MLPS, POSITIONS = ("layernorm", "rmsnorm"), ("gelu", "swiglu"), ("learned", "rope")
 
 # GPT-2 stores these linear layers as Conv1D, whose weight is the transpose of nn.Linear's
@@ -259,8 +271,10 @@ class GPT(nn.Module):
                                                                   v.index_select(0, prompts.rows)), rope=rope)
         return self.transformer.ln_f(x)
 
-    def forward(self, idx, pos=None, attn_mask=None, cache=None, prompts=None):
-        return self.lm_head(self.hidden(idx, pos, attn_mask, cache, prompts))
+    def forward(self, idx, pos=None, attn_mask=None, cache=None, prompts=None, last_only=False):
+        """Logits (B, T, V) in fp32, or with last_only (a sampler's prefill) only the last position's (B, 1, V)."""
+        h = self.hidden(idx, pos, attn_mask, cache, prompts)
+        return fp32_linear(h[:, -1:] if last_only else h, self.lm_head)
 
     def generate(self, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                  stop_tokens=(), seed=None, pad_id=0, tool_hook=None):
@@ -454,7 +468,7 @@ class ScalarHeadGPT(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     def forward(self, idx, pos=None, attn_mask=None):
-        return self.head(self.gpt.hidden(idx, pos, attn_mask)).squeeze(-1)  # (B, T)
+        return fp32_linear(self.gpt.hidden(idx, pos, attn_mask), self.head).squeeze(-1)  # (B, T) fp32
 
 
 # ----------------------------------------------------------------------------------------------

@@ -274,7 +274,7 @@ def setup(run):
     if cfg["teacher"] == "self":
         run.teacher = run.raw_model  # OPSD: the current weights, read under no_grad
     else:
-        run.teacher = C.frozen(C.load_model(cfg["teacher"])).to(run.device)
+        run.teacher = C.place(run, C.frozen(C.load_model(cfg["teacher"])))
         teacher_vocab, student_vocab = run.teacher.config.vocab_size, run.raw_model.config.vocab_size
         if teacher_vocab != student_vocab:
             raise ValueError(f"teacher {cfg['teacher']} has a vocabulary of {teacher_vocab} tokens, the student "
@@ -352,9 +352,9 @@ def loss(run, model, batch):
     loss_sum, count, reverse_kl, entropy, anchor_kl = distillation_loss(
         logits, ids[:, 1:], batch.teacher_logprobs, mask, run.cfg["kl_estimator"], run.cfg["temperature"],
         run.cfg["kl_topk"], batch.ref_logprobs, run.cfg["anchor_coef"])
-    n = max(float(count), 1.0)
-    return loss_sum, count, dict(reverse_kl=float(reverse_kl) / n, entropy=float(entropy) / n,
-                                 anchor_kl=float(anchor_kl) / n, tokens=float(count))
+    n = torch.as_tensor(count).clamp(min=1)  # tensors: the loop reads them once per step
+    return loss_sum, count, dict(reverse_kl=reverse_kl.detach() / n, entropy=entropy.detach() / n,
+                                 anchor_kl=torch.as_tensor(anchor_kl).detach() / n, tokens=count)
 
 
 def evaluate(run, it):

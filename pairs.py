@@ -148,7 +148,7 @@ def builtin_pairs(run, sampler, split, n_prompts, seed):
     samples = [[]] * len(problems)
     if cfg["pairs"] in ("verifier", "both"):
         roll = C.rollouts(run, sampler, problems, k, temperature=cfg["pair_temperature"], seed=seed,
-                          batch_size=cfg["eval_batch_size"])
+                          batch_size=cfg["eval_batch_size"], spread=True)
         answers = list(zip(roll.responses, roll.response_masks(), roll.rewards.tolist()))  # (ids, loss mask, verdict)
         samples = [answers[i * k:(i + 1) * k] for i in range(len(problems))]
     rng = random.Random(seed)

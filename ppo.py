@@ -65,6 +65,7 @@ import torch
 import torch.nn as nn
 
 import common as C
+from common import stage_memory_gib  # the memory anatomy (per algorithm, per GPU) is in common.py
 from model import (GPT, ScalarHeadGPT, count_parameters, kl_estimate, sequence_logprobs, token_logprobs,
                    token_logprobs_and_entropy)
 
@@ -101,20 +102,6 @@ defaults.update(C.REWARD_KEYS)  # reward_mode and RLVP's β, λ, μ: one definit
 
 # ----------------------------------------------------------------------------------------------
 # Memory anatomy [M14 §10, §13]
-
-BYTES_PER_PARAM = {"train": 16, "frozen_bf16": 2}  # bf16 w + bf16 grad + fp32 master + 2 fp32 Adam; bf16 w
-
-
-def stage_memory_gib(n_params, stack):
-    """The seed's teaching estimate of persistent model states (activations, KV cache, buffers,
-    sharding excluded), in GiB: one entry of `stack` per model copy, "train" or "frozen_bf16"."""
-    if not math.isfinite(n_params) or n_params <= 0:
-        raise ValueError("n_params must be finite and positive")
-    unknown = sorted(set(stack) - set(BYTES_PER_PARAM))
-    if unknown:
-        raise ValueError(f"unknown model state kinds {unknown}; expected {sorted(BYTES_PER_PARAM)}")
-    return sum(BYTES_PER_PARAM[kind] * n_params for kind in stack) / 2**30
-
 
 def role_memory_gib(module, trained):
     """stage_memory_gib of one role: a trained role's frozen part (LoRA's base weights) counts as frozen."""
@@ -246,7 +233,7 @@ def setup(run):
         raise ValueError("reward_mode=process scores the environment's steps and answer (env.step_rewards): "
                          "it needs reward=verifier")
     run.policy = run.raw_model.policy
-    run.reward_model = C.frozen(load_reward_model(run)).to(run.device) if cfg["reward"] == "rm" else None
+    run.reward_model = C.place(run, C.frozen(load_reward_model(run))) if cfg["reward"] == "rm" else None
     run.kl_coef = cfg["kl_coef"]
     mode = cfg["old_logprobs"]
     run.old_logprobs_mode = mode if mode != "auto" else ("recompute" if run.device.startswith("cuda") else "sampler")
@@ -425,7 +412,7 @@ def loss(run, model, batch):
         metrics = dict(policy_loss=(policy_loss * mask).sum(), value_loss=(value_loss * mask).sum(),
                        clip_frac=(clipped * mask).sum(), approx_kl=approx_kl,
                        entropy=(entropy * mask).sum())
-    return loss_sum, n, {**{k: float(v / n) for k, v in metrics.items()}, "tokens": float(n)}
+    return loss_sum, n, {**{k: v / n for k, v in metrics.items()}, "tokens": n}  # tensors: read once per step
 
 
 def evaluate(run, it):

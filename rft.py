@@ -25,8 +25,9 @@ Evaluation (common.evaluate_policy): greedy held-out and OOD accuracy, and on ev
 sampled answers per held-out problem pass@N, which is Best-of-N by the verifier: the accuracy of the
 best of N samples, an upper-bound estimate of what RL or RFT can reach by selection.
 
-Every rank samples the whole round with the same seed and weights (so every rank holds the same
-pool) and trains on its shard of each global batch, as SFT does.
+The ranks share a round's sampling out (common.generate with spread=True: each samples some chunks,
+all gather them), so every rank holds the same pool, the one a single process samples, and trains
+on its shard of each global batch, as SFT does.
 """
 
 import math
@@ -73,7 +74,7 @@ def sample_pool(run, round_):
     cfg, tok, k = run.cfg, run.tok, run.cfg["candidates"]
     problems = run.env.problems("train", cfg["round_prompts"], seed=int(C.seeded_rng(run, round_).integers(2 ** 31)))
     roll = C.rollouts(run, run.raw_model, problems, k, temperature=cfg["temperature"], seed=cfg["seed"] + round_,
-                      batch_size=cfg["eval_batch_size"])
+                      batch_size=cfg["eval_batch_size"], spread=True)
     groups, tokens, prompts = roll.group.tolist(), roll.responses, [tok.prompt_ids(p["prompt"]) for p in problems]
     # an answer cut off by the length limit would teach the model not to stop: not verified
     rewards = (roll.rewards * ~roll.truncated).tolist()

@@ -50,9 +50,10 @@ def loss(run, model, batch):
     r_w, r_l = pair_rewards(model, batch)
     losses = F.softplus(-(r_w - r_l))  # −log σ(r_w − r_l), stable for any margin
     r_w, r_l = r_w.detach(), r_l.detach()
-    return losses.sum(), len(losses), dict(pair_acc=float((r_w > r_l).float().mean()),
-                                           margin=float((r_w - r_l).mean()), reward_chosen=float(r_w.mean()),
-                                           reward_rejected=float(r_l.mean()), tokens=float(batch["mask"].sum()))
+    with torch.no_grad():  # tensors: the loop reads them once per step (no host sync per micro-batch)
+        metrics = dict(pair_acc=(r_w > r_l).float().mean(), margin=(r_w - r_l).mean(), reward_chosen=r_w.mean(),
+                       reward_rejected=r_l.mean(), tokens=batch["mask"].sum())
+    return losses.sum(), len(losses), metrics
 
 
 # ----------------------------------------------------------------------------------------------

@@ -264,7 +264,7 @@ def prefill(model, prompts, max_new_tokens, pad_id, device):
     mask = (causal.unsqueeze(0) & prompt_valid[:, None, :]) | torch.eye(P, dtype=torch.bool, device=device)
     cache = KVCache(model.config, prompt_valid, P + max_new_tokens)
     pos = (torch.arange(P, device=device).unsqueeze(0) - pad_len.unsqueeze(1)).clamp(min=0)
-    logits = model(idx, pos=pos, attn_mask=mask.unsqueeze(1) if ragged else None, cache=cache)[:, -1]
+    logits = model(idx, pos=pos, attn_mask=mask.unsqueeze(1) if ragged else None, cache=cache, last_only=True)[:, -1]
     if len(distinct) < len(prompts):
         cache.select_rows(of_row)
         logits, lens = logits[of_row], lens[of_row]

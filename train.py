@@ -122,6 +122,7 @@ DEFAULTS = dict(
     seed=1337,                  # seeds torch, numpy and random (each DDP rank adds its rank for dropout)
     device="auto",              # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     compile=False,              # torch.compile the training forward and backward (sampling stays eager)
+    fsdp=False,                 # torchrun: shard weights, gradients and AdamW state over the ranks (FSDP2), not DDP copies
 )
 
 
@@ -392,10 +393,10 @@ def load_resume(overrides):
     if overrides.get("init_from") != "resume":
         return None, overrides
     out_dir = overrides.get("out_dir", DEFAULTS["out_dir"]).format(algo=overrides.get("algo", DEFAULTS["algo"]))
-    path = os.path.join(out_dir, "ckpt.pt")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"init_from=resume: no checkpoint at {path}")
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    if not os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
+        raise FileNotFoundError(f"init_from=resume: no checkpoint at {os.path.join(out_dir, 'ckpt.pt')}")
+    ckpt = C.read_checkpoint(out_dir)
+    C.check_resumable(ckpt, out_dir)
     return ckpt, {**ckpt["config"], **{k: v for k, v in overrides.items() if k != "init_from"}}
 
 
@@ -405,32 +406,42 @@ def setup(overrides, ckpt, algo=None):
     cfg = make_config(overrides)
     run = C.setup_device(cfg)
     run.cfg, run.algo, run.stats, run.train_tokens = cfg, algo or algo_module(cfg["algo"]), {}, 0
-    run.tok = make_tokenizer(cfg["tokenizer"])
-    run.env = C.config_env(cfg)
+    with C.rank0_first():  # a download (tokenizer, dataset) by rank 0 alone; the others read its cache
+        run.tok = make_tokenizer(cfg["tokenizer"])
+        run.env = C.config_env(cfg)
     if run.master:
         os.makedirs(cfg["out_dir"], exist_ok=True)
     torch.manual_seed(cfg["seed"])
     random.seed(cfg["seed"])
     np.random.seed(cfg["seed"])
 
-    model = C.build_model(cfg, run.tok)  # on resume too: the same construction, then the saved weights
+    with C.rank0_first():  # on resume too: the same construction, then the saved weights
+        model = C.build_model(cfg, run.tok)
     if hasattr(run.algo, "wrap_model"):
         model = run.algo.wrap_model(run, model)
     elif not isinstance(model, GPT):
         raise ValueError(f"--algo {cfg['algo']} trains a language model; init_from={cfg['init_from']!r} is not one")
     if cfg["lora_rank"]:
         apply_lora(model, cfg["lora_rank"], cfg["lora_alpha"], trainable=("head",))
-    if ckpt is not None:
+    if ckpt is not None and not ckpt.get("sharded"):  # (sharded: loaded in resume)
         model.load_state_dict(ckpt["train_model"] or ckpt["model"])
     model.to(run.device)
     run.raw_model = model
-    # the sampler's decode steps change shape every token, so only the training calls (run.model) compile
-    trained = torch.compile(model) if cfg["compile"] else model
-    run.model = DDP(trained, device_ids=[run.device] if run.device.startswith("cuda") else None) if run.ddp else trained
+    if run.fsdp:  # one training call per micro-batch, sharded (common.shard_model); no DDP
+        if cfg["compile"]:
+            raise ValueError("--fsdp with --compile is not supported yet: choose one")
+        if cfg.get("share_prompt"):  # (grpo, dpo)
+            raise ValueError("--fsdp needs --share_prompt=False: a shared prompt runs every block twice in one "
+                             "forward, and FSDP2 frees a block's gathered weights after the first backward")
+        run.model = C.shard_model(run, model)
+    else:  # the sampler's decode steps change shape every token, so only the training calls (run.model) compile
+        trained = torch.compile(model) if cfg["compile"] else model
+        run.model = DDP(trained, device_ids=[run.device] if run.device.startswith("cuda") else None) if run.ddp else trained
     torch.manual_seed(cfg["seed"] + run.rank)  # same init on every rank (above), own dropout masks (below)
     needs = getattr(run.algo, "needs", ())
-    run.ref_model = C.load_reference(run) if "reference" in needs else None  # π_ref: init_from, frozen
-    run.algo.setup(run)
+    with C.gathered(run):  # --fsdp: setup's sampling and scoring on full weights (common.gathered)
+        run.ref_model = C.load_reference(run) if "reference" in needs else None  # π_ref: init_from, frozen
+        run.algo.setup(run)
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg["weight_decay"]},
@@ -453,12 +464,12 @@ def resume(run, optimizer, ckpt, metrics_path):
             print(f"{cfg['algo']}: {n_train:,} trainable of {n_total:,} parameters on {run.device}"
                   f" x{run.world_size}, out_dir={cfg['out_dir']}")
         return 0
-    optimizer.load_state_dict(ckpt["optimizer"])
+    if ckpt.get("sharded"):  # --fsdp: the weights and AdamW state of every rank (common.save_sharded)
+        C.load_sharded(run, optimizer, os.path.join(cfg["out_dir"], ckpt["sharded"]))
+    else:
+        optimizer.load_state_dict(ckpt["optimizer"])
     run.train_tokens = ckpt.get("train_tokens", 0)  # older checkpoints: uncounted
-    rng = ckpt["rng"]
-    random.setstate(rng["python"]); np.random.set_state(rng["numpy"]); torch.set_rng_state(rng["torch"])
-    if rng["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
+    C.restore_rng(run, ckpt["rng"], ckpt["iter"])
     if ckpt["algo_state"] is not None:
         run.algo.load_state_dict(run, ckpt["algo_state"])
     if run.master and os.path.exists(metrics_path):  # drop lines logged after the checkpoint
@@ -495,7 +506,9 @@ def optimizer_step(run, optimizer, micro_batches):
     local = {"micro_batches": 0.0}
     for m, batch in enumerate(micro_batches):
         last = m == len(micro_batches) - 1
-        with contextlib.nullcontext() if (last or not run.ddp) else run.model.no_sync():
+        if run.fsdp:  # gradients reduce-scattered after the last micro-batch only
+            run.model.set_requires_gradient_sync(last)
+        with run.model.no_sync() if isinstance(run.model, DDP) and not last else contextlib.nullcontext():
             with run.autocast:
                 loss_sum, n, extra = run.algo.loss(run, run.model, batch)
             loss_sum.backward()
@@ -507,11 +520,17 @@ def optimizer_step(run, optimizer, micro_batches):
     step = C.all_reduce_sum(local, run)  # one all-reduce per step: the global count and figures
     # DDP averaged the per-rank sums over ranks; turn that into the sum over the global count,
     # then clip: one pass to measure the gradient and one to scale it (rescale and clip together)
-    grads = [p.grad for p in params if p.grad is not None]
+    # (--fsdp: each rank's shards, DTensor's local tensors, scaled in place; the norm sums over ranks)
+    grads = [p.grad.to_local() if run.fsdp else p.grad for p in params if p.grad is not None]
     scale = run.world_size / max(step["count"], 1e-8)
     grad_norm = None
     if cfg["grad_clip"] > 0:
-        grad_norm = scale * torch.nn.utils.get_total_norm(grads)  # the norm of the rescaled gradient
+        norm = torch.nn.utils.get_total_norm(grads)
+        if run.fsdp:
+            norm = norm ** 2
+            dist.all_reduce(norm)
+            norm = norm.sqrt()
+        grad_norm = scale * norm  # the norm of the rescaled gradient
         scale = scale * (cfg["grad_clip"] / (grad_norm + 1e-6)).clamp(max=1.0)  # as clip_grad_norm_
     torch._foreach_mul_(grads, scale)
     optimizer.step()
@@ -522,7 +541,8 @@ def evaluate(run, it, metrics_path):
     """The algorithm's held-out figures at iteration `it` (dropout off), logged and plotted."""
     set_dropout(run, False)
     t0 = time.time()
-    metrics = run.algo.evaluate(run, it)
+    with C.gathered(run):  # --fsdp: ranks may hold different numbers of problems
+        metrics = run.algo.evaluate(run, it)
     metrics["eval_time"] = time.time() - t0
     log(run, metrics_path, {"iter": it, **metrics})
     if run.master and run.cfg["plot"]:
@@ -556,15 +576,18 @@ def train(overrides, algo=None):
         lr = lr_at(cfg, it)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        run.stats, sums, figures, grad_norm = {}, {}, None, None  # sums: over steps, micro-batches, ranks
+        run.stats, sums, grad_norm = {}, {}, None  # sums: over steps, micro-batches, ranks
         set_dropout(run, False)
-        steps, t_update = iter(run.algo.batches(run, it)), time.time()  # RL: the rollouts happen here
-        while (micro_batches := next_step(run, steps, figures)) is not None:
+        with C.gathered(run):  # --fsdp: rollouts and scoring on full weights (common.gathered)
+            steps = iter(run.algo.batches(run, it))  # RL: the rollouts happen here
+            micro_batches = next_step(run, steps, None)  # (a generator's: at its first step)
+        t_update = time.time()
+        while micro_batches is not None:
             step, grad_norm = optimizer_step(run, optimizer, micro_batches)
             for k, v in step.items():
                 sums[k] = sums.get(k, 0.0) + v
             run.train_tokens += step.get("tokens", 0.0)
-            figures = as_means(step)
+            micro_batches = next_step(run, steps, as_means(step))
         run.stats["time_update"] = time.time() - t_update  # forward, backward and optimizer of the iteration
         if (it + 1) % cfg["log_interval"] == 0 or it + 1 == cfg["max_iters"]:
             row = {**as_means(sums), "iter": it + 1, "lr": lr, "iter_time": time.time() - t0,
@@ -578,7 +601,7 @@ def train(overrides, algo=None):
             metrics = evaluate(run, it + 1, metrics_path)
             if run.master:
                 bar.write(f"iter {it + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
-        if cfg["checkpoint"] and run.master and (at_eval or it + 1 == cfg["max_iters"]):
+        if cfg["checkpoint"] and (at_eval or it + 1 == cfg["max_iters"]):  # (every rank: its RNG streams)
             C.save_checkpoint(run, optimizer, it + 1)
     bar.close()
     if run.ddp:

@@ -1,27 +1,34 @@
 """
-The GPU path in one prepared run, on a GPT-2-sized model (124M body: 12 layers,
-12 heads, 768 wide) with random weights, so nothing is downloaded:
+The GPU path, smoked and measured in one run of about 5 minutes on one GPU (estimated: it has not
+run on a GPU yet, see docs/gpu.md). Random weights at GPT-2's width (12 layers, 12 heads, 768 wide),
+nothing downloaded:
 
-  1. sampling: the KV-cache sampler against transformers' `generate` on identical weights (GPT-2's
-     50,304-entry vocabulary, 32-token prompts, exactly 128 new tokens, temperature 1), batch 1, 64
-     and 256, both under bf16 autocast, alternating calls, median of the repeats: tokens/s;
-  2. training: a bf16 iteration of each algorithm through train.py (sft, rm, dpo, grpo, ppo, opd;
-     the byte tokenizer, so the vocabulary is small): median iteration time and update time over
-     the iterations after the first, and tokens trained per second of update (PPO samples inside
-     its step generator, so its update time holds its rollouts too); on CUDA SFT again with
-     --compile=True (the median leaves out the first iterations' compiles);
-  3. with more than one GPU: SFT under `torchrun --nproc_per_node=2` (NCCL) against one process.
+  1. algorithms: sft, rm, dpo, grpo, ppo, opd and rft each for 1 iteration, checkpointed, then
+     resumed for a 2nd (the resume must reach iteration 2); peak GPU memory of each, and the update's
+     tokens per second (SFT's and GRPO's are the step throughputs);
+  2. numerics: GRPO's first-step max |ρ − 1| with π_old recomputed under bf16 autocast (bound 1e-6:
+     fp32 heads, π_old scored on the loss's own micro-batches) and the mean sampler/trainer log-prob
+     gap (bound 0.02 nats per token);
+  3. decoding: bf16 KV-cache greedy decoding against one full forward of each finished row, on
+     ragged prompts and on repeated (shared) prompts: the share of tokens the full forward also
+     ranks first, and the largest log-prob gap (bounds 0.99 and 0.1 nats);
+  4. sampling: the KV-cache sampler against transformers' generate on identical weights, batch 1
+     and 64, 128 new tokens, tokens/s;
+  5. ranks: SFT and GRPO under torchrun with DDP and with --fsdp, on 2 GPUs over NCCL when there
+     are 2 or more, else on 1.
 
-    python experiments/gpu_check.py                      # CUDA, full size: about 5 minutes on one H200 (estimated)
-    python experiments/gpu_check.py --device=cpu --tiny  # a tiny model on the CPU: checks that it runs
+Random weights solve no problem, so the RL rows reward odd-length answers (a test of the machinery,
+not of learning). Every row is printed and appended to --out as one JSON line when measured, so a
+failure loses nothing before it; a bound missed is marked "ok": false, and the run goes on.
 
-It prints a table and writes every figure to --out (default out/gpu_check.json).
+    python experiments/gpu_check.py                        # CUDA
+    python experiments/gpu_check.py --device=cpu --quick   # tiny sizes on a CPU: what a CPU can check
 """
 
 import argparse
+import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,143 +41,186 @@ import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
 import bench  # noqa: E402
 import common as C  # noqa: E402
+import envs  # noqa: E402
 import train as T  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from model import GPT, GPTConfig, token_logprobs  # noqa: E402
+from sampler import sample  # noqa: E402
 
 GPT2_BODY = dict(n_layer=12, n_head=12, n_embd=768)
 TINY_BODY = dict(n_layer=2, n_head=2, n_embd=32)
-ALGOS = ("sft", "rm", "dpo", "grpo", "ppo", "opd")
-# each algorithm's setup kept small (pools, pair sets), its step at its own default size, except
-# where a default would be a long setup; rm and dpo use style pairs (no sampling at setup), opd the
-# policy itself as teacher (OPSD: no teacher checkpoint)
-ALGO_KEYS = dict(sft=dict(train_problems=4000, val_examples=16),
-                 rm=dict(pairs="style", train_prompts=512, heldout_prompts=16),
-                 dpo=dict(pairs="style", train_prompts=512, heldout_prompts=16),
-                 grpo=dict(), ppo=dict(prompts_pool=2000), opd=dict(teacher="self"))
-TINY_KEYS = dict(batch_size=4, prompts_per_iter=2, group_size=2, max_new_tokens=8, train_problems=64,
-                 train_prompts=8, heldout_prompts=4, prompts_pool=64, eval_batch_size=8)
+ALGOS = ("sft", "rm", "dpo", "grpo", "ppo", "opd", "rft")
+# each algorithm small at setup (pools, pair sets), its step at its own default size; rm and dpo
+# use style pairs (no sampling at setup), opd the policy itself as teacher (OPSD)
+ALGO_KEYS = dict(sft=dict(train_problems=4000, val_examples=16), rm=dict(pairs="style", train_prompts=512),
+                 dpo=dict(pairs="style", train_prompts=512), grpo=dict(), ppo=dict(prompts_pool=2000),
+                 opd=dict(teacher="self"), rft=dict(round_prompts=64))
+QUICK_KEYS = dict(batch_size=4, prompts_per_iter=2, group_size=2, max_new_tokens=8, train_problems=64,
+                  train_prompts=8, heldout_prompts=4, prompts_pool=64, eval_batch_size=8, round_prompts=4,
+                  candidates=2, samples_per_prompt=2, eval_problems=2, eval_best_of_n=2)
+# RFT keeps only answers that end (a random model rarely writes the end token): room for one
+QUICK_ALGO_KEYS = dict(rft=dict(round_prompts=8, candidates=8, max_new_tokens=64))
+BOUNDS = dict(ratio_dev=1e-6, sampler_gap=0.02, greedy_agreement=0.99, decode_gap=0.1)
 
 
-def sampler_vs_generate(device, tiny, repeats):
-    """Rows of tokens/s: ours and transformers' generate, alternating, each under the run's autocast."""
-    cfg = GPTConfig(block_size=64, vocab_size=320, **TINY_BODY) if tiny else \
-        GPTConfig(block_size=1024, vocab_size=50304, **GPT2_BODY)
-    prompt_len, new_tokens, batches = (8, 8, (1, 2)) if tiny else (32, 128, (1, 64, 256))
+def odd_length_reward(problem, response):
+    return float(len(response) % 2)
+
+
+@contextlib.contextmanager
+def odd_length_rewards(on=True):
+    """The arithmetic task's verifier replaced by odd_length_reward for the block (RL rows)."""
+    verify = envs.Arithmetic.__dict__["verify"]  # the staticmethod itself, not the function it gives
+    if on:
+        envs.Arithmetic.verify = staticmethod(odd_length_reward)
+    try:
+        yield
+    finally:
+        envs.Arithmetic.verify = verify
+
+
+def emit(out, row):
+    """Print one row and append it to the JSON-lines file at once."""
+    print(json.dumps(row), flush=True)
+    with open(out, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def overrides(args, algo, out_dir, **extra):
+    cfg = dict(algo=algo, device=args.device, out_dir=out_dir, eval_interval=1, eval_problems=8, log_interval=1,
+               plot=False, block_size=128, **ALGO_KEYS[algo], **(TINY_BODY if args.quick else GPT2_BODY))
+    if args.quick:
+        cfg.update({k: v for k, v in QUICK_KEYS.items() if k in T.make_config(dict(algo=algo))})
+        cfg.update(QUICK_ALGO_KEYS.get(algo, {}))
+    return {**cfg, **extra}
+
+
+def peak_gib(device):
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.startswith("cuda") else None
+
+
+def algorithm_rows(args, out_root):
+    """Each algorithm: 1 iteration and a checkpoint, then a resume to iteration 2."""
+    for algo in ALGOS:
+        out_dir = os.path.join(out_root, algo)
+        if args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats(args.device)
+        t0 = time.time()
+        with odd_length_rewards(algo in ("grpo", "ppo", "opd", "rft")):
+            T.train(overrides(args, algo, out_dir, max_iters=1))
+            T.train(dict(init_from="resume", out_dir=out_dir, max_iters=2, device=args.device))
+        rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
+        steps = [r for r in rows if "loss" in r]
+        update_s = sum(r["time_update"] for r in steps)
+        emit(args.out, dict(row="algorithm", algo=algo, ok=[r["iter"] for r in steps] == [1, 2],
+                            run_s=time.time() - t0, peak_gib=peak_gib(args.device),
+                            update_tok_s=steps[-1]["train_tokens"] / max(update_s, 1e-9),
+                            loss=steps[-1]["loss"]))
+
+
+def numerics_row(args, out_root):
+    """GRPO under the run's autocast with π_old recomputed: the first step's ratio and the sampler's gap."""
+    out_dir = os.path.join(out_root, "grpo_recompute")
+    with odd_length_rewards():
+        T.train(overrides(args, "grpo", out_dir, max_iters=1, eval_interval=0, old_logprobs="recompute"))
+    row = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))][-1]
+    emit(args.out, dict(row="numerics", ratio_dev=row["ratio_dev"], sampler_gap=row["sampler_logprob_gap"],
+                        ok=row["ratio_dev"] <= BOUNDS["ratio_dev"] and row["sampler_logprob_gap"] <= BOUNDS["sampler_gap"]))
+
+
+@torch.no_grad()
+def decode_rows(args):
+    """Greedy KV-cache decoding under the run's autocast against a full forward of each finished row."""
+    cfg = GPTConfig(block_size=128, vocab_size=320, **(TINY_BODY if args.quick else GPT2_BODY))
     torch.manual_seed(0)
-    ours = GPT(cfg).to(device).eval()
+    model = GPT(cfg).to(args.device).eval()
+    run = C.setup_device(dict(device=args.device))
+    g = torch.Generator().manual_seed(1)
+    ragged = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (3, 17, 9, 30)]
+    for name, prompts in (("ragged", ragged), ("shared", [ragged[1]] * 3 + [ragged[2]] * 2)):
+        with run.autocast:
+            tokens, logprobs, _ = sample(model, prompts, 48, temperature=0)
+        agree, gap, total = 0, 0.0, 0
+        for prompt, toks, lps in zip(prompts, tokens, logprobs):
+            ids = torch.tensor([prompt + toks], device=args.device)
+            with run.autocast:
+                logits = model(ids[:, :-1])[0, len(prompt) - 1:]
+            agree += int((logits.argmax(-1).cpu() == torch.tensor(toks)).sum())
+            full = token_logprobs(logits[None], ids[:, len(prompt):])[0].cpu()
+            gap, total = max(gap, float((full - torch.tensor(lps)).abs().max())), total + len(toks)
+        emit(args.out, dict(row="decode", prompts=name, greedy_agreement=agree / total, max_logprob_gap=gap,
+                            ok=agree / total >= BOUNDS["greedy_agreement"] and gap <= BOUNDS["decode_gap"]))
+
+
+def sampling_rows(args):
+    """The KV-cache sampler against transformers' generate on identical weights, tokens/s."""
+    cfg = GPTConfig(block_size=256, vocab_size=320 if args.quick else 50304, **(TINY_BODY if args.quick else GPT2_BODY))
+    prompt_len, new_tokens = (8, 8) if args.quick else (32, 128)
+    torch.manual_seed(0)
+    ours = GPT(cfg).to(args.device).eval()
     try:
         hf = ours.to_transformers()
     except ImportError:
-        print("transformers is not installed: the sampler runs alone (for the comparison: pip install -r requirements-extra.txt)")
         hf = None
-    autocast = C.setup_device(dict(device=device)).autocast
-    if hf is not None:  # identical weights, else the comparison means nothing
-        ids = torch.randint(0, cfg.vocab_size, (2, prompt_len), device=device)
-        with torch.no_grad():
-            diff = (hf(ids).logits - ours(ids)).abs().max().item()
-        if diff > 1e-3:
-            raise RuntimeError(f"converted model's logits differ by {diff}")
-    rows = []
-    for batch in batches:
+        print("transformers is not installed: the sampler runs alone (for the comparison: pip install -r requirements-extra.txt)")
+    autocast = C.setup_device(dict(device=args.device)).autocast
+    for batch in (1, 2) if args.quick else (1, 64):
         prompts = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
-        input_ids = prompts.to(device)
+        ids = prompts.to(args.device)
 
         def sample_ours():
             with autocast:
-                tokens = ours.generate(prompts.tolist(), new_tokens, temperature=1.0, seed=0).tokens
-            assert all(len(t) == new_tokens for t in tokens)
+                sample(ours, prompts.tolist(), new_tokens, temperature=1.0, seed=0)
 
         def sample_hf():
             with autocast, torch.no_grad():
-                out = hf.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=1.0,
-                                  top_k=0, top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
-            assert out.size(1) == prompt_len + new_tokens
-
+                hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+                            max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
         fns = dict(ours=sample_ours, **({"transformers": sample_hf} if hf is not None else {}))
-        t = bench.alternating_medians(fns, device, repeats)
-        row = dict(batch=batch, **{f"{name}_tok_s": batch * new_tokens / wall for name, (wall, _) in t.items()})
-        if hf is not None:
-            row["ours_vs_transformers"] = t["transformers"][0] / t["ours"][0]
-        rows.append(row)
-        print(json.dumps(dict(sampling=row)), flush=True)
-    return rows
+        t = bench.alternating_medians(fns, args.device, 1 if args.quick else 3)
+        emit(args.out, dict(row="sampling", batch=batch, ok=True,
+                            **{f"{k}_tok_s": batch * new_tokens / wall for k, (wall, _) in t.items()}))
 
 
-def algorithm_steps(device, tiny, out_root):
-    """{name: figures} of a few bf16 iterations (on CUDA) of each algorithm through train.train, and on
-    CUDA of SFT with --compile=True (on a CPU compiling takes minutes)."""
-    results = {}
-    runs = [(algo, algo, {}) for algo in ALGOS] + ([("sft --compile=True", "sft", dict(compile=True))]
-                                                  if device.startswith("cuda") else [])
-    for name, algo, extra in runs:
-        out_dir = os.path.join(out_root, name.replace(" ", "_"))
-        overrides = dict(algo=algo, device=device, out_dir=out_dir, max_iters=3 if tiny else 6, eval_interval=0,
-                         log_interval=1, checkpoint=False, plot=False, block_size=128, **ALGO_KEYS[algo],
-                         **(TINY_BODY if tiny else GPT2_BODY), **extra)
-        if tiny:
-            overrides.update({k: v for k, v in TINY_KEYS.items() if k in T.make_config(dict(algo=algo))})
-        t0 = time.time()
-        T.train(overrides)
-        rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
-        steady = rows[1:]  # the first iteration warms up the kernels (and compiles)
-        results[name] = dict(iter_s=statistics.median(r["iter_time"] for r in steady),
-                             update_s=statistics.median(r["time_update"] for r in steady),
-                             tokens_per_iter=rows[-1]["train_tokens"] / rows[-1]["iter"], run_s=time.time() - t0)
-        results[name]["update_tok_s"] = results[name]["tokens_per_iter"] / results[name]["update_s"]
-        print(json.dumps({name: results[name]}), flush=True)
-    return results
-
-
-def two_rank_sft(single, tiny, out_root):
-    """SFT under torchrun with 2 GPUs (NCCL): its tokens per second of update against one GPU's."""
-    out_dir = os.path.join(out_root, "sft_ddp")
-    args = [f"--{k}={v}" for k, v in
-            dict(algo="sft", out_dir=out_dir, max_iters=6, eval_interval=0, log_interval=1, checkpoint=False,
-                 plot=False, block_size=128, **ALGO_KEYS["sft"], **(TINY_BODY if tiny else GPT2_BODY)).items()]
-    subprocess.run(["torchrun", "--standalone", "--nproc_per_node=2", os.path.join(ROOT, "train.py"), *args],
-                   check=True, cwd=ROOT)
-    rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
-    tokens = rows[-1]["train_tokens"] / rows[-1]["iter"]  # over both ranks
-    update_s = statistics.median(r["time_update"] for r in rows[1:])
-    return dict(update_s=update_s, tokens_per_iter=tokens, update_tok_s=tokens / update_s,
-                vs_one_gpu=(tokens / update_s) / single["update_tok_s"])
+def rank_rows(args, out_root):
+    """SFT and GRPO under torchrun, DDP and --fsdp: 2 ranks over NCCL with 2+ GPUs, else 1."""
+    ranks = 2 if torch.cuda.device_count() > 1 else 1
+    for algo in ("sft", "grpo"):
+        for fsdp in (False, True):
+            out_dir = os.path.join(out_root, f"{algo}_ranks_fsdp{int(fsdp)}")
+            cfg = overrides(args, algo, out_dir, max_iters=2, eval_interval=0, fsdp=fsdp,
+                            **({"share_prompt": False} if algo == "grpo" else {}))
+            cmd = ["torchrun", "--standalone", f"--nproc_per_node={ranks}", os.path.join(ROOT, "train.py"),
+                   *[f"--{k}={v}" for k, v in cfg.items()]]
+            done = subprocess.run(cmd, cwd=ROOT).returncode == 0
+            steps = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))] if done else []
+            emit(args.out, dict(row="ranks", algo=algo, fsdp=fsdp, ranks=ranks, ok=done and len(steps) == 2,
+                                update_tok_s=steps[-1]["train_tokens"] / sum(r["time_update"] for r in steps)
+                                if steps else None))
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--tiny", action="store_true", help="a tiny model and few steps: checks that it runs")
-    parser.add_argument("--repeats", type=int, default=3, help="timed calls per sampler and batch")
-    parser.add_argument("--out", default=os.path.join("out", "gpu_check.json"))
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that every part runs (CPU)")
+    parser.add_argument("--out", default=os.path.join("out", "gpu_check.jsonl"))
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        sys.exit("no CUDA device: run with --device=cpu --tiny to check the script on a CPU")
-    t0 = time.time()
-    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    print(f"{device_name}, torch {torch.__version__}, {torch.cuda.device_count()} GPU(s)", flush=True)
-    report = dict(device=device_name, torch=torch.__version__, tiny=args.tiny)
-    report["sampling"] = sampler_vs_generate(args.device, args.tiny, 1 if args.tiny else args.repeats)
-    with tempfile.TemporaryDirectory(prefix="gpu_check_") as out_root:
-        report["training"] = algorithm_steps(args.device, args.tiny, out_root)
-        if args.device.startswith("cuda") and torch.cuda.device_count() > 1:
-            report["ddp_2_gpus"] = two_rank_sft(report["training"]["sft"], args.tiny, out_root)
-    report["minutes"] = (time.time() - t0) / 60
+        sys.exit("no CUDA device: run with --device=cpu --quick to check the script on a CPU")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
-
-    print("\n| batch | ours tok/s | transformers tok/s | ours / transformers |\n|---|---|---|---|")
-    for r in report["sampling"]:
-        print(f"| {r['batch']} | {r['ours_tok_s']:,.0f} | {r.get('transformers_tok_s', float('nan')):,.0f} | "
-              f"{r.get('ours_vs_transformers', float('nan')):.2f} |")
-    print("\n| algorithm | iteration s | update s | tokens / iteration | update tokens/s |\n|---|---|---|---|---|")
-    for algo, r in report["training"].items():
-        print(f"| {algo} | {r['iter_s']:.3f} | {r['update_s']:.3f} | {r['tokens_per_iter']:,.0f} | {r['update_tok_s']:,.0f} |")
-    if "ddp_2_gpus" in report:
-        d = report["ddp_2_gpus"]
-        print(f"\nSFT on 2 GPUs (torchrun, NCCL): {d['update_tok_s']:,.0f} tokens/s, {d['vs_one_gpu']:.2f}x one GPU")
-    print(f"\n{report['minutes']:.1f} minutes; every figure in {args.out}")
-    return report
+    open(args.out, "w").close()
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    emit(args.out, dict(row="machine", device=name, torch=torch.__version__, gpus=torch.cuda.device_count(),
+                        quick=args.quick))
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as out_root:
+        decode_rows(args)
+        numerics_row(args, out_root)
+        algorithm_rows(args, out_root)
+        sampling_rows(args)
+        if args.device.startswith("cuda"):
+            rank_rows(args, out_root)
+    emit(args.out, dict(row="done", minutes=(time.time() - t0) / 60))
+    return [json.loads(line) for line in open(args.out)]
 
 
 if __name__ == "__main__":

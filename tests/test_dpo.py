@@ -114,7 +114,8 @@ def test_shared_prompts_give_the_same_loss_and_gradients(tiny, loss, monkeypatch
     for share in (False, True):
         run.cfg = dict(run.cfg, share_prompt=share)
         loss_sum, count, metrics = dpo.loss(run, run.raw_model, batch)
-        results.append((float(loss_sum.detach()), count, metrics, torch.autograd.grad(loss_sum, params)))
+        results.append((float(loss_sum.detach()), count, {k: float(v) for k, v in metrics.items()},
+                        torch.autograd.grad(loss_sum, params)))
     (full, n_full, m_full, g_full), (shared, n_shared, m_shared, g_shared) = results
     assert n_full == n_shared and shared == pytest.approx(full, rel=1e-5)
     assert all(m_shared[k] == pytest.approx(v, rel=1e-4, abs=1e-5) for k, v in m_full.items())

@@ -291,7 +291,8 @@ def test_shared_prompts_give_the_same_scores_loss_and_gradients(run):
     for share in (False, True):
         with patched(run, kl="k3_loss", kl_coef=0.1, share_prompt=share):
             loss_sum, count, metrics = grpo.loss(run, run.model, mb)
-        results.append((float(loss_sum.detach()), int(count), metrics, torch.autograd.grad(loss_sum, params)))
+        results.append((float(loss_sum.detach()), int(count), {k: float(v) for k, v in metrics.items()},
+                        torch.autograd.grad(loss_sum, params)))
     (full, n_full, m_full, g_full), (shared, n_shared, m_shared, g_shared) = results
     assert m_full["clip_frac"] > 0 and n_shared == n_full and shared == pytest.approx(full, rel=1e-5)
     assert all(m_shared[k] == pytest.approx(v, rel=1e-4, abs=1e-6) for k, v in m_full.items())

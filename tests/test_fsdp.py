@@ -1,0 +1,94 @@
+"""--fsdp (FSDP2) on two gloo processes: the same training as one process, and exact resume, for
+every algorithm (SFT and GRPO in the default suite, the rest marked slow)."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import common as C
+import envs
+import train as T
+from tokenizer import make_tokenizer
+from conftest import SFT_DATA, TINY, run_ddp
+
+SMALL_RL = dict(prompts_per_iter=4, rollout_prompts=2, group_size=2, batch_size=4, max_new_tokens=8, eval_problems=2, eval_batch_size=4)
+ALGOS = {
+    "sft": dict(SFT_DATA, batch_size=2),  # (dropout 0: a rank's own masks resumed, test_scale.py)
+    "grpo": dict(SMALL_RL, learning_rate=1e-3, share_prompt=False),
+    "dpo": dict(share_prompt=False, train_prompts=8, heldout_prompts=4, samples_per_prompt=2, max_new_tokens=8, eval_batch_size=4),
+    "rm": dict(train_prompts=8, heldout_prompts=4, samples_per_prompt=2, max_new_tokens=8, eval_batch_size=4),
+    "ppo": dict(samples_per_prompt=2, batch_size=2, minibatches=1, max_new_tokens=8, learning_rate=1e-3),
+    "opd": dict(prompts_per_iter=4, rollout_prompts=2, samples_per_prompt=2, batch_size=4, max_new_tokens=8, teacher="self"),
+    "rft": dict(round_prompts=8, candidates=2, max_new_tokens=8, eval_batch_size=4),
+}
+
+
+def _odd_length_reward(problem, response):
+    """A reward a random model earns half the time, so that RL's advantages are not all 0 (a correct
+    answer never is, and a gradient of float noise makes no comparison)."""
+    return float(len(response) % 2)
+
+
+# algorithms whose global batch is ranks × accumulation × batch_size (GRPO's and OPD's are global)
+PER_RANK_BATCH = ("sft", "rm", "dpo", "ppo", "rft")
+
+
+def _in_turn(runs):
+    """Several training runs one after the other in each rank's process, a fresh port for each."""
+    envs.Arithmetic.verify = staticmethod(_odd_length_reward)
+    port = os.environ.get("MASTER_PORT")
+    for i, overrides in enumerate(runs):
+        if port:
+            os.environ["MASTER_PORT"] = str(int(port) + 1 + i)
+        T.train(overrides)
+
+
+def _losses(out):
+    return [row["loss"] for row in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "loss" in row]
+
+
+def _weights(out):
+    return C.read_checkpoint(out)["model"]
+
+
+def check_fsdp(tmp_path, monkeypatch, algo):
+    """Two ranks under --fsdp: one iteration equals one process's (same rollouts, one update: its
+    loss, and its weights up to float noise), and 2 iterations, stop, resume to 4 equal 4 straight."""
+    base = dict(TINY, algo=algo, fsdp=True, max_iters=4, lr_decay_iters=4, **ALGOS[algo])
+    one, first = str(tmp_path / "one"), str(tmp_path / "first")
+    straight, half = str(tmp_path / "straight"), str(tmp_path / "half")
+    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(_odd_length_reward))
+    accumulate = 2 if algo in PER_RANK_BATCH else 1  # one process takes both ranks' micro-batches
+    T.train(dict(base, out_dir=one, max_iters=1, gradient_accumulation_steps=accumulate))  # (--fsdp: nothing to shard)
+    run_ddp(_in_turn, [dict(base, out_dir=first, max_iters=1), dict(base, out_dir=straight),
+                       dict(base, out_dir=half, max_iters=2), dict(init_from="resume", out_dir=half, max_iters=4)])
+    ckpt = C.read_checkpoint(straight)
+    assert ckpt["sharded"] and ckpt["optimizer"] is None  # the trained state sharded; the export gathered
+    assert sorted(n for n in os.listdir(half) if n.startswith("sharded_")) == ["sharded_0000004"]
+    assert _losses(first) == pytest.approx(_losses(one), rel=1e-4, abs=5e-5)
+    # Adam's first step is near sign(g)·lr: a gradient within float noise of 0 flips its step, so the
+    # weights are compared in norm: the two runs' difference against the distance trained
+    start = C.build_model(T.make_config(dict(base, out_dir=one)), make_tokenizer("byte")).state_dict()
+    for k, v in _weights(one).items():
+        assert (_weights(first)[k] - v).norm() <= 0.05 * (v - start[k]).norm() + 1e-6, k
+    assert _losses(half) == _losses(straight)  # resume is exact: each step's loss, then every weight
+    for k, v in _weights(straight).items():
+        assert torch.equal(_weights(half)[k], v), k
+
+
+def test_fsdp_sft_matches_and_resumes_exactly(tmp_path, monkeypatch):
+    check_fsdp(tmp_path, monkeypatch, "sft")
+    model = C.load_model(str(tmp_path / "straight"))  # the gathered export loads as any checkpoint
+    assert model.config.n_embd == TINY["n_embd"]
+
+
+def test_fsdp_grpo_matches_and_resumes_exactly(tmp_path, monkeypatch):
+    check_fsdp(tmp_path, monkeypatch, "grpo")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["dpo", "rm", "ppo", "opd", "rft"])
+def test_fsdp_other_algorithms(tmp_path, monkeypatch, algo):
+    check_fsdp(tmp_path, monkeypatch, algo)
