@@ -195,11 +195,11 @@ def all_reduce_sum(values, run):
     if isinstance(values, dict):
         keys = sorted(values)
         return dict(zip(keys, all_reduce_sum([values[k] for k in keys], run)))
+    if not run.ddp:
+        return [float(v) for v in values]
     # one tensor of floats and 0-d tensors, read back to the host once (one sync, not one per value)
-    t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=run.device).detach() for v in values]) \
-        if values else torch.zeros(0, dtype=torch.float64)
-    if run.ddp:
-        dist.all_reduce(t)
+    t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=run.device).detach() for v in values])
+    dist.all_reduce(t)
     return t.tolist()
 
 
