@@ -219,6 +219,9 @@ loss_dropout = False    # the loop keeps dropout off in the loss: it sees the fu
 
 def setup(run):
     cfg = run.cfg
+    if run.fsdp:  # the sampler calls the policy alone, which FSDP2 then takes for a root of its own
+        raise ValueError("--fsdp with --algo ppo is not supported yet (its policy is sampled outside the policy+critic "
+                         "module that trains): use DDP")
     if cfg["reward"] not in ("verifier", "rm"):
         raise ValueError(f"reward={cfg['reward']!r}: choose verifier or rm")
     if cfg["kl_estimator"] not in ("k1", "k3"):

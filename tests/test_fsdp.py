@@ -1,5 +1,5 @@
 """--fsdp (FSDP2) on two gloo processes: the same training as one process, and exact resume, for
-every algorithm (SFT and GRPO in the default suite, the rest marked slow)."""
+every algorithm but PPO (SFT and GRPO in the default suite, the rest marked slow)."""
 
 import json
 import os
@@ -19,9 +19,9 @@ ALGOS = {
     "grpo": dict(SMALL_RL, learning_rate=1e-3, share_prompt=False),
     "dpo": dict(share_prompt=False, train_prompts=8, heldout_prompts=4, samples_per_prompt=2, max_new_tokens=8, eval_batch_size=4),
     "rm": dict(train_prompts=8, heldout_prompts=4, samples_per_prompt=2, max_new_tokens=8, eval_batch_size=4),
-    "ppo": dict(samples_per_prompt=2, batch_size=2, minibatches=1, max_new_tokens=8, learning_rate=1e-3),
     "opd": dict(prompts_per_iter=4, rollout_prompts=2, samples_per_prompt=2, batch_size=4, max_new_tokens=8, teacher="self"),
-    "rft": dict(round_prompts=8, candidates=2, max_new_tokens=8, eval_batch_size=4),
+    "rft": dict(rounds=4, round_prompts=8, candidates=8, max_new_tokens=64, eval_batch_size=4),  # (a round per iteration
+    # whatever max_iters, so the stopped run draws the same pools; room for an end token)
 }
 
 
@@ -32,7 +32,7 @@ def _odd_length_reward(problem, response):
 
 
 # algorithms whose global batch is ranks × accumulation × batch_size (GRPO's and OPD's are global)
-PER_RANK_BATCH = ("sft", "rm", "dpo", "ppo", "rft")
+PER_RANK_BATCH = ("sft", "rm", "dpo", "rft")
 
 
 def _in_turn(runs):
@@ -72,7 +72,8 @@ def check_fsdp(tmp_path, monkeypatch, algo):
     # weights are compared in norm: the two runs' difference against the distance trained
     start = C.build_model(T.make_config(dict(base, out_dir=one)), make_tokenizer("byte")).state_dict()
     for k, v in _weights(one).items():
-        assert (_weights(first)[k] - v).norm() <= 0.05 * (v - start[k]).norm() + 1e-6, k
+        moved = v - start.get(k.removeprefix("gpt."), torch.zeros_like(v))  # (a scalar head: from 0)
+        assert (_weights(first)[k] - v).norm() <= 0.05 * moved.norm() + 1e-6, k
     assert _losses(half) == _losses(straight)  # resume is exact: each step's loss, then every weight
     for k, v in _weights(straight).items():
         assert torch.equal(_weights(half)[k], v), k
@@ -89,6 +90,6 @@ def test_fsdp_grpo_matches_and_resumes_exactly(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["dpo", "rm", "ppo", "opd", "rft"])
+@pytest.mark.parametrize("algo", ["dpo", "rm", "opd", "rft"])
 def test_fsdp_other_algorithms(tmp_path, monkeypatch, algo):
     check_fsdp(tmp_path, monkeypatch, algo)
