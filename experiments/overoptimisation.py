@@ -93,7 +93,7 @@ def ppo_curve(out_dir, bin_iters):
     [{iter, heldout_acc, heldout_kl_ref}] of its evaluations."""
     rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
     train = [r for r in rows if "rm_score" in r]
-    evals = [dict(iter=r["iter"], heldout_acc=r["heldout_acc"], heldout_kl_ref=r["heldout_kl_ref"])
+    evals = [dict(iter=r["iter"], heldout_acc=r["heldout_acc"], heldout_kl_ref=r.get("heldout_kl_ref"))
              for r in rows if "heldout_acc" in r]
     n = json.load(open(os.path.join(out_dir, "config.json")))
     per_iter = n["batch_size"] * n["gradient_accumulation_steps"] * n["minibatches"]
