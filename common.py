@@ -532,6 +532,42 @@ def gather_objects(run, obj):
     return out
 
 
+def load_teacher(run):
+    """The frozen teacher --teacher names (a checkpoint directory sharing the student's tokenizer), or
+    under --teacher=self the trained model itself (read under no_grad by its user)."""
+    cfg = run.cfg
+    if not cfg["teacher"]:
+        raise ValueError(f"--algo {cfg['algo']} needs --teacher=DIR (a checkpoint with the student's tokenizer) "
+                         f"or --teacher=self")
+    if cfg["teacher"] == "self":
+        return run.raw_model
+    teacher = place(run, frozen(load_model(cfg["teacher"])))
+    teacher_vocab, student_vocab = teacher.config.vocab_size, run.raw_model.config.vocab_size
+    if teacher_vocab != student_vocab:
+        raise ValueError(f"teacher {cfg['teacher']} has a vocabulary of {teacher_vocab} tokens, the student "
+                         f"{student_vocab}: distillation compares their distributions token by token, so they "
+                         f"must share the tokenizer")
+    if load_tokenizer(cfg["teacher"]).name != run.tok.name:
+        raise ValueError(f"teacher {cfg['teacher']} uses tokenizer {load_tokenizer(cfg['teacher']).name!r}, "
+                         f"the student {run.tok.name!r}: they must share it")
+    return teacher
+
+
+def load_reward_model(run):
+    """The frozen Bradley–Terry reward model --reward_model names (a checkpoint of --algo rm)."""
+    cfg = run.cfg
+    if not cfg["reward_model"]:
+        raise ValueError("reward=rm and critic_init=reward_model need --reward_model=<checkpoint dir of --algo rm>")
+    model = load_model(cfg["reward_model"])
+    if not isinstance(model, ScalarHeadGPT):
+        raise ValueError(f"reward_model={cfg['reward_model']!r} is a language-model checkpoint, not a reward "
+                         f"model (train one with --algo rm)")
+    if model.config.vocab_size < run.tok.n_vocab:
+        raise ValueError(f"reward_model={cfg['reward_model']!r} has a vocabulary of {model.config.vocab_size}, "
+                         f"fewer than the {run.tok.n_vocab} ids of tokenizer {run.tok.name!r}")
+    return place(run, frozen(model))
+
+
 def save_checkpoint(run, optimizer, it):
     """Called by every rank (each adds its RNG streams); rank 0 writes. Atomic: a temporary file,
     then a rename, so a crash never leaves a half-written ckpt.pt.

@@ -253,14 +253,18 @@ def rollout_shard(run, it, shard):
 loss_dropout = False  # the loop keeps dropout off in the loss: the teacher (if self) and the student score what was sampled
 
 
+def needs(cfg):
+    """The frozen models the loop builds once: the teacher (run.teacher: --teacher=DIR, or the student
+    itself under --teacher=self), and π_init (run.ref_model) when the anchor reads it."""
+    return ("teacher", "reference") if cfg["anchor_coef"] else ("teacher",)
+
+
 def setup(run):
     cfg = run.cfg
     if cfg["kl_estimator"] not in ESTIMATORS:
         raise ValueError(f"kl_estimator={cfg['kl_estimator']!r}: choose from {ESTIMATORS}")
     if cfg["privileged"] not in PRIVILEGED:
         raise ValueError(f"privileged={cfg['privileged']!r}: choose from {tuple(PRIVILEGED)}")
-    if not cfg["teacher"]:
-        raise ValueError("--algo opd needs --teacher=DIR (a checkpoint with the student's tokenizer) or --teacher=self")
     P, shard = cfg["prompts_per_iter"], C.shard_size(run)
     if shard < 1 or P % shard or (P // shard) % run.world_size or cfg["samples_per_prompt"] < 1 or cfg["kl_topk"] < 1:
         raise ValueError(f"prompts_per_iter={P} must split into shards of rollout_prompts={shard} prompts, a whole "
@@ -269,20 +273,6 @@ def setup(run):
         raise ValueError("kl_estimator=teacher_samples trains on a separate teacher's samples: it needs --teacher=DIR")
     if cfg["anchor_coef"] < 0:
         raise ValueError(f"anchor_coef={cfg['anchor_coef']} must be >= 0")
-    if cfg["anchor_coef"]:
-        run.ref_model = C.load_reference(run)  # π_init: the starting weights, frozen
-    if cfg["teacher"] == "self":
-        run.teacher = run.raw_model  # OPSD: the current weights, read under no_grad
-    else:
-        run.teacher = C.place(run, C.frozen(C.load_model(cfg["teacher"])))
-        teacher_vocab, student_vocab = run.teacher.config.vocab_size, run.raw_model.config.vocab_size
-        if teacher_vocab != student_vocab:
-            raise ValueError(f"teacher {cfg['teacher']} has a vocabulary of {teacher_vocab} tokens, the student "
-                             f"{student_vocab}: distillation compares their distributions token by token, so they "
-                             f"must share the tokenizer")
-        if C.load_tokenizer(cfg["teacher"]).name != run.tok.name:
-            raise ValueError(f"teacher {cfg['teacher']} uses tokenizer {C.load_tokenizer(cfg['teacher']).name!r}, "
-                             f"the student {run.tok.name!r}: they must share it")
     run.verifier_check = C.verifier_check(run.env, run.env.verify)  # logged: the reward the passport reports
     C.write_passport(run, passport(run))
 

@@ -186,42 +186,34 @@ class PolicyAndCritic(nn.Module):
         return self.policy(ids), self.critic(ids)
 
 
-def load_reward_model(run):
-    cfg = run.cfg
-    if not cfg["reward_model"]:
-        raise ValueError("reward=rm and critic_init=reward_model need --reward_model=<checkpoint dir of --algo rm>")
-    model = C.load_model(cfg["reward_model"])
-    if not isinstance(model, ScalarHeadGPT):
-        raise ValueError(f"reward_model={cfg['reward_model']!r} is a language-model checkpoint, not a reward "
-                         f"model (train one with --algo rm)")
-    if model.config.vocab_size < run.tok.n_vocab:
-        raise ValueError(f"reward_model={cfg['reward_model']!r} has a vocabulary of {model.config.vocab_size}, "
-                         f"fewer than the {run.tok.n_vocab} ids of tokenizer {run.tok.name!r}")
-    return model
-
-
 def wrap_model(run, model):
+    if run.fsdp:  # the sampler calls the policy alone, which FSDP2 then takes for a root of its own
+        raise ValueError("--fsdp with --algo ppo is not supported yet (its policy is sampled outside the policy+critic "
+                         "module that trains): use DDP")
     if not isinstance(model, GPT):
         raise ValueError(f"--algo ppo trains a language model; init_from={run.cfg['init_from']!r} is a scalar model")
     if run.cfg["critic_init"] == "policy":
         critic = ScalarHeadGPT(copy.deepcopy(model))
         nn.init.zeros_(critic.head.weight)  # V = 0 everywhere at first: no random values in the first advantages
     elif run.cfg["critic_init"] == "reward_model":
-        critic = load_reward_model(run)
+        critic = copy.deepcopy(run.reward_model).requires_grad_(True)  # a trained copy of the frozen RM
     else:
         raise ValueError(f"critic_init={run.cfg['critic_init']!r}: choose policy or reward_model")
     return PolicyAndCritic(model, critic)
 
 
-needs = ("reference",)  # the loop builds π_ref once: run.ref_model
+def needs(cfg):
+    """The frozen models the loop builds once: π_ref (run.ref_model) and, when it scores the rollouts
+    or seeds the critic, the reward model (run.reward_model: one load serves both)."""
+    uses_rm = cfg["reward"] == "rm" or cfg["critic_init"] == "reward_model"
+    return ("reference", "reward_model") if uses_rm else ("reference",)
+
+
 loss_dropout = False    # the loop keeps dropout off in the loss: it sees the function the sampler used for π_old
 
 
 def setup(run):
     cfg = run.cfg
-    if run.fsdp:  # the sampler calls the policy alone, which FSDP2 then takes for a root of its own
-        raise ValueError("--fsdp with --algo ppo is not supported yet (its policy is sampled outside the policy+critic "
-                         "module that trains): use DDP")
     if cfg["reward"] not in ("verifier", "rm"):
         raise ValueError(f"reward={cfg['reward']!r}: choose verifier or rm")
     if cfg["kl_estimator"] not in ("k1", "k3"):
@@ -236,7 +228,8 @@ def setup(run):
         raise ValueError("reward_mode=process scores the environment's steps and answer (env.step_rewards): "
                          "it needs reward=verifier")
     run.policy = run.raw_model.policy
-    run.reward_model = C.place(run, C.frozen(load_reward_model(run))) if cfg["reward"] == "rm" else None
+    if cfg["reward"] != "rm":
+        run.reward_model = None  # critic_init=reward_model alone: the RM only seeded the critic
     run.kl_coef = cfg["kl_coef"]
     mode = cfg["old_logprobs"]
     run.old_logprobs_mode = mode if mode != "auto" else ("recompute" if run.device.startswith("cuda") else "sampler")

@@ -19,11 +19,15 @@ An algorithm module (ALGOS below) supplies only what is particular to it:
                                     the command that makes it
     teacher_from                 optional: the --algo whose ladder stage is the default --teacher on the
                                     command line (train.after_the_ladder)
-    needs                        optional: ("reference",) when it reads the frozen starting policy π_ref:
-                                    the loop builds it once, before setup, as run.ref_model
+    needs                        optional: the frozen models it reads, a tuple or a function of the config
+                                    giving one; the loop builds each once per run (common.py's loaders):
+                                    "reference" π_ref, the starting policy (run.ref_model, before setup),
+                                    "teacher" (run.teacher, before setup; --teacher=self is the trained
+                                    model itself), "reward_model" (run.reward_model, before wrap_model:
+                                    PPO's critic may start from it)
     loss_dropout                 optional: False when its loss must see the function that sampled
                                     (on-policy RL): the loop then keeps dropout off in the loss too
-    setup(run)                   build data, teachers, ... (store on `run`)
+    setup(run)                   build data, ... (store on `run`)
     wrap_model(run, model)       optional: turn the loaded model into what it trains (e.g. a scalar head)
     batches(run, it)             -> optimizer steps, each a list of micro-batches: a list, or a
                                     generator that decides lazily; a generator is sent, after each
@@ -415,8 +419,10 @@ def setup(overrides, ckpt, algo=None):
     random.seed(cfg["seed"])
     np.random.seed(cfg["seed"])
 
+    needs = run.algo.needs(cfg) if callable(getattr(run.algo, "needs", None)) else getattr(run.algo, "needs", ())
     with C.rank0_first():  # on resume too: the same construction, then the saved weights
         model = C.build_model(cfg, run.tok)
+    run.reward_model = C.load_reward_model(run) if "reward_model" in needs else None  # frozen
     if hasattr(run.algo, "wrap_model"):
         model = run.algo.wrap_model(run, model)
     elif not isinstance(model, GPT):
@@ -438,9 +444,9 @@ def setup(overrides, ckpt, algo=None):
         trained = torch.compile(model) if cfg["compile"] else model
         run.model = DDP(trained, device_ids=[run.device] if run.device.startswith("cuda") else None) if run.ddp else trained
     torch.manual_seed(cfg["seed"] + run.rank)  # same init on every rank (above), own dropout masks (below)
-    needs = getattr(run.algo, "needs", ())
     with C.gathered(run):  # --fsdp: setup's sampling and scoring on full weights (common.gathered)
         run.ref_model = C.load_reference(run) if "reference" in needs else None  # π_ref: init_from, frozen
+        run.teacher = C.load_teacher(run) if "teacher" in needs else None
         run.algo.setup(run)
 
     params = [p for p in model.parameters() if p.requires_grad]

@@ -273,8 +273,11 @@ def test_reward_model_path_scores_rollouts_with_rm_score(tiny, monkeypatch, caps
         return out
 
     monkeypatch.setattr(C, "score_responses", recording_score)
+    real_load, loaded = C.load_model, []
+    monkeypatch.setattr(C, "load_model", lambda ckpt_dir, *a: loaded.append(ckpt_dir) or real_load(ckpt_dir, *a))
     run = T.train(ppo_config(tiny, max_iters=1, reward="rm", reward_model=rm_dir, critic_init="reward_model"))
-    reward_model = C.load_model(rm_dir)
+    assert loaded.count(rm_dir) == 1  # one load serves the reward and the critic's start
+    reward_model = real_load(rm_dir)
     assert len(calls) == 2  # one per micro-batch of the rollout batch
     for model, ids, mask, out in calls:
         assert model is run.reward_model
