@@ -58,6 +58,7 @@ verifier: 0, it has no answer); generation and training on the same devices, syn
 """
 
 import copy
+import dataclasses
 import math
 
 import numpy as np
@@ -131,13 +132,13 @@ def mode_rewards(mb, cfg, kl_coef):
     GAE carries each to the tokens before it. PPO has no groups to normalise the channels over; its
     whitening of Â over the batch is the one normaliser, and β_path ≤ 1 keeps the outcome the driver."""
     mode = cfg["reward_mode"]
-    outcome = mb["score"] if mode in ("outcome", "rlvp") else torch.zeros_like(mb["score"])
-    rewards = shaped_rewards(outcome, mb["kl"], mb["mask"], kl_coef)  # the KL penalty, built here only
+    outcome = mb.score if mode in ("outcome", "rlvp") else torch.zeros_like(mb.score)
+    rewards = shaped_rewards(outcome, mb.kl, mb.mask, kl_coef)  # the KL penalty, built here only
     if mode == "process":
-        return rewards + mb["step_rewards"]
+        return rewards + mb.step_rewards
     if mode == "path":
-        return rewards + mb["path_rewards"]
-    return rewards + cfg["rlvp_beta"] * mb["path_rewards"] if mode == "rlvp" else rewards
+        return rewards + mb.path_rewards
+    return rewards + cfg["rlvp_beta"] * mb.path_rewards if mode == "rlvp" else rewards
 
 
 def gae(rewards, values, mask, gamma, lam):
@@ -288,6 +289,32 @@ def scores_reference(run):
     return run.kl_coef != 0
 
 
+@dataclasses.dataclass
+class Batch:
+    """One micro-batch of PPO rollouts: what score_micro_batch takes from the networks, then what
+    batches() adds. Per-token tensors are (N, T-1), aligned with the targets ids[:, 1:]; per-row (N,).
+    The loss reads ids, mask, old_logprobs, old_values, advantages and returns."""
+    ids: torch.Tensor                      # (N, T) prompt + response, right-padded
+    mask: torch.Tensor                     # (N, T-1) 1 on sampled response tokens
+    old_logprobs: torch.Tensor             # π_old: the sampler's, or one policy forward (old_logprobs mode)
+    old_values: torch.Tensor               # V_old: one critic forward
+    advantages: torch.Tensor = None        # GAE, then whitened over the global batch (batches)
+    returns: torch.Tensor = None           # the critic's targets (batches)
+    score: torch.Tensor = None             # (N,) r(x, y): the reward model's, else the verifier's
+    ref_logprobs: torch.Tensor = None      # π_ref's, when the KL penalty reads them
+    kl: torch.Tensor = None                # k_t to π_ref, 0 where π_ref is not read (batches)
+    step_rewards: torch.Tensor = None      # reward_mode=process: each step's reward at its last token
+    path_rewards: torch.Tensor = None      # reward_mode=rlvp | path: the rule engine's signals
+    # logged only
+    verifier: torch.Tensor = None          # (N,) the verifier's reward
+    sampler_logprobs: torch.Tensor = None  # the sampler's own log-probs (sampler_logprob_gap)
+    lengths: torch.Tensor = None           # (N,) response lengths, float
+    truncated: torch.Tensor = None         # (N,) 1.0 where max_new_tokens cut the response
+    shows_work: torch.Tensor = None        # (N,) 1.0 where the response shows its work
+    parse_error: torch.Tensor = None       # (N,) 1.0 where the answer did not parse
+    decode_time: float = 0.0
+
+
 @torch.no_grad()
 def score_micro_batch(run, problems, seed):
     """Roll out one micro-batch and take everything PPO needs from frozen or current networks:
@@ -296,42 +323,43 @@ def score_micro_batch(run, problems, seed):
     cfg = run.cfg
     roll = C.rollouts(run, run.policy, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"], seed=seed)
     ids, mask = roll.ids, roll.mask
-    out = dict(ids=ids, mask=mask, verifier=roll.rewards, sampler_logprobs=roll.old_logprobs,
-               lengths=roll.lengths.float(), truncated=roll.truncated.float(), decode_time=roll.decode_time)
-    out["shows_work"] = torch.tensor([float(run.env.shows_work(t)) for t in roll.texts], device=ids.device)
-    out["parse_error"] = torch.tensor([float(C.unparsed(run.env, t)) for t in roll.texts], device=ids.device)
+    mb = Batch(ids=ids, mask=mask, old_logprobs=None, old_values=None, verifier=roll.rewards,
+               sampler_logprobs=roll.old_logprobs, lengths=roll.lengths.float(), truncated=roll.truncated.float(),
+               decode_time=roll.decode_time)
+    mb.shows_work = torch.tensor([float(run.env.shows_work(t)) for t in roll.texts], device=ids.device)
+    mb.parse_error = torch.tensor([float(C.unparsed(run.env, t)) for t in roll.texts], device=ids.device)
     if cfg["reward_mode"] == "process":
-        out["step_rewards"] = C.token_rewards(run, roll, run.env.step_rewards)[0]
+        mb.step_rewards = C.token_rewards(run, roll, run.env.step_rewards)[0]
     elif cfg["reward_mode"] in ("rlvp", "path"):
-        out["path_rewards"] = C.token_rewards(run, roll, C.path_signals(run))[0]
+        mb.path_rewards = C.token_rewards(run, roll, C.path_signals(run))[0]
     with run.autocast:
         if run.old_logprobs_mode == "recompute":
             # π_old from the same forward the loss makes (not the KV-cache sampler's numbers, whose
             # difference is logged as sampler_logprob_gap), so that ρ = 1 before the first update
             logits, values = run.raw_model(ids[:, :-1])
-            out["old_logprobs"] = token_logprobs(logits, ids[:, 1:], cfg["temperature"]) * mask
+            mb.old_logprobs = token_logprobs(logits, ids[:, 1:], cfg["temperature"]) * mask
         else:  # the sampler's log-probs equal a training forward's (fp32): only the critic runs
             values = run.raw_model.critic(ids[:, :-1])
-            out["old_logprobs"] = roll.old_logprobs
+            mb.old_logprobs = roll.old_logprobs
         if scores_reference(run):
-            out["ref_logprobs"] = sequence_logprobs(run.ref_model, ids, cfg["temperature"]) * mask
+            mb.ref_logprobs = sequence_logprobs(run.ref_model, ids, cfg["temperature"]) * mask
         rm_score = C.score_responses(run.reward_model, ids, mask) if run.reward_model is not None else None
-    out.update(old_values=values.float() * mask, score=rm_score if rm_score is not None else roll.rewards)
-    return out
+    mb.old_values, mb.score = values.float() * mask, rm_score if rm_score is not None else roll.rewards
+    return mb
 
 
 def global_sums(run, micro):
     """Sums over every rank's micro-batches of the figures whitening and the logs need."""
     figures = dict(
-        tokens=lambda mb: mb["mask"], sequences=lambda mb: torch.ones_like(mb["score"]),
-        adv=lambda mb: mb["advantages"], adv2=lambda mb: mb["advantages"] ** 2,
-        ret=lambda mb: mb["returns"] * mb["mask"], ret2=lambda mb: mb["returns"] ** 2 * mb["mask"],
-        kl=lambda mb: mb["kl"], score=lambda mb: mb["score"], verifier=lambda mb: mb["verifier"],
-        length=lambda mb: mb["lengths"], truncated=lambda mb: mb["truncated"],
-        sampler_gap=lambda mb: (mb["sampler_logprobs"] - mb["old_logprobs"]).abs() * mb["mask"],
-        decode_time=lambda mb: torch.tensor(mb["decode_time"]))
-    figures["work"] = lambda mb: mb["shows_work"]
-    figures["parse_errors"] = lambda mb: mb["parse_error"]
+        tokens=lambda mb: mb.mask, sequences=lambda mb: torch.ones_like(mb.score),
+        adv=lambda mb: mb.advantages, adv2=lambda mb: mb.advantages ** 2,
+        ret=lambda mb: mb.returns * mb.mask, ret2=lambda mb: mb.returns ** 2 * mb.mask,
+        kl=lambda mb: mb.kl, score=lambda mb: mb.score, verifier=lambda mb: mb.verifier,
+        length=lambda mb: mb.lengths, truncated=lambda mb: mb.truncated,
+        sampler_gap=lambda mb: (mb.sampler_logprobs - mb.old_logprobs).abs() * mb.mask,
+        decode_time=lambda mb: torch.tensor(mb.decode_time))
+    figures["work"] = lambda mb: mb.shows_work
+    figures["parse_errors"] = lambda mb: mb.parse_error
     local = {name: sum(float(f(mb).double().sum()) for mb in micro) for name, f in figures.items()}
     return C.all_reduce_sum(local, run)
 
@@ -353,22 +381,22 @@ def batches(run, it):
     micro = [score_micro_batch(run, p, s) for p, s in zip(problems, seeds)]
 
     for mb in micro:
-        mb["kl"] = (kl_estimate(mb["old_logprobs"], mb["ref_logprobs"], cfg["kl_estimator"]) * mb["mask"]
-                    if "ref_logprobs" in mb else torch.zeros_like(mb["mask"]))
+        mb.kl = (kl_estimate(mb.old_logprobs, mb.ref_logprobs, cfg["kl_estimator"]) * mb.mask
+                 if mb.ref_logprobs is not None else torch.zeros_like(mb.mask))
         rewards = mode_rewards(mb, cfg, run.kl_coef)
-        mb["advantages"], mb["returns"] = gae(rewards, mb["old_values"], mb["mask"], cfg["gamma"], cfg["lam"])
+        mb.advantages, mb.returns = gae(rewards, mb.old_values, mb.mask, cfg["gamma"], cfg["lam"])
 
     sums = global_sums(run, micro)
     mean = lambda key: sums[key] / sums["tokens"]  # per response token
     per_seq = lambda key: sums[key] / sums["sequences"]
     adv_mean, adv_var, return_var = mean("adv"), mean("adv2") - mean("adv") ** 2, mean("ret2") - mean("ret") ** 2
     for mb in micro:  # whitening over the global batch: the same shift and scale on every rank
-        mb["advantages"] = (mb["advantages"] - adv_mean) / math.sqrt(max(adv_var, 0.0) + 1e-8) * mb["mask"]
+        mb.advantages = (mb.advantages - adv_mean) / math.sqrt(max(adv_var, 0.0) + 1e-8) * mb.mask
     run.stats.update(
         kl_coef=run.kl_coef, verifier_acc=per_seq("verifier"), len_mean=per_seq("length"),
         truncated_frac=per_seq("truncated"), sampler_logprob_gap=mean("sampler_gap"),
         decode_time=sums["decode_time"] / run.world_size)
-    if "ref_logprobs" in micro[0]:
+    if micro[0].ref_logprobs is not None:
         run.stats["kl_ref"] = per_seq("kl")
     run.stats.update(work_frac=per_seq("work"), parse_error_rate=per_seq("parse_errors"),
                      verifier_error_rate=run.verifier_check["verifier_error_rate"])
@@ -380,8 +408,6 @@ def batches(run, it):
         error = float(np.clip(run.stats["kl_ref"] / cfg["kl_target"] - 1, -0.2, 0.2))
         run.kl_coef *= 1 + cfg["kl_adapt_rate"] * error
 
-    fields = ("ids", "mask", "old_logprobs", "old_values", "advantages", "returns")
-    micro = [{f: mb[f] for f in fields} for mb in micro]
     steps = [micro[k * accum:(k + 1) * accum] for k in range(K)]
     order = [k for epoch in range(cfg["ppo_epochs"]) for k in C.seeded_rng(run, it, epoch + 1).permutation(K)]
     taken = 0
@@ -395,15 +421,15 @@ def batches(run, it):
 
 def loss(run, model, batch):
     cfg = run.cfg
-    ids, mask = batch["ids"], batch["mask"]
+    ids, mask = batch.ids, batch.mask
     logits, values = model(ids[:, :-1])
     logprobs, entropy = token_logprobs_and_entropy(logits, ids[:, 1:], cfg["temperature"])
-    policy_loss, clipped = clipped_surrogate(logprobs, batch["old_logprobs"], batch["advantages"], cfg["clip_eps"])
-    value_loss = clipped_value_loss(values.float(), batch["old_values"], batch["returns"], cfg["value_clip"])
+    policy_loss, clipped = clipped_surrogate(logprobs, batch.old_logprobs, batch.advantages, cfg["clip_eps"])
+    value_loss = clipped_value_loss(values.float(), batch.old_values, batch.returns, cfg["value_clip"])
     n = mask.sum()
     loss_sum = ((policy_loss + cfg["vf_coef"] * value_loss) * mask).sum()
     with torch.no_grad():
-        approx_kl = (kl_estimate(batch["old_logprobs"], logprobs, "k3") * mask).sum()  # KL(π_old‖π_θ)
+        approx_kl = (kl_estimate(batch.old_logprobs, logprobs, "k3") * mask).sum()  # KL(π_old‖π_θ)
         # clip_frac: share of tokens where the clipped term is the active one (no gradient from them)
         metrics = dict(policy_loss=(policy_loss * mask).sum(), value_loss=(value_loss * mask).sum(),
                        clip_frac=(clipped * mask).sum(), approx_kl=approx_kl,

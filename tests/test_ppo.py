@@ -2,6 +2,7 @@
 reward through the verifier hook, and a reward-model checkpoint), LoRA, resume of the adaptive β, and
 DDP lockstep."""
 
+import dataclasses
 import json
 import math
 import os
@@ -112,7 +113,7 @@ def test_every_reward_mode_carries_one_kl_penalty():
     kl = torch.tensor([[0.0, 0.5, -1.0, 2.0], [1.0, 0.25, 0.0, 0.0]]) * mask
     steps = torch.tensor([[0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]])
     path = torch.tensor([[0.0, -1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
-    mb = dict(kl=kl, mask=mask, score=torch.tensor([1.0, 0.0]), step_rewards=steps, path_rewards=path)
+    mb = SimpleNamespace(kl=kl, mask=mask, score=torch.tensor([1.0, 0.0]), step_rewards=steps, path_rewards=path)
     penalty = -0.1 * kl
     outcome = torch.tensor([[0, 0, 0, 1.0], [0, 0, 0, 0]])
     cfg = dict(rlvp_beta=0.5)
@@ -178,7 +179,7 @@ def test_masked_tokens_contribute_nothing():
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 64, (3, 10), generator=g)
     mask = random_rollout_layout(np.random.default_rng(2), n_rows=3, width=9)
-    batch = dict(ids=ids, mask=mask, old_logprobs=-torch.rand(3, 9, generator=g) * mask,
+    batch = ppo.Batch(ids=ids, mask=mask, old_logprobs=-torch.rand(3, 9, generator=g) * mask,
                  old_values=torch.randn(3, 9, generator=g) * mask, advantages=torch.randn(3, 9, generator=g) * mask,
                  returns=torch.randn(3, 9, generator=g) * mask)
 
@@ -190,13 +191,13 @@ def test_masked_tokens_contribute_nothing():
 
     before = loss_and_grads(batch)
     off = mask == 0
-    noisy = {k: torch.where(off, torch.randn(3, 9, generator=g) * 5, v) if k != "ids" and k != "mask" else v
-             for k, v in batch.items()}
+    noisy = dataclasses.replace(batch, **{k: torch.where(off, torch.randn(3, 9, generator=g) * 5, getattr(batch, k))
+                                          for k in ("old_logprobs", "old_values", "advantages", "returns")})
     after_response = torch.zeros_like(ids, dtype=torch.bool)  # padding tokens after each response
     for i in range(3):
         last = int(mask[i].nonzero().max()) + 1  # ids index of the last response token
         after_response[i, last + 1:] = True
-    noisy["ids"] = torch.where(after_response, torch.randint(0, 64, ids.shape, generator=g), ids)
+    noisy.ids = torch.where(after_response, torch.randint(0, 64, ids.shape, generator=g), ids)
     after = loss_and_grads(noisy)
     assert after[1] == before[1] == float(mask.sum())
     assert after[0] == pytest.approx(before[0], rel=1e-6)
@@ -241,10 +242,10 @@ def test_rollouts_score_the_reference_only_when_the_kl_penalty_is_on(tiny, monke
         assert sorted(set(calls)) == ["critic", "reference"] and "kl_ref" in run.stats
     for mb in micro:  # the sampler's log-probs are π_old: what the loss's forward gives before an update
         with torch.no_grad():
-            logits, values = run.raw_model(mb["ids"][:, :-1])
-        logprobs = token_logprobs(logits, mb["ids"][:, 1:], run.cfg["temperature"]) * mb["mask"]
-        assert torch.allclose(logprobs, mb["old_logprobs"], atol=1e-5)
-        assert torch.equal(values * mb["mask"], mb["old_values"])
+            logits, values = run.raw_model(mb.ids[:, :-1])
+        logprobs = token_logprobs(logits, mb.ids[:, 1:], run.cfg["temperature"]) * mb.mask
+        assert torch.allclose(logprobs, mb.old_logprobs, atol=1e-5)
+        assert torch.equal(values * mb.mask, mb.old_values)
 
 
 def test_beta_zero_trains_exactly_as_when_the_reference_is_scored(tiny, monkeypatch):

@@ -174,8 +174,8 @@ def test_grpo_rollouts_mask_tool_tokens_and_they_carry_no_weight(tmp_path):
 def test_ppo_and_sft_and_opd_give_tool_tokens_no_weight(tmp_path):
     run, policy = tool_run(tmp_path, algo="ppo", batch_size=4, minibatches=1, reward_mode="rlvp")
     mb = next(iter(ppo.batches(run, 0)))[0]
-    forced = (mb["mask"] == 0) & (mb["ids"][:, 1:] != run.tok.pad)
-    forced &= torch.arange(mb["mask"].size(1)) >= (mb["mask"] > 0).float().argmax(1, keepdim=True)
+    forced = (mb.mask == 0) & (mb.ids[:, 1:] != run.tok.pad)
+    forced &= torch.arange(mb.mask.size(1)) >= (mb.mask > 0).float().argmax(1, keepdim=True)
     assert forced.any()
     assert_forced_weightless(lambda: ppo.loss(run, run.model, mb), run.raw_model,
                              [policy.lm_head, run.raw_model.critic.head], forced)
