@@ -175,6 +175,7 @@ Tool environments (--env=calculator): rollouts run the tool inside generation; i
 ids and have mask 0, so the surrogate and the KL term never train on them (common.rollouts).
 """
 
+
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -234,7 +235,240 @@ CHOICES = dict(estimator=("reinforce", "rloo", "grpo", "dr_grpo"), adv_scale=("a
 
 
 # ----------------------------------------------------------------------------------------------
-# The math: advantages, rewards, aggregation, the clipped loss (pure functions, tested on numbers)
+# The core path, the seeds' recipe, top to bottom: setup -> batches (sample a group per prompt, the
+# verifier's reward, group advantages) -> loss (the clipped token loss) -> evaluate. The options hook
+# in by name and live below it.
+
+needs = ("reference",)  # the loop builds π_ref once: run.ref_model
+loss_dropout = False    # the loop keeps dropout off in the loss too: it scores the function that sampled
+
+
+def setup(run):
+    check_config(run.cfg, run.world_size)
+    if run.cfg["staleness"] and run.fsdp:
+        raise ValueError("staleness=1 samples with a second copy of the weights in a thread: not with --fsdp")
+    C.check_reward_mode(run.cfg, run.env)
+    if run.cfg["break_it"] == "format_exploit" and not isinstance(run.env.problems("train", 1)[0].get("answer"), int):
+        raise ValueError(f"break_it=format_exploit looks for the answer's number: env={run.cfg['env']} has no integer answer")
+    run.verifier_check = C.verifier_check(run.env, training_verifier(run))
+    if run.cfg["prompt_sampling"] == "edge":  # the pool and each prompt's running success (NaN: unseen)
+        run.pool = run.env.problems("train", run.cfg["prompt_pool"], seed=run.cfg["seed"])
+        run.pool_success = np.full(len(run.pool), np.nan)
+    mode = run.cfg["old_logprobs"]
+    run.old_logprobs_mode = mode if mode != "auto" else ("recompute" if run.device.startswith("cuda") else "sampler")
+    if run.cfg["staleness"]:  # one_step_off_rollouts: the sampler's own weights, and its thread
+        run.sampler, run.sampler_iter, run.pending = C.frozen(run.raw_model), None, None
+        run.sampling_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-sampler")
+    if run.master and run.cfg["init_from"] == "scratch":
+        print("grpo: init_from=scratch: a random policy rarely earns a reward; start from an SFT checkpoint")
+    C.write_passport(run, passport(run))
+
+
+def batches(run, it):
+    """Rollouts of this rank's shards, advantages, figures for the log, then the optimizer steps:
+    inner_epochs × minibatches, each a list of micro-batches of at most batch_size responses."""
+    cfg = run.cfg
+    if cfg["prompt_sampling"] == "edge":
+        edge_batches(run, it)
+    if cfg["staleness"]:
+        t0 = time.time()
+        rollouts = one_step_off_rollouts(run, it)
+        run.stats["time_wait_rollouts"] = time.time() - t0  # what the overlap did not hide
+    else:
+        rollouts = rollout_shards(run, run.raw_model, it)
+    shards, counts = [r for r, _ in rollouts], [c for _, c in rollouts]
+    global_batch_advantages(run, shards)  # reinforce's baseline, adv_scale=batch: both need every rank's rows
+    if cfg["prompt_sampling"] == "edge":
+        edge_record(run, [c["group_reward"] for c in counts])
+
+    log_figures(run, shards, counts)
+
+    # minibatch m = slice m of every shard, so the global minibatch is the same for any world size
+    minibatches = []
+    for m in range(cfg["minibatches"]):
+        rows = C.Rollout.cat([b.select(np.array_split(np.arange(len(b.ids)), cfg["minibatches"])[m]) for b in shards],
+                             run.tok.pad)
+        minibatches.append([rows.select(r) for r in C.chunks(range(len(rows.ids)), cfg["batch_size"])])
+    if run.old_logprobs_mode == "recompute" and not cfg["staleness"]:
+        # π_old again on the very tensors the loss sees: under bf16 autocast the same rows in another
+        # batch shape (the shard's scoring chunks) round differently, and ρ ≠ 1 before any update
+        for micro in [micro for mb in minibatches for micro in mb]:
+            micro.old_logprobs = score(run, run.raw_model, micro.ids, micro.prompt_lens) * micro.mask
+    return [mb for _ in range(cfg["inner_epochs"]) for mb in minibatches]
+
+
+def loss(run, model, batch):
+    """One micro-batch: π_θ log-probs at the sampler's temperature, the clipped surrogate, and the
+    policy's entropy on its own samples."""
+    ids, mask, temperature = batch.ids, batch.mask, run.cfg["temperature"]
+    if run.cfg["share_prompt"]:  # each distinct prompt runs once, its keys and values shared by its rows
+        shared = SharedPrompts(ids, batch.prompt_lens)
+        logp, entropy = token_logprobs_and_entropy(model(shared.inputs, prompts=shared), shared.targets, temperature)
+        logp, entropy = shared.to_rows(logp), shared.to_rows(entropy)
+    else:
+        logp, entropy = token_logprobs_and_entropy(model(ids[:, :-1]), ids[:, 1:], temperature)
+    advantages = batch.step_advantages if batch.step_advantages is not None else batch.advantages
+    tis, capped = (tis_weights(batch.old_logprobs, batch.sampler_logprobs, mask, run.cfg["tis_cap"])
+                   if run.cfg["tis_cap"] else (None, 0))
+    # ℓ_it = −min(ρ_it·A_i, clip(ρ_it, 1 − ε_low, 1 + ε_high)·A_i) + β·k3_it,  ρ_it = π_θ(y_it)/π_old(y_it),
+    # aggregated per loss_agg (SPEC §3 GRPO, DAPO; GSPO and CISPO variants in policy_loss)
+    loss_sum, count, metrics = policy_loss(logp, batch.old_logprobs, advantages, mask, run.cfg,
+                                           ref_logp=batch.ref_logprobs, tis_weight=tis)
+    if run.cfg["tis_cap"]:
+        metrics["tis_capped_frac"] = capped / mask.sum().clamp(min=1)
+    metrics["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
+    return loss_sum, count, {**metrics, "tokens": mask.sum()}  # tensors: the loop reads them once per step
+
+
+def evaluate(run, it):
+    """Greedy held-out and OOD accuracy; on eval_samples held-out answers per problem at the training
+    temperature their accuracy, pass@k (Best-of-k by the verifier) and the KL to π_ref."""
+    return C.evaluate_policy(run, run.raw_model, it, run.ref_model, run.cfg["temperature"])[0]
+
+
+def rollout_shards(run, model, it):
+    """This rank's shards of iteration `it`, sampled by `model`: a list of (rows, counts)."""
+    n_shards = run.cfg["prompts_per_iter"] // C.shard_size(run)
+    return [rollout_shard(run, model, it, s) for s in range(run.rank, n_shards, run.world_size)]
+
+
+def rollout_shard(run, model, it, shard):
+    """A shard's training rows sampled by `model`: C.shard_size(run) groups, with keep = 0 on rows
+    that must not train (dropped degenerate groups), plus the shard's counts for the logs."""
+    cfg, G, n = run.cfg, run.cfg["group_size"], C.shard_size(run)
+    first, first_degenerate = sample_round(run, model, it, shard, 0)
+    if first_degenerate.any() and cfg["on_degenerate"] == "raise" and cfg["estimator"] != "reinforce":
+        raise ValueError(f"iteration {it}: {int(first_degenerate.sum())} of {n} groups have all rewards "
+                         f"equal (on_degenerate='raise'); choose drop or zeros")
+    rounds = [(first, first_degenerate)]
+    informative = lambda degenerate: [g for g in range(n) if not degenerate[g]]
+    found = len(informative(first_degenerate))
+    while found < n and len(rounds) <= cfg["dynamic_sampling_rounds"]:
+        rounds.append(sample_round(run, model, it, shard, len(rounds)))
+        found += len(informative(rounds[-1][1]))
+    drop = cfg["on_degenerate"] == "drop" and cfg["estimator"] != "reinforce"
+    parts, taken = [], 0
+    for ro, degenerate in rounds:  # informative groups first, in sampling order
+        groups = informative(degenerate)[:n - taken] if drop else list(range(n))
+        taken += len(groups)
+        if groups:
+            parts.append(ro.select([g * G + j for g in groups for j in range(G)]))
+            parts[-1].keep = torch.ones(len(groups) * G, device=ro.ids.device)
+        if taken == n:
+            break
+    if taken < n:  # rounds ran out: fill with degenerate groups of the first round, masked out
+        groups = [g for g in range(n) if first_degenerate[g]][:n - taken]
+        parts.append(first.select([g * G + j for g in groups for j in range(G)]))
+        parts[-1].keep = torch.zeros(len(groups) * G, device=first.ids.device)
+    batch = C.Rollout.cat(parts, run.tok.pad)
+    batch.mask = batch.mask * batch.keep[:, None]
+    counts = dict(
+        reward_sum=float(first.rewards.sum()), reward_n=len(first.rewards),
+        all_fail=float((first.rewards.view(-1, G).amax(1) == 0).sum()),
+        violations=sum(sign < 0 for p, t in zip(first.problems, first.texts)
+                       for _, sign in run.env.path_signals(p, t)) if hasattr(run.env, "path_signals") else 0,
+        degenerate=float(degenerate_groups(first.rewards.view(-1, G)).sum()), groups=n,  # on the verifier's reward
+        extra_rollouts=(len(rounds) - 1) * n * G, kept_groups=float(batch.keep.sum()) / G,
+        time_decode=sum(ro.decode_time for ro, _ in rounds), time_verify=sum(ro.verify_time for ro, _ in rounds),
+        time_score=sum(ro.score_time for ro, _ in rounds),
+        work=sum(map(run.env.shows_work, first.texts)),
+        parse_errors=sum(C.unparsed(run.env, t) for t in first.texts),
+        group_reward=first.rewards.view(-1, G).mean(1).tolist(),  # edge sampling's running success
+        decoded_tokens=sum(float(ro.lengths.sum()) for ro, _ in rounds))
+    rejected = first.verified == 0  # reward_len_corr's moments: shaped reward y against length x
+    x, y = first.lengths[rejected].double(), first.reward[rejected].double()
+    counts.update(corr_n=len(x), corr_x=float(x.sum()), corr_y=float(y.sum()), corr_xy=float((x * y).sum()),
+                  corr_xx=float((x * x).sum()), corr_yy=float((y * y).sum()))
+    return batch, counts
+
+
+def sample_round(run, model, it, shard, round_):
+    """One rollout of a shard by `model` (π_old): fresh train problems, G responses each, scored and
+    rewarded. Returns (the Rollout, (P,) True on degenerate groups)."""
+    cfg, G = run.cfg, run.cfg["group_size"]
+    problems, seed = C.shard_problems(run, it, shard, round_)
+    if cfg["prompt_sampling"] == "edge":  # this shard's slice of the iteration's draw from the pool
+        problems = [run.pool[i] for i in run.edge_draw[shard]]
+    sampler = fp8_copy(model) if cfg["break_it"] == "fp8_sampler" else model
+    ro = C.rollouts(run, sampler, problems, G, temperature=cfg["temperature"], max_new_tokens=cfg["max_new_tokens"],
+                    seed=seed)
+    t0 = time.time()
+    if run.old_logprobs_mode == "recompute":  # the sampler's numbers kept for the gap and TIS
+        ro.sampler_logprobs = ro.old_logprobs
+        ro.old_logprobs = score(run, model, ro.ids, ro.prompt_lens) * ro.mask
+    if cfg["kl"] != "off":  # with kl=off nothing reads π_ref: no forward (evaluation logs the KL)
+        ro.ref_logprobs = score(run, run.ref_model, ro.ids, ro.prompt_lens) * ro.mask
+    ro.score_time = time.time() - t0
+    ro.verified, ro.rewards = ro.rewards, broken_rewards(cfg["break_it"], ro)  # the env's verdict, the training reward
+    ro.reward = reward = shaped_reward(run, ro, problems)
+    if cfg["estimator"] == "reinforce" or cfg["reward_mode"] != "outcome":
+        degenerate = option_advantages(run, ro, reward, problems)
+    else:  # the seeds' recipe: A_i = (r_i − mean(r_1..G)) / std(r_1..G) within each group
+        adv, degenerate = group_advantages(reward.view(-1, G), cfg["estimator"], advantage_scale(cfg))
+        ro.advantages = adv.flatten()
+    return ro, degenerate.to(reward.device)
+
+
+@torch.no_grad()
+def score(run, model, ids, prompt_lens):
+    """Per-token log-probs of ids[:, 1:] at the sampling temperature, no gradient, in chunks; with
+    share_prompt each distinct prompt of a chunk runs once (sampler.SharedPrompts)."""
+    size, share = run.cfg["batch_size"], run.cfg["share_prompt"]
+    with run.autocast:
+        return torch.cat([sequence_logprobs(model, chunk, run.cfg["temperature"], lens if share else None).float()
+                          for chunk, lens in zip(C.chunks(ids, size), C.chunks(prompt_lens, size))])
+
+
+def log_figures(run, shards, counts):
+    """The iteration's figures for the log (run.stats), summed over ranks; round-0 figures are an
+    unbiased sample of the policy."""
+    cfg, G = run.cfg, run.cfg["group_size"]
+    rewards = torch.cat([b.reward for b in shards])
+    kept = torch.cat([b.mask.sum(1) > 0 for b in shards])
+    lengths = torch.cat([b.lengths.float() for b in shards])
+    sums = {k: sum(c[k] for c in counts)
+            for k in ("reward_sum", "reward_n", "degenerate", "groups", "extra_rollouts", "kept_groups", "work",
+                      "all_fail", "violations", "parse_errors", "corr_n", "corr_x", "corr_y", "corr_xy", "corr_xx",
+                      "corr_yy")}
+    sums.update(
+        len_sum=float(lengths.sum()), len_sq=float((lengths ** 2).sum()), len_n=len(lengths),
+        truncated=sum(float(b.truncated.sum()) for b in shards),
+        tokens=sum(float(b.mask.sum()) for b in shards), shaped=float((rewards * kept).sum()))
+    if cfg["kl"] != "off":
+        sums["kl"] = sum(float(((b.old_logprobs - b.ref_logprobs) * b.mask).sum()) for b in shards)
+    if run.old_logprobs_mode == "recompute":  # the sampler against the trainer, same weights
+        gaps = [((b.old_logprobs - b.sampler_logprobs).abs() * b.mask) for b in shards]
+        sums["gap"] = sum(float(g.sum()) for g in gaps)
+        sums.update({f"gap_max_{r}": max(float(g.max()) for g in gaps) if r == run.rank else 0.0
+                     for r in range(run.world_size)})  # the max over ranks, through a sum
+    sums = C.all_reduce_sum(sums, run)
+    len_mean = sums["len_sum"] / sums["len_n"]
+    local_time = {k: sum(c[k] for c in counts) for k in ("time_decode", "time_verify", "time_score")}
+    run.stats.update(
+        reward=sums["reward_sum"] / sums["reward_n"],
+        reward_shaped=sums["shaped"] / max(sums["kept_groups"] * G, 1),
+        degenerate_frac=sums["degenerate"] / sums["groups"],
+        all_fail_frac=sums["all_fail"] / sums["groups"],
+        kept_groups_frac=sums["kept_groups"] / sums["groups"],
+        extra_rollouts=sums["extra_rollouts"],
+        len_mean=len_mean, len_std=max(sums["len_sq"] / sums["len_n"] - len_mean ** 2, 0.0) ** 0.5,
+        truncated_frac=sums["truncated"] / sums["len_n"],
+        decode_tok_per_s=sum(c["decoded_tokens"] for c in counts) / max(local_time["time_decode"], 1e-9),
+        **local_time)
+    if "kl" in sums:
+        run.stats["kl_ref"] = sums["kl"] / max(sums["tokens"], 1.0)
+    run.stats["work_frac"] = sums["work"] / sums["reward_n"]
+    run.stats.update(parse_error_rate=sums["parse_errors"] / sums["reward_n"], reward_len_corr=correlation(sums),
+                     verifier_error_rate=run.verifier_check["verifier_error_rate"])
+    if "gap" in sums:
+        run.stats["sampler_logprob_gap"] = sums["gap"] / max(sums["tokens"], 1.0)
+        run.stats["sampler_logprob_gap_max"] = max(sums[f"gap_max_{r}"] for r in range(run.world_size))
+    if hasattr(run.env, "path_signals"):  # RLVP's rule engine, counted whatever the reward_mode
+        run.stats["violations_per_episode"] = sums["violations"] / sums["reward_n"]
+
+
+# ----------------------------------------------------------------------------------------------
+# The core math: group advantages, the clipped loss and its aggregation (pure functions, tested on numbers)
 
 def degenerate_groups(rewards):
     """(P, G) rewards -> (P,) True where every reward of the group is equal. Exact equality, not
@@ -291,6 +525,113 @@ def group_advantages(rewards, estimator, scale=None):
     return torch.where(degenerate[:, None], 0.0, adv), degenerate
 
 
+def policy_loss(logp, old_logp, advantages, mask, cfg, ref_logp=None, tis_weight=None):
+    """The policy term (+ β·k3) aggregated per cfg: the clipped surrogate or CISPO, on token or
+    sequence ratios (formulas at the top). logp (B, T) with gradient, old_logp, ref_logp and
+    tis_weight (B, T) constants, advantages (B,) or (B, T), mask (B, T) 0/1.
+    Returns (loss_sum, count, metrics)."""
+    on = mask > 0
+    log_ratio = torch.where(on, logp - old_logp, 0.0)  # 0 off the response: no exp(garbage) on padding
+    if cfg["ratio_level"] == "sequence":  # GSPO: value s_i on every token, gradient s_i·∇log π_θ(y_it)
+        seq = log_ratio.sum(1, keepdim=True) / on.sum(1, keepdim=True).clamp(min=1)
+        log_ratio = torch.where(on, seq.detach() + logp - logp.detach(), 0.0)
+    ratio = torch.exp(log_ratio)
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages  # per response, or per token (process)
+    low, high = 1 - cfg["eps_low"], 1 + cfg["eps_high"]
+    if cfg["policy_loss"] == "cispo":  # the capped ratio is a constant weight: every token keeps its gradient
+        per_token = -ratio.clamp(low, high).detach() * adv * torch.where(on, logp, 0.0)
+    else:
+        per_token = -torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
+    if tis_weight is not None:  # truncated importance sampling: min(π_old/π_sampler, C), a constant
+        per_token = per_token * tis_weight
+    metrics = {}
+    if cfg["kl"] == "k3_loss":
+        kl = kl_estimate(logp, torch.where(on, ref_logp, logp), "k3")
+        per_token = per_token + cfg["kl_coef"] * kl
+        metrics["kl_k3"] = (kl.detach() * on).sum() / on.sum().clamp(min=1)
+    loss_sum, count = aggregate(per_token, mask, cfg["loss_agg"], cfg["max_new_tokens"])
+    with torch.no_grad():  # clip: tokens whose gradient the clip cut; cispo: tokens whose weight it capped
+        if cfg["policy_loss"] == "cispo":
+            clipped = on & ((ratio > high) | (ratio < low))
+        else:
+            clipped = on & (((adv > 0) & (ratio > high)) | ((adv < 0) & (ratio < low)))
+        n = on.sum().clamp(min=1)
+        metrics["clip_frac"] = clipped.sum() / n
+        metrics["ratio_dev"] = ((ratio - 1).abs() * on).amax()  # (tensors: read once per step)
+    return loss_sum, count, metrics
+
+
+def aggregate(values, mask, loss_agg, max_len):
+    """Per-token values (B, T) on the tokens where mask > 0 -> (loss_sum, count) per `loss_agg`
+    (table at the top). Rows with no token (padding rows, dropped groups) count nowhere."""
+    on = mask > 0
+    v = torch.where(on, values, 0.0)  # where, not *: a NaN/inf on a padded position must not leak
+    n_tokens = on.sum(1)
+    n_responses = (n_tokens > 0).sum()
+    if loss_agg == "token_mean":
+        return v.sum(), n_tokens.sum()
+    if loss_agg == "seq_mean_token_mean":
+        return (v.sum(1) / n_tokens.clamp(min=1)).sum(), n_responses
+    if loss_agg == "seq_mean_token_sum_norm":
+        return v.sum() / max_len, n_responses
+    raise ValueError(f"loss_agg must be one of {CHOICES['loss_agg']}, got {loss_agg!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Options: reward shaping, other estimators and reward modes, TIS, one-step-off rollouts
+
+def shaped_reward(run, ro, problems):
+    """The reward the advantages see: the training reward, DAPO's overlong penalty (overlong_cache)
+    and, with kl=k1_reward, −β·Σ_t log(π_old/π_ref) (formulas at the top)."""
+    cfg = run.cfg
+    # the sampler stops earlier than max_new_tokens when the longest prompt leaves less room
+    longest_prompt = max(len(run.tok.prompt_ids(p["prompt"])) for p in problems)
+    limit = min(cfg["max_new_tokens"], run.raw_model.config.block_size - longest_prompt)
+    reward = ro.rewards + overlong_penalty(ro.lengths.cpu(), limit, cfg["overlong_cache"]).to(ro.rewards.device)
+    if cfg["kl"] == "k1_reward":
+        reward = reward - cfg["kl_coef"] * ((ro.old_logprobs - ro.ref_logprobs) * ro.mask).sum(1)
+    return reward
+
+
+def option_advantages(run, ro, reward, problems):
+    """The advantages of the estimators and reward modes off the seeds' path: reinforce (filled in
+    later, over the whole batch), process (one per token), rlvp and path. Sets them on ro; returns
+    (P,) True on degenerate groups."""
+    cfg, G = run.cfg, run.cfg["group_size"]
+    if cfg["estimator"] == "reinforce":  # the batch-mean baseline needs the whole batch: later
+        ro.advantages, degenerate = torch.zeros_like(reward), torch.zeros(len(problems), dtype=torch.bool)
+    elif cfg["reward_mode"] == "process":  # one advantage per token, the response's shared one unused
+        steps, ends = C.token_rewards(run, ro, run.env.step_rewards)
+        ro.step_advantages, degenerate = process_advantages(steps, ends, ro.mask, G, cfg["estimator"],
+                                                                     advantage_scale(cfg))
+        ro.advantages = torch.zeros_like(reward)
+    elif cfg["reward_mode"] in ("rlvp", "path"):  # path: Φ alone (no outcome channel), the inaction trap
+        signals = C.path_signals(run)
+        path = torch.tensor([sum(v for _, v in signals(p, t)) for p, t in zip(ro.problems, ro.texts)],
+                            dtype=torch.float32, device=reward.device)  # float even when no row has a signal
+        outcome = reward if cfg["reward_mode"] == "rlvp" else torch.zeros_like(reward)
+        beta = cfg["rlvp_beta"] if cfg["reward_mode"] == "rlvp" else 1.0
+        adv, degenerate = rlvp_advantages(outcome.view(-1, G), path.view(-1, G), cfg["estimator"], beta,
+                                                advantage_scale(cfg))
+        ro.advantages = adv.flatten()
+    return degenerate
+
+
+def global_batch_advantages(run, shards):
+    """The advantages that need the whole global batch (summed over ranks), set on the shards:
+    estimator=reinforce's batch-mean baseline, then adv_scale=batch's one std."""
+    cfg = run.cfg
+    rewards = torch.cat([b.reward for b in shards])
+    if cfg["estimator"] == "reinforce":  # A = r − mean of the whole global batch
+        total, n = C.all_reduce_sum([float(rewards.sum()), len(rewards)], run)
+        for b in shards:
+            b.advantages = b.reward - total / n
+    if advantage_scale(cfg) == "batch":  # one std over the global batch (REINFORCE++)
+        scaled = batch_scale([b.advantages for b in shards], [b.mask.sum(1) > 0 for b in shards], run)
+        for b, adv in zip(shards, scaled):
+            b.advantages = adv
+
+
 def batch_scale(advantages, kept, run):
     """adv_scale=batch: divide by the population std of the advantages of every kept response of
     the global batch (summed over ranks). advantages, kept: lists of this rank's (N,) tensors."""
@@ -332,6 +673,22 @@ def rlvp_advantages(outcome, path, estimator, beta, scale=None):
     return outcome_adv + beta * path_adv, outcome_flat & path_flat
 
 
+def overlong_penalty(lengths, limit, cache):
+    """DAPO's soft overlong penalty: 0 up to limit − cache tokens, then linear down to −1 at limit."""
+    if cache <= 0:
+        return torch.zeros(lengths.shape)
+    over = (lengths.float() - (limit - cache)).clamp(min=0)
+    return -(over / cache).clamp(max=1.0)
+
+
+def tis_weights(old_logp, sampler_logp, mask, cap):
+    """Truncated importance sampling: min(π_old/π_sampler, cap) per token (0 off the response) and
+    the number of tokens at the cap."""
+    on = mask > 0
+    weight = torch.exp(torch.where(on, old_logp - sampler_logp, 0.0))
+    return torch.where(on, weight.clamp(max=cap), 0.0), (on & (weight > cap)).sum()
+
+
 def correlation(sums):
     """Pearson's r from summed moments (corr_n, corr_x, corr_y, corr_xy, corr_xx, corr_yy); 0 when
     either side does not vary."""
@@ -344,72 +701,36 @@ def correlation(sums):
     return cov / (vx * vy) ** 0.5 if vx > 1e-12 and vy > 1e-12 else 0.0
 
 
-def overlong_penalty(lengths, limit, cache):
-    """DAPO's soft overlong penalty: 0 up to limit − cache tokens, then linear down to −1 at limit."""
-    if cache <= 0:
-        return torch.zeros(lengths.shape)
-    over = (lengths.float() - (limit - cache)).clamp(min=0)
-    return -(over / cache).clamp(max=1.0)
+def one_step_off_rollouts(run, it):
+    """staleness=1: return the rollouts of iteration `it`, sampled by the weights of it − 1 while
+    the update of it − 1 ran, and start sampling those of it + 1 with the weights of it, to run
+    while the loop updates.
 
-
-def aggregate(values, mask, loss_agg, max_len):
-    """Per-token values (B, T) on the tokens where mask > 0 -> (loss_sum, count) per `loss_agg`
-    (table at the top). Rows with no token (padding rows, dropped groups) count nowhere."""
-    on = mask > 0
-    v = torch.where(on, values, 0.0)  # where, not *: a NaN/inf on a padded position must not leak
-    n_tokens = on.sum(1)
-    n_responses = (n_tokens > 0).sum()
-    if loss_agg == "token_mean":
-        return v.sum(), n_tokens.sum()
-    if loss_agg == "seq_mean_token_mean":
-        return (v.sum(1) / n_tokens.clamp(min=1)).sum(), n_responses
-    if loss_agg == "seq_mean_token_sum_norm":
-        return v.sum() / max_len, n_responses
-    raise ValueError(f"loss_agg must be one of {CHOICES['loss_agg']}, got {loss_agg!r}")
-
-
-def policy_loss(logp, old_logp, advantages, mask, cfg, ref_logp=None, tis_weight=None):
-    """The policy term (+ β·k3) aggregated per cfg: the clipped surrogate or CISPO, on token or
-    sequence ratios (formulas at the top). logp (B, T) with gradient, old_logp, ref_logp and
-    tis_weight (B, T) constants, advantages (B,) or (B, T), mask (B, T) 0/1.
-    Returns (loss_sum, count, metrics)."""
-    on = mask > 0
-    log_ratio = torch.where(on, logp - old_logp, 0.0)  # 0 off the response: no exp(garbage) on padding
-    if cfg["ratio_level"] == "sequence":  # GSPO: value s_i on every token, gradient s_i·∇log π_θ(y_it)
-        seq = log_ratio.sum(1, keepdim=True) / on.sum(1, keepdim=True).clamp(min=1)
-        log_ratio = torch.where(on, seq.detach() + logp - logp.detach(), 0.0)
-    ratio = torch.exp(log_ratio)
-    adv = advantages[:, None] if advantages.dim() == 1 else advantages  # per response, or per token (process)
-    low, high = 1 - cfg["eps_low"], 1 + cfg["eps_high"]
-    if cfg["policy_loss"] == "cispo":  # the capped ratio is a constant weight: every token keeps its gradient
-        per_token = -ratio.clamp(low, high).detach() * adv * torch.where(on, logp, 0.0)
+    The design: a second thread with its own copy of the weights (run.sampler, refreshed here,
+    between two updates, while the thread is idle). Torch releases the GIL inside its ops, so on a
+    CPU the sampler's decode and the update's forward/backward run on different cores at once. The
+    thread runs rollout_shards only: no collective (the DDP all-reduces stay on the main thread, in
+    the same order on every rank) and no global RNG (each shard's sampler has its own seeded
+    generator), so the rollouts of `it` depend on (seed, it) and the sampler's weights alone, as in
+    the synchronous loop. On a GPU it shares the default stream, so only the host-side work (the
+    Python of the decode loop, the verifier) overlaps. The checkpoint holds the sampler's weights:
+    after a resume the first iteration samples with them what the uninterrupted run sampled in the
+    background (and the very first iteration samples with the initial weights: staleness 0)."""
+    if run.pending is None:
+        rollouts = rollout_shards(run, run.sampler, it)
     else:
-        per_token = -torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
-    if tis_weight is not None:  # truncated importance sampling: min(π_old/π_sampler, C), a constant
-        per_token = per_token * tis_weight
-    metrics = {}
-    if cfg["kl"] == "k3_loss":
-        kl = kl_estimate(logp, torch.where(on, ref_logp, logp), "k3")
-        per_token = per_token + cfg["kl_coef"] * kl
-        metrics["kl_k3"] = (kl.detach() * on).sum() / on.sum().clamp(min=1)
-    loss_sum, count = aggregate(per_token, mask, cfg["loss_agg"], cfg["max_new_tokens"])
-    with torch.no_grad():  # clip: tokens whose gradient the clip cut; cispo: tokens whose weight it capped
-        if cfg["policy_loss"] == "cispo":
-            clipped = on & ((ratio > high) | (ratio < low))
-        else:
-            clipped = on & (((adv > 0) & (ratio > high)) | ((adv < 0) & (ratio < low)))
-        n = on.sum().clamp(min=1)
-        metrics["clip_frac"] = clipped.sum() / n
-        metrics["ratio_dev"] = ((ratio - 1).abs() * on).amax()  # (tensors: read once per step)
-    return loss_sum, count, metrics
-
-
-def tis_weights(old_logp, sampler_logp, mask, cap):
-    """Truncated importance sampling: min(π_old/π_sampler, cap) per token (0 off the response) and
-    the number of tokens at the cap."""
-    on = mask > 0
-    weight = torch.exp(torch.where(on, old_logp - sampler_logp, 0.0))
-    return torch.where(on, weight.clamp(max=cap), 0.0), (on & (weight > cap)).sum()
+        rollouts = run.pending.result()
+    # how many updates behind the trained weights the rollouts' sampler is (None: it holds them)
+    lag = 0 if run.sampler_iter is None else it - run.sampler_iter
+    if not 0 <= lag <= run.cfg["staleness"]:
+        raise RuntimeError(f"iteration {it} would train on rollouts of the weights of iteration {run.sampler_iter}: "
+                           f"staleness {lag} > {run.cfg['staleness']}")
+    run.stats["staleness"] = lag
+    run.sampler.load_state_dict(run.raw_model.state_dict())
+    run.sampler_iter = it
+    last = it + 1 >= run.cfg["max_iters"]
+    run.pending = None if last else run.sampling_thread.submit(rollout_shards, run, run.sampler, it + 1)
+    return rollouts
 
 
 def rollout_cost(prompts, answers, tokens, gpus, tok_per_s_per_gpu, n_params, flops_per_gpu, mfu):
@@ -421,116 +742,6 @@ def rollout_cost(prompts, answers, tokens, gpus, tok_per_s_per_gpu, n_params, fl
     train_s = 6 * n_params * n_tokens / (gpus * flops_per_gpu * mfu)
     return dict(tokens=n_tokens, decode_s=decode_s, decode_min=decode_s / 60, train_min=train_s / 60,
                 ratio=decode_s / train_s)
-
-
-# ----------------------------------------------------------------------------------------------
-# Rollouts: shards, scoring, rewards, dynamic sampling
-
-@torch.no_grad()
-def score(run, model, ids, prompt_lens):
-    """Per-token log-probs of ids[:, 1:] at the sampling temperature, no gradient, in chunks; with
-    share_prompt each distinct prompt of a chunk runs once (sampler.SharedPrompts)."""
-    size, share = run.cfg["batch_size"], run.cfg["share_prompt"]
-    with run.autocast:
-        return torch.cat([sequence_logprobs(model, chunk, run.cfg["temperature"], lens if share else None).float()
-                          for chunk, lens in zip(C.chunks(ids, size), C.chunks(prompt_lens, size))])
-
-
-def sample_round(run, model, it, shard, round_):
-    """One rollout of a shard by `model` (π_old): fresh train problems, G responses each, scored and
-    rewarded. Returns (the Rollout, (P,) True on degenerate groups)."""
-    cfg, G = run.cfg, run.cfg["group_size"]
-    problems, seed = C.shard_problems(run, it, shard, round_)
-    if cfg["prompt_sampling"] == "edge":  # this shard's slice of the iteration's draw from the pool
-        problems = [run.pool[i] for i in run.edge_draw[shard]]
-    sampler = fp8_copy(model) if cfg["break_it"] == "fp8_sampler" else model
-    ro = C.rollouts(run, sampler, problems, G, temperature=cfg["temperature"], max_new_tokens=cfg["max_new_tokens"],
-                    seed=seed)
-    t0 = time.time()
-    if run.old_logprobs_mode == "recompute":  # the sampler's numbers kept for the gap and TIS
-        ro.sampler_logprobs = ro.old_logprobs
-        ro.old_logprobs = score(run, model, ro.ids, ro.prompt_lens) * ro.mask
-    if cfg["kl"] != "off":  # with kl=off nothing reads π_ref: no forward (evaluation logs the KL)
-        ro.ref_logprobs = score(run, run.ref_model, ro.ids, ro.prompt_lens) * ro.mask
-    ro.score_time = time.time() - t0
-    # the sampler stops earlier than max_new_tokens when the longest prompt leaves less room
-    longest_prompt = max(len(run.tok.prompt_ids(p["prompt"])) for p in problems)
-    limit = min(cfg["max_new_tokens"], run.raw_model.config.block_size - longest_prompt)
-    ro.verified, ro.rewards = ro.rewards, broken_rewards(cfg["break_it"], ro)  # the env's verdict, the training reward
-    reward = ro.rewards + overlong_penalty(ro.lengths.cpu(), limit, cfg["overlong_cache"]).to(ro.rewards.device)
-    if cfg["kl"] == "k1_reward":
-        reward = reward - cfg["kl_coef"] * ((ro.old_logprobs - ro.ref_logprobs) * ro.mask).sum(1)
-    ro.reward = reward
-    if cfg["estimator"] == "reinforce":  # the batch-mean baseline needs the whole batch: later
-        ro.advantages, degenerate = torch.zeros_like(reward), torch.zeros(len(problems), dtype=torch.bool)
-    elif cfg["reward_mode"] == "process":  # one advantage per token, the response's shared one unused
-        steps, ends = C.token_rewards(run, ro, run.env.step_rewards)
-        ro.step_advantages, degenerate = process_advantages(steps, ends, ro.mask, G, cfg["estimator"],
-                                                                     advantage_scale(cfg))
-        ro.advantages = torch.zeros_like(reward)
-    elif cfg["reward_mode"] in ("rlvp", "path"):  # path: Φ alone (no outcome channel), the inaction trap
-        signals = C.path_signals(run)
-        path = torch.tensor([sum(v for _, v in signals(p, t)) for p, t in zip(ro.problems, ro.texts)],
-                            dtype=torch.float32, device=reward.device)  # float even when no row has a signal
-        outcome = reward if cfg["reward_mode"] == "rlvp" else torch.zeros_like(reward)
-        beta = cfg["rlvp_beta"] if cfg["reward_mode"] == "rlvp" else 1.0
-        adv, degenerate = rlvp_advantages(outcome.view(-1, G), path.view(-1, G), cfg["estimator"], beta,
-                                                advantage_scale(cfg))
-        ro.advantages = adv.flatten()
-    else:
-        adv, degenerate = group_advantages(reward.view(-1, G), cfg["estimator"], advantage_scale(cfg))
-        ro.advantages = adv.flatten()
-    return ro, degenerate.to(reward.device)
-
-
-def rollout_shard(run, model, it, shard):
-    """A shard's training rows sampled by `model`: C.shard_size(run) groups, with keep = 0 on rows
-    that must not train (dropped degenerate groups), plus the shard's counts for the logs."""
-    cfg, G, n = run.cfg, run.cfg["group_size"], C.shard_size(run)
-    first, first_degenerate = sample_round(run, model, it, shard, 0)
-    if first_degenerate.any() and cfg["on_degenerate"] == "raise" and cfg["estimator"] != "reinforce":
-        raise ValueError(f"iteration {it}: {int(first_degenerate.sum())} of {n} groups have all rewards "
-                         f"equal (on_degenerate='raise'); choose drop or zeros")
-    rounds = [(first, first_degenerate)]
-    informative = lambda degenerate: [g for g in range(n) if not degenerate[g]]
-    found = len(informative(first_degenerate))
-    while found < n and len(rounds) <= cfg["dynamic_sampling_rounds"]:
-        rounds.append(sample_round(run, model, it, shard, len(rounds)))
-        found += len(informative(rounds[-1][1]))
-    drop = cfg["on_degenerate"] == "drop" and cfg["estimator"] != "reinforce"
-    parts, taken = [], 0
-    for ro, degenerate in rounds:  # informative groups first, in sampling order
-        groups = informative(degenerate)[:n - taken] if drop else list(range(n))
-        taken += len(groups)
-        if groups:
-            parts.append(ro.select([g * G + j for g in groups for j in range(G)]))
-            parts[-1].keep = torch.ones(len(groups) * G, device=ro.ids.device)
-        if taken == n:
-            break
-    if taken < n:  # rounds ran out: fill with degenerate groups of the first round, masked out
-        groups = [g for g in range(n) if first_degenerate[g]][:n - taken]
-        parts.append(first.select([g * G + j for g in groups for j in range(G)]))
-        parts[-1].keep = torch.zeros(len(groups) * G, device=first.ids.device)
-    batch = C.Rollout.cat(parts, run.tok.pad)
-    batch.mask = batch.mask * batch.keep[:, None]
-    counts = dict(
-        reward_sum=float(first.rewards.sum()), reward_n=len(first.rewards),
-        all_fail=float((first.rewards.view(-1, G).amax(1) == 0).sum()),
-        violations=sum(sign < 0 for p, t in zip(first.problems, first.texts)
-                       for _, sign in run.env.path_signals(p, t)) if hasattr(run.env, "path_signals") else 0,
-        degenerate=float(degenerate_groups(first.rewards.view(-1, G)).sum()), groups=n,  # on the verifier's reward
-        extra_rollouts=(len(rounds) - 1) * n * G, kept_groups=float(batch.keep.sum()) / G,
-        time_decode=sum(ro.decode_time for ro, _ in rounds), time_verify=sum(ro.verify_time for ro, _ in rounds),
-        time_score=sum(ro.score_time for ro, _ in rounds),
-        work=sum(map(run.env.shows_work, first.texts)),
-        parse_errors=sum(C.unparsed(run.env, t) for t in first.texts),
-        group_reward=first.rewards.view(-1, G).mean(1).tolist(),  # edge sampling's running success
-        decoded_tokens=sum(float(ro.lengths.sum()) for ro, _ in rounds))
-    rejected = first.verified == 0  # reward_len_corr's moments: shaped reward y against length x
-    x, y = first.lengths[rejected].double(), first.reward[rejected].double()
-    counts.update(corr_n=len(x), corr_x=float(x.sum()), corr_y=float(y.sum()), corr_xy=float((x * y).sum()),
-                  corr_xx=float((x * x).sum()), corr_yy=float((y * y).sum()))
-    return batch, counts
 
 
 # ----------------------------------------------------------------------------------------------
@@ -652,7 +863,7 @@ def alarms(rows, cfg):
 
 
 # ----------------------------------------------------------------------------------------------
-# The algorithm module interface (see train.py)
+# Configuration checks, the passport, checkpointed state
 
 def check_config(cfg, world_size):
     for key, allowed in CHOICES.items():
@@ -764,178 +975,6 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
 - rollouts in shards of {shard} prompts (sampler batch {shard * G}), micro-batches of {c['batch_size']} responses
 - time split per iteration in metrics.jsonl: time_decode, time_verify, time_score (π_ref/π_old forwards), time_update
 """
-
-
-needs = ("reference",)  # the loop builds π_ref once: run.ref_model
-loss_dropout = False    # the loop keeps dropout off in the loss too: it scores the function that sampled
-
-
-def setup(run):
-    check_config(run.cfg, run.world_size)
-    if run.cfg["staleness"] and run.fsdp:
-        raise ValueError("staleness=1 samples with a second copy of the weights in a thread: not with --fsdp")
-    C.check_reward_mode(run.cfg, run.env)
-    if run.cfg["break_it"] == "format_exploit" and not isinstance(run.env.problems("train", 1)[0].get("answer"), int):
-        raise ValueError(f"break_it=format_exploit looks for the answer's number: env={run.cfg['env']} has no integer answer")
-    run.verifier_check = C.verifier_check(run.env, training_verifier(run))
-    if run.cfg["prompt_sampling"] == "edge":  # the pool and each prompt's running success (NaN: unseen)
-        run.pool = run.env.problems("train", run.cfg["prompt_pool"], seed=run.cfg["seed"])
-        run.pool_success = np.full(len(run.pool), np.nan)
-    mode = run.cfg["old_logprobs"]
-    run.old_logprobs_mode = mode if mode != "auto" else ("recompute" if run.device.startswith("cuda") else "sampler")
-    if run.cfg["staleness"]:  # one_step_off_rollouts: the sampler's own weights, and its thread
-        run.sampler, run.sampler_iter, run.pending = C.frozen(run.raw_model), None, None
-        run.sampling_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-sampler")
-    if run.master and run.cfg["init_from"] == "scratch":
-        print("grpo: init_from=scratch: a random policy rarely earns a reward; start from an SFT checkpoint")
-    C.write_passport(run, passport(run))
-
-
-def rollout_shards(run, model, it):
-    """This rank's shards of iteration `it`, sampled by `model`: a list of (rows, counts)."""
-    n_shards = run.cfg["prompts_per_iter"] // C.shard_size(run)
-    return [rollout_shard(run, model, it, s) for s in range(run.rank, n_shards, run.world_size)]
-
-
-def one_step_off_rollouts(run, it):
-    """staleness=1: return the rollouts of iteration `it`, sampled by the weights of it − 1 while
-    the update of it − 1 ran, and start sampling those of it + 1 with the weights of it, to run
-    while the loop updates.
-
-    The design: a second thread with its own copy of the weights (run.sampler, refreshed here,
-    between two updates, while the thread is idle). Torch releases the GIL inside its ops, so on a
-    CPU the sampler's decode and the update's forward/backward run on different cores at once. The
-    thread runs rollout_shards only: no collective (the DDP all-reduces stay on the main thread, in
-    the same order on every rank) and no global RNG (each shard's sampler has its own seeded
-    generator), so the rollouts of `it` depend on (seed, it) and the sampler's weights alone, as in
-    the synchronous loop. On a GPU it shares the default stream, so only the host-side work (the
-    Python of the decode loop, the verifier) overlaps. The checkpoint holds the sampler's weights:
-    after a resume the first iteration samples with them what the uninterrupted run sampled in the
-    background (and the very first iteration samples with the initial weights: staleness 0)."""
-    if run.pending is None:
-        rollouts = rollout_shards(run, run.sampler, it)
-    else:
-        rollouts = run.pending.result()
-    # how many updates behind the trained weights the rollouts' sampler is (None: it holds them)
-    lag = 0 if run.sampler_iter is None else it - run.sampler_iter
-    if not 0 <= lag <= run.cfg["staleness"]:
-        raise RuntimeError(f"iteration {it} would train on rollouts of the weights of iteration {run.sampler_iter}: "
-                           f"staleness {lag} > {run.cfg['staleness']}")
-    run.stats["staleness"] = lag
-    run.sampler.load_state_dict(run.raw_model.state_dict())
-    run.sampler_iter = it
-    last = it + 1 >= run.cfg["max_iters"]
-    run.pending = None if last else run.sampling_thread.submit(rollout_shards, run, run.sampler, it + 1)
-    return rollouts
-
-
-def batches(run, it):
-    """Rollouts of this rank's shards, advantages, figures for the log, then the optimizer steps:
-    inner_epochs × minibatches, each a list of micro-batches of at most batch_size responses."""
-    cfg, G = run.cfg, run.cfg["group_size"]
-    if cfg["prompt_sampling"] == "edge":
-        edge_batches(run, it)
-    if cfg["staleness"]:
-        t0 = time.time()
-        rollouts = one_step_off_rollouts(run, it)
-        run.stats["time_wait_rollouts"] = time.time() - t0  # what the overlap did not hide
-    else:
-        rollouts = rollout_shards(run, run.raw_model, it)
-    shards, counts = [r for r, _ in rollouts], [c for _, c in rollouts]
-    rewards = torch.cat([b.reward for b in shards])
-    kept = torch.cat([b.mask.sum(1) > 0 for b in shards])
-    if cfg["estimator"] == "reinforce":  # A = r − mean of the whole global batch
-        total, n = C.all_reduce_sum([float(rewards.sum()), len(rewards)], run)
-        for b in shards:
-            b.advantages = b.reward - total / n
-    if advantage_scale(cfg) == "batch":  # one std over the global batch (REINFORCE++)
-        scaled = batch_scale([b.advantages for b in shards], [b.mask.sum(1) > 0 for b in shards], run)
-        for b, adv in zip(shards, scaled):
-            b.advantages = adv
-    if cfg["prompt_sampling"] == "edge":
-        edge_record(run, [c["group_reward"] for c in counts])
-
-    # figures for the log, summed over ranks (round-0 figures: an unbiased sample of the policy)
-    lengths = torch.cat([b.lengths.float() for b in shards])
-    sums = {k: sum(c[k] for c in counts)
-            for k in ("reward_sum", "reward_n", "degenerate", "groups", "extra_rollouts", "kept_groups", "work",
-                      "all_fail", "violations", "parse_errors", "corr_n", "corr_x", "corr_y", "corr_xy", "corr_xx",
-                      "corr_yy")}
-    sums.update(
-        len_sum=float(lengths.sum()), len_sq=float((lengths ** 2).sum()), len_n=len(lengths),
-        truncated=sum(float(b.truncated.sum()) for b in shards),
-        tokens=sum(float(b.mask.sum()) for b in shards), shaped=float((rewards * kept).sum()))
-    if cfg["kl"] != "off":
-        sums["kl"] = sum(float(((b.old_logprobs - b.ref_logprobs) * b.mask).sum()) for b in shards)
-    if run.old_logprobs_mode == "recompute":  # the sampler against the trainer, same weights
-        gaps = [((b.old_logprobs - b.sampler_logprobs).abs() * b.mask) for b in shards]
-        sums["gap"] = sum(float(g.sum()) for g in gaps)
-        sums.update({f"gap_max_{r}": max(float(g.max()) for g in gaps) if r == run.rank else 0.0
-                     for r in range(run.world_size)})  # the max over ranks, through a sum
-    sums = C.all_reduce_sum(sums, run)
-    len_mean = sums["len_sum"] / sums["len_n"]
-    local_time = {k: sum(c[k] for c in counts) for k in ("time_decode", "time_verify", "time_score")}
-    run.stats.update(
-        reward=sums["reward_sum"] / sums["reward_n"],
-        reward_shaped=sums["shaped"] / max(sums["kept_groups"] * G, 1),
-        degenerate_frac=sums["degenerate"] / sums["groups"],
-        all_fail_frac=sums["all_fail"] / sums["groups"],
-        kept_groups_frac=sums["kept_groups"] / sums["groups"],
-        extra_rollouts=sums["extra_rollouts"],
-        len_mean=len_mean, len_std=max(sums["len_sq"] / sums["len_n"] - len_mean ** 2, 0.0) ** 0.5,
-        truncated_frac=sums["truncated"] / sums["len_n"],
-        decode_tok_per_s=sum(c["decoded_tokens"] for c in counts) / max(local_time["time_decode"], 1e-9),
-        **local_time)
-    if "kl" in sums:
-        run.stats["kl_ref"] = sums["kl"] / max(sums["tokens"], 1.0)
-    run.stats["work_frac"] = sums["work"] / sums["reward_n"]
-    run.stats.update(parse_error_rate=sums["parse_errors"] / sums["reward_n"], reward_len_corr=correlation(sums),
-                     verifier_error_rate=run.verifier_check["verifier_error_rate"])
-    if "gap" in sums:
-        run.stats["sampler_logprob_gap"] = sums["gap"] / max(sums["tokens"], 1.0)
-        run.stats["sampler_logprob_gap_max"] = max(sums[f"gap_max_{r}"] for r in range(run.world_size))
-    if hasattr(run.env, "path_signals"):  # RLVP's rule engine, counted whatever the reward_mode
-        run.stats["violations_per_episode"] = sums["violations"] / sums["reward_n"]
-
-    # minibatch m = slice m of every shard, so the global minibatch is the same for any world size
-    minibatches = []
-    for m in range(cfg["minibatches"]):
-        rows = C.Rollout.cat([b.select(np.array_split(np.arange(len(b.ids)), cfg["minibatches"])[m]) for b in shards],
-                             run.tok.pad)
-        minibatches.append([rows.select(r) for r in C.chunks(range(len(rows.ids)), cfg["batch_size"])])
-    if run.old_logprobs_mode == "recompute" and not cfg["staleness"]:
-        # π_old again on the very tensors the loss sees: under bf16 autocast the same rows in another
-        # batch shape (the shard's scoring chunks) round differently, and ρ ≠ 1 before any update
-        for micro in [micro for mb in minibatches for micro in mb]:
-            micro.old_logprobs = score(run, run.raw_model, micro.ids, micro.prompt_lens) * micro.mask
-    return [mb for _ in range(cfg["inner_epochs"]) for mb in minibatches]
-
-
-def loss(run, model, batch):
-    """One micro-batch: π_θ log-probs at the sampler's temperature, the clipped surrogate, and the
-    policy's entropy on its own samples."""
-    ids, mask, temperature = batch.ids, batch.mask, run.cfg["temperature"]
-    if run.cfg["share_prompt"]:  # each distinct prompt runs once, its keys and values shared by its rows
-        shared = SharedPrompts(ids, batch.prompt_lens)
-        logp, entropy = token_logprobs_and_entropy(model(shared.inputs, prompts=shared), shared.targets, temperature)
-        logp, entropy = shared.to_rows(logp), shared.to_rows(entropy)
-    else:
-        logp, entropy = token_logprobs_and_entropy(model(ids[:, :-1]), ids[:, 1:], temperature)
-    advantages = batch.step_advantages if batch.step_advantages is not None else batch.advantages
-    tis, capped = (tis_weights(batch.old_logprobs, batch.sampler_logprobs, mask, run.cfg["tis_cap"])
-                   if run.cfg["tis_cap"] else (None, 0))
-    loss_sum, count, metrics = policy_loss(logp, batch.old_logprobs, advantages, mask, run.cfg,
-                                           ref_logp=batch.ref_logprobs, tis_weight=tis)
-    if run.cfg["tis_cap"]:
-        metrics["tis_capped_frac"] = capped / mask.sum().clamp(min=1)
-    metrics["entropy"] = (entropy * mask).sum() / mask.sum().clamp(min=1)
-    return loss_sum, count, {**metrics, "tokens": mask.sum()}  # tensors: the loop reads them once per step
-
-
-def evaluate(run, it):
-    """Greedy held-out and OOD accuracy; on eval_samples held-out answers per problem at the training
-    temperature their accuracy, pass@k (Best-of-k by the verifier) and the KL to π_ref."""
-    return C.evaluate_policy(run, run.raw_model, it, run.ref_model, run.cfg["temperature"])[0]
 
 
 def state_dict(run):
