@@ -36,6 +36,7 @@ def test_gpu_check_runs_on_cpu_at_quick_size(tmp_path):
     assert envs.Arithmetic.verify({"answer": 3}, "Answer: 3") == 1.0  # the real verifier is back
 
 
+@pytest.mark.slow  # a script's smoke run at toy size: `-m slow`
 def test_peers_project_side_runs_the_peer_workloads(tmp_path):
     """The project's side of each peer workload, as the driver runs it: GRPO on the peers' random-text
     task makes exactly L tokens per response (as the peers' min_new_tokens), with KL on; SFT trains
@@ -58,6 +59,7 @@ def test_peers_project_side_runs_the_peer_workloads(tmp_path):
     assert results["sft"]["tokens_per_s"] > 0 and len(results["sft"]["steady_periods"]) == 3
 
 
+@pytest.mark.slow  # a script's smoke run at toy size: `-m slow`
 def test_bench_loop_dpo_and_shared_prompt_figures_at_tiny_size(tmp_path):
     """bench.py's train_loop pairs a bare step with every shared iteration after the warm-up,
     dpo_step times DPO with and without shared prompts, and rl_shared_prompt samples G copies of

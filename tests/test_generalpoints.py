@@ -105,6 +105,7 @@ def test_demonstrations_worked_or_direct_and_env_knobs():
         GeneralPoints().problems("test", 1)
 
 
+@pytest.mark.slow  # a script's smoke run at toy size: `-m slow`
 def test_sft_vs_rl_experiment_runs_at_toy_size_with_sft_matched_to_rl_time(tmp_path):
     """experiments/generalpoints.py --quick end to end: both arms from one SFT start, evaluated at
     the start and the end, SFT given round(RL's training seconds / SFT's seconds per iteration)

@@ -166,6 +166,7 @@ def test_process_mode_trains_on_per_token_advantages(tmp_path):
         assert len(values) <= 2
 
 
+@pytest.mark.slow  # a script's smoke run at toy size: `-m slow`
 def test_agentic_experiment_script_runs_at_tiny_size(tmp_path):
     out = tmp_path / "agentic"
     args = [sys.executable, os.path.join(ROOT, "experiments", "agentic.py"), f"--out={out}", "--iters=1",
