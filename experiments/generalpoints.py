@@ -118,6 +118,18 @@ def plot(results, path):
     plt.close(fig)
 
 
+
+def save_study(out, name, results, table, plot, plot_path=""):
+    """A study's results.json, its table as NAME.md and its plot (NAME.png unless `plot_path`) into
+    `out`, and the table printed: the same last step of every experiment script here."""
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    text = table(results)
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
+        f.write(text)
+    plot(results, plot_path or os.path.join(out, f"{name}.png"))
+    print("\n" + text)
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--init_from", default="", help="an SFT checkpoint of --env=generalpoints (default: train one)")
@@ -149,12 +161,7 @@ def main():
         budget = results["arms"][arm][-1]["seconds"]
         print(f"{arm}: {iters} iterations, {budget:.0f} s of training")
 
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(args.out, "generalpoints.md"), "w") as f:
-        f.write(table(results))
-    plot(results, args.plot or os.path.join(args.out, "generalpoints.png"))
-    print("\n" + table(results))
+    save_study(args.out, "generalpoints", results, table, plot, args.plot)
 
 
 if __name__ == "__main__":

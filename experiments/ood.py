@@ -47,7 +47,7 @@ import common as C  # noqa: E402
 from envs import Arithmetic  # noqa: E402
 from envs.treasure import MAP_TEXT, ROOM_NAMES, ROOMS, optimal_episode  # noqa: E402
 import train as T  # noqa: E402  (after the path: the script runs from anywhere)
-from experiments.generalpoints import run  # noqa: E402  (train.train with the keys of the run's algorithm)
+from experiments.generalpoints import run, save_study  # noqa: E402  (train.train with the keys of the run's algorithm)
 
 SEEDS = (1337, 1338)
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, prompts_per_iter=2, group_size=2, eval_batch_size=8,
@@ -244,10 +244,7 @@ def main():
             results["arms"].setdefault(arm, {})[seed] = arm_curve(args, common, arm, seed, start)
             with open(os.path.join(args.out, "results.json"), "w") as f:
                 json.dump(results, f, indent=1)
-    with open(os.path.join(args.out, "ood.md"), "w") as f:
-        f.write(table(results))
-    plot(results, args.plot or os.path.join(args.out, "ood.png"))
-    print("\n" + table(results))
+    save_study(args.out, "ood", results, table, plot, args.plot)
 
 
 if __name__ == "__main__":

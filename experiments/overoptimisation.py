@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 import common as C  # noqa: E402
 import train as T  # noqa: E402  (after the path: the script runs from anywhere)
-from experiments.generalpoints import run  # noqa: E402  (train.train with the keys of the run's algorithm)
+from experiments.generalpoints import run, save_study  # noqa: E402  (train.train with the keys of the run's algorithm)
 
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, eval_batch_size=8, max_new_tokens=16, train_problems=64,
@@ -203,12 +203,7 @@ def main():
              eval_samples=0, out_dir=out_dir))
     results["ppo"], results["ppo_evals"] = ppo_curve(out_dir, args.bin)
     results["turning_points"] = {name: turning_point(results[name]) for name in ("best_of_n", "ppo")}
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(args.out, "overoptimisation.md"), "w") as f:
-        f.write(table(results))
-    plot(results, args.plot or os.path.join(args.out, "overoptimisation.png"))
-    print("\n" + table(results))
+    save_study(args.out, "overoptimisation", results, table, plot, args.plot)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import train as T  # noqa: E402  (after the path: the script runs from anywhere)
-from experiments.generalpoints import init_checkpoint, run  # noqa: E402  (an SFT start, train.train by algorithm)
+from experiments.generalpoints import init_checkpoint, run, save_study  # noqa: E402  (an SFT start, train.train by algorithm)
 from experiments.ood import accuracy  # noqa: E402  (greedy accuracy on a split, with its band)
 
 ARMS = dict(outcome=dict(reward_mode="outcome"), rlvp=dict(reward_mode="rlvp"), process=dict(reward_mode="process"))
@@ -185,12 +185,7 @@ def main():
             with open(os.path.join(args.out, "results.json"), "w") as f:
                 json.dump(results, f, indent=1)
     results["summary"] = summary(results)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(args.out, "rlvp.md"), "w") as f:
-        f.write(table(results))
-    plot(results, args.plot or os.path.join(args.out, "rlvp.png"))
-    print("\n" + table(results))
+    save_study(args.out, "rlvp", results, table, plot, args.plot)
 
 
 if __name__ == "__main__":
