@@ -78,6 +78,7 @@ OPTIONS = dict(
     threads=0,           # torch threads of every stage and of the evaluation; 0 = torch's default (one per core)
 )
 # Minutes on 2 idle cores at the defaults: the whole ladder, and the stages after SFT of one more seed
+# (14 measured before the 2026-12-04 changes, which made every stage slower: docs/log.md; 9 estimated)
 LADDER_MINUTES, EXTRA_SEED_MINUTES = 14, 9
 SHARED = [name for name, args, _ in STAGES if args["algo"] in ("pretrain", "sft")]  # trained once, whatever --seeds
 KL_REFERENCES = ("sft", "calc_sft")  # the SFT stages a KL in the report is measured to (the stage's task's)
