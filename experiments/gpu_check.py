@@ -187,9 +187,10 @@ def rank_rows(args, out_root):
     for algo in ("sft", "grpo"):
         for fsdp in (False, True):
             out_dir = os.path.join(out_root, f"{algo}_ranks_fsdp{int(fsdp)}")
+            # GRPO from the SFT row's checkpoint: train.py refuses an RL run from random weights
             cfg = overrides(args, algo, out_dir, max_iters=2, eval_interval=0, fsdp=fsdp,
-                            **({"share_prompt": False} if algo == "grpo" else {}))
-            cmd = ["torchrun", "--standalone", f"--nproc_per_node={ranks}", os.path.join(ROOT, "train.py"),
+                            **({"share_prompt": False, "init_from": os.path.join(out_root, "sft")} if algo == "grpo" else {}))
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", os.path.join(ROOT, "train.py"),
                    *[f"--{k}={v}" for k, v in cfg.items()]]
             done = subprocess.run(cmd, cwd=ROOT).returncode == 0
             steps = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))] if done else []
