@@ -130,28 +130,42 @@ def gpu_memory_gib(n_params, algo, gpus, fsdp):
 # FSDP2 (--fsdp): weights, gradients and optimizer state sharded over the ranks
 
 def shard_model(run, model):
-    """FSDP2's fully_shard on every transformer block, every backbone and head, then the whole module:
+    """FSDP2's fully_shard on every transformer block, then on every language model and scalar head:
     each keeps 1/world_size of its weights (and, if trained, of its gradients and AdamW state) and
     all-gathers the rest for its forward and backward, one block at a time. Frozen models (reference,
     teacher, reward model) too, without optimizer state. On a GPU the gathered weights are in the
     autocast dtype and gradients are reduced in fp32 (MixedPrecisionPolicy). A scalar head's backbone
     is not a unit of its own (the head calls its `hidden`, not its forward, which carries the hooks):
-    its embeddings go with the head. Nothing happens without --fsdp."""
+    its embeddings go with the head. A module that holds several models (PPO's policy and critic) is
+    not a unit itself: each model is a root of its own, so that one can run without the other (the
+    sampler calls the policy alone). Nothing happens without --fsdp."""
     if not run.fsdp:
         return model
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import DTensor
     # inputs are not cast (autocast does it), so that a block's `record` list stays the caller's object
     policy = MixedPrecisionPolicy(param_dtype=run.dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
     backbones = {id(m.gpt) for m in model.modules() if isinstance(m, ScalarHeadGPT)}
     for module in reversed(list(model.modules())):  # children before their parents
-        unit = isinstance(module, (Block, ScalarHeadGPT)) or module is model or \
-            (isinstance(module, GPT) and id(module) not in backbones)
+        unit = isinstance(module, (Block, ScalarHeadGPT)) or (isinstance(module, GPT) and id(module) not in backbones)
         if unit and not isinstance(module, FSDPModule):
             fully_shard(module, mp_policy=policy)
+    unsharded = [name for name, p in model.named_parameters() if not isinstance(p, DTensor)]
+    if unsharded:  # (a weight outside every unit would train unsynchronised on each rank)
+        raise ValueError(f"--fsdp: parameters outside every sharded unit: {unsharded[:3]}")
     run.sharded.append(model)
     if run.gathering:  # made inside `gathered`: gathered like the others
         set_gathered(model, True)
     return model
+
+
+def set_gradient_sync(model, on):
+    """--fsdp: whether the next backward reduce-scatters gradients (the last micro-batch of a step),
+    on every sharded unit of `model` (PPO's holds two roots: policy and critic)."""
+    from torch.distributed.fsdp import FSDPModule
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_requires_gradient_sync(on, recurse=False)
 
 
 def set_gathered(model, on):

@@ -188,16 +188,15 @@ class PolicyAndCritic(nn.Module):
 
 
 def wrap_model(run, model):
-    if run.fsdp:  # the sampler calls the policy alone, which FSDP2 then takes for a root of its own
-        raise ValueError("--fsdp with --algo ppo is not supported yet (its policy is sampled outside the policy+critic "
-                         "module that trains): use DDP")
     if not isinstance(model, GPT):
         raise ValueError(f"--algo ppo trains a language model; init_from={run.cfg['init_from']!r} is a scalar model")
     if run.cfg["critic_init"] == "policy":
         critic = ScalarHeadGPT(copy.deepcopy(model))
         nn.init.zeros_(critic.head.weight)  # V = 0 everywhere at first: no random values in the first advantages
     elif run.cfg["critic_init"] == "reward_model":
-        critic = copy.deepcopy(run.reward_model).requires_grad_(True)  # a trained copy of the frozen RM
+        # a trained copy of the frozen RM (under --fsdp read again: the frozen one is sharded already)
+        rm = C.load_model(run.cfg["reward_model"]) if run.fsdp else copy.deepcopy(run.reward_model)
+        critic = rm.requires_grad_(True)
     else:
         raise ValueError(f"critic_init={run.cfg['critic_init']!r}: choose policy or reward_model")
     return PolicyAndCritic(model, critic)

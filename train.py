@@ -513,7 +513,7 @@ def optimizer_step(run, optimizer, micro_batches):
     for m, batch in enumerate(micro_batches):
         last = m == len(micro_batches) - 1
         if run.fsdp:  # gradients reduce-scattered after the last micro-batch only
-            run.model.set_requires_gradient_sync(last)
+            C.set_gradient_sync(run.model, last)
         with run.model.no_sync() if isinstance(run.model, DDP) and not last else contextlib.nullcontext():
             with run.autocast:
                 loss_sum, n, extra = run.algo.loss(run, run.model, batch)

@@ -1,5 +1,5 @@
 """--fsdp (FSDP2) on two gloo processes: the same training as one process, and exact resume, for
-every algorithm but PPO (SFT and GRPO in the default suite, the rest marked slow)."""
+every algorithm (SFT and GRPO in the default suite, the rest marked slow)."""
 
 import json
 import os
@@ -20,6 +20,8 @@ ALGOS = {
     "dpo": dict(share_prompt=False, train_prompts=8, heldout_prompts=4, samples_per_prompt=2, max_new_tokens=8, eval_batch_size=4),
     "rm": dict(train_prompts=8, heldout_prompts=4, samples_per_prompt=2, max_new_tokens=8, eval_batch_size=4),
     "opd": dict(prompts_per_iter=4, rollout_prompts=2, samples_per_prompt=2, batch_size=4, max_new_tokens=8, teacher="self"),
+    "ppo": dict(prompts_pool=64, batch_size=2, minibatches=2, ppo_epochs=2, max_new_tokens=8, learning_rate=1e-3,
+                eval_problems=2, eval_batch_size=4),  # (policy and critic: two sharded roots)
     "rft": dict(rounds=4, round_prompts=8, candidates=8, max_new_tokens=64, eval_batch_size=4),  # (a round per iteration
     # whatever max_iters, so the stopped run draws the same pools; room for an end token)
 }
@@ -32,7 +34,7 @@ def _odd_length_reward(problem, response):
 
 
 # algorithms whose global batch is ranks × accumulation × batch_size (GRPO's and OPD's are global)
-PER_RANK_BATCH = ("sft", "rm", "dpo", "rft")
+PER_RANK_BATCH = ("sft", "rm", "dpo", "rft", "ppo")
 
 
 def _in_turn(runs):
@@ -90,6 +92,6 @@ def test_fsdp_grpo_matches_and_resumes_exactly(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["dpo", "rm", "opd", "rft"])
+@pytest.mark.parametrize("algo", ["dpo", "rm", "opd", "rft", "ppo"])
 def test_fsdp_other_algorithms(tmp_path, monkeypatch, algo):
     check_fsdp(tmp_path, monkeypatch, algo)
