@@ -955,7 +955,7 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
 - reuse of rollouts: {c['inner_epochs']} epoch(s) × {c['minibatches']} minibatch(es) = {steps} optimizer step(s) per batch, then discarded
 
 ## Reward and verification
-- source: the environment's rule verifier (`envs.py`, `{c['env']}.verify`), 1 or 0 per response{broken}
+- source: the environment's rule verifier (`envs/`, `{c['env']}.verify`), 1 or 0 per response{broken}
 - {C.verification_text(run.verifier_check)}; parse_error_rate is logged every iteration
 - reward_mode {c['reward_mode']}: {REWARD_TEXT[c['reward_mode']].format(**c)}; overlong answers: {overlong}
   (limit {c['max_new_tokens']} new tokens)
