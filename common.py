@@ -89,8 +89,13 @@ def setup_device(cfg):
     autocast = torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
     # fsdp: shard models over the ranks (FSDP2) rather than copy them (DDP); one process has nothing to shard
     fsdp = bool(cfg.get("fsdp")) and ddp
+    if cfg.get("fsdp_rollouts", "gathered") not in ("gathered", "sharded"):
+        raise ValueError(f"fsdp_rollouts={cfg['fsdp_rollouts']!r}: choose gathered or sharded")
+    # lockstep: under --fsdp_rollouts=sharded sampling and scoring forwards stay sharded, each a collective
+    lockstep = fsdp and cfg.get("fsdp_rollouts") == "sharded"
     return SimpleNamespace(device=device, ddp=ddp, rank=rank, world_size=world_size, master=rank == 0,
-                           autocast=autocast, dtype=dtype or torch.float32, fsdp=fsdp, sharded=[], gathering=False)
+                           autocast=autocast, dtype=dtype or torch.float32, fsdp=fsdp, sharded=[], gathering=False,
+                           lockstep=lockstep)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,14 +120,20 @@ def stage_memory_gib(n_params, stack):
     return sum(BYTES_PER_PARAM[kind] * n_params for kind in stack) / 2**30
 
 
-def gpu_memory_gib(n_params, algo, gpus, fsdp):
+def gpu_memory_gib(n_params, algo, gpus, fsdp, rollouts="gathered"):
     """Persistent states per GPU of `algo` with models of n_params each, on `gpus` GPUs:
     (training, rollouts). DDP: every GPU holds every model state whatever the count. FSDP2: each holds
-    1/gpus of them, and while sampling and scoring (common.gathered) also every model's full weights
-    in bf16, 2 B/param each. Past one GPU's memory under DDP is where --fsdp starts to pay."""
+    1/gpus of them, and with rollouts="gathered", while sampling and scoring (common.gathered), also
+    every model's full weights in bf16, 2 B/param each; with rollouts="sharded" (lockstep) no full
+    copy, only one block's weights at a time (transient, not counted, like activations). Past one
+    GPU's memory under DDP is where --fsdp starts to pay."""
+    if rollouts not in ("gathered", "sharded"):
+        raise ValueError(f"rollouts={rollouts!r}: choose gathered or sharded")
     states = stage_memory_gib(n_params, ALGO_MODELS[algo])
     if not fsdp:
         return states, states
+    if rollouts == "sharded":
+        return states / gpus, states / gpus
     return states / gpus, states / gpus + stage_memory_gib(n_params, ["frozen_bf16"] * len(ALGO_MODELS[algo]))
 
 
@@ -183,9 +194,17 @@ def gathered(run):
     inside it: there ranks take different numbers of forwards (rows stop at different steps, a rank
     may hold fewer evaluation problems), which sharded forwards, each a collective, could not do. The
     price is a full copy of the weights (in the compute dtype) per GPU meanwhile; the optimizer
-    state and gradients stay sharded. Training forwards run outside it, sharded. Nothing under DDP."""
+    state and gradients stay sharded. Training forwards run outside it, sharded. Nothing under DDP.
+    Under --fsdp_rollouts=sharded nothing is gathered: ranks step together instead (all_ranks_busy)."""
     if not run.fsdp or run.gathering:
         yield
+        return
+    if run.lockstep:  # --fsdp_rollouts=sharded: the block's forwards stay sharded (all_ranks_busy, lockstep_count)
+        try:
+            yield
+        finally:  # without this reshard the first training step's gradient came out wrong (FSDP2's
+            for model in run.sharded:  # root keeps its weights gathered after forwards without gradient)
+                set_gathered(model, False)
         return
     for model in run.sharded:
         set_gathered(model, True)
@@ -196,6 +215,30 @@ def gathered(run):
         run.gathering = False
         for model in run.sharded:
             set_gathered(model, False)
+
+
+def all_ranks_busy(run):
+    """--fsdp_rollouts=sharded: the sampler's lockstep, busy(this rank has a forward to make) -> whether
+    any rank has (one all-reduce per decode step); None otherwise (ranks decode independently)."""
+    if not run.lockstep:
+        return None
+
+    def busy(mine):
+        flag = torch.tensor([float(mine)], device=run.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+    return busy
+
+
+def lockstep_count(run, n):
+    """How many sampling or scoring calls every rank makes when this one has n to make: n, or under
+    --fsdp_rollouts=sharded the most any rank has (a rank pads with dummy calls: each forward is a
+    collective, and a rank may hold fewer evaluation problems than another)."""
+    if not run.lockstep:
+        return n
+    count = torch.tensor([n], device=run.device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    return int(count.item())
 
 
 def place(run, model):
@@ -694,9 +737,15 @@ def generate(run, model, prompts, max_new_tokens=None, temperature=0.0, seed=Non
         with run.autocast:
             return sample(model, chunk, max_new_tokens, temperature=temperature, stop_tokens=(run.tok.eos,),
                           pad_id=run.tok.pad, seed=None if seed is None else seed + i * batch_size,
-                          tool_hook=tool_hook(run, chunk), **kw)
-    parts = (over_ranks(run, prompts, batch_size, sample_chunk) if spread else
-             [sample_chunk(chunk, i) for i, chunk in enumerate(chunks(prompts, batch_size))])
+                          tool_hook=tool_hook(run, chunk), all_ranks_busy=all_ranks_busy(run), **kw)
+    if spread and run.lockstep:
+        raise ValueError("--fsdp_rollouts=sharded does not share setup sampling out over ranks yet: use gathered")
+    if spread:
+        parts = over_ranks(run, prompts, batch_size, sample_chunk)
+    else:
+        mine = chunks(prompts, batch_size)
+        mine += [[]] * (lockstep_count(run, len(mine)) - len(mine))  # (sharded rollouts: an empty chunk idles)
+        parts = [sample_chunk(chunk, i) for i, chunk in enumerate(mine)]
     return Samples(*([x for part in parts for x in part[k]] for k in range(3)))
 
 
@@ -1009,9 +1058,13 @@ def sampled_accuracy(run, model, n, k, temperature, reference=None):
     sums = dict(correct=float(correct.sum()), passed=float(correct.amax(1).sum()), problems=len(problems),
                 tokens=float(roll.lengths.sum()), work=sum(map(run.env.shows_work, roll.texts)), kl=0.0)
     if reference is not None:
+        parts = list(zip(*(chunks(t, size) for t in (roll.ids, roll.old_logprobs, roll.mask))))
+        idle = lockstep_count(run, len(parts)) - len(parts)  # (sharded: dummy forwards match the others')
         with run.autocast:
-            for ids, old, mask in zip(*(chunks(t, size) for t in (roll.ids, roll.old_logprobs, roll.mask))):
+            for ids, old, mask in parts:
                 sums["kl"] += float(((old - sequence_logprobs(reference, ids, temperature)) * mask).sum())
+            for _ in range(idle):
+                reference(roll.ids.new_zeros(1, 1))
     sums = all_reduce_sum(sums, run)
     responses = sums["problems"] * k
     metrics = dict(heldout_sampled_acc=sums["correct"] / responses, heldout_sampled_len=sums["tokens"] / responses,

@@ -240,6 +240,7 @@ CHOICES = dict(estimator=("reinforce", "rloo", "grpo", "dr_grpo"), adv_scale=("a
 # in by name and live below it.
 
 needs = ("reference",)  # the loop builds π_ref once: run.ref_model
+sharded_rollouts = True  # --fsdp_rollouts=sharded: every rank makes the same number of scoring forwards
 loss_dropout = False    # the loop keeps dropout off in the loss too: it scores the function that sampled
 
 
@@ -247,6 +248,9 @@ def setup(run):
     check_config(run.cfg, run.world_size)
     if run.cfg["staleness"] and run.fsdp:
         raise ValueError("staleness=1 samples with a second copy of the weights in a thread: not with --fsdp")
+    if run.cfg["dynamic_sampling_rounds"] and run.lockstep:  # (a rank's extra rounds would be forwards alone)
+        raise ValueError("dynamic_sampling_rounds > 0 samples a different number of rounds on each rank: not with "
+                         "--fsdp_rollouts=sharded (use gathered)")
     C.check_reward_mode(run.cfg, run.env)
     if run.cfg["break_it"] == "format_exploit" and not isinstance(run.env.problems("train", 1)[0].get("answer"), int):
         raise ValueError(f"break_it=format_exploit looks for the answer's number: env={run.cfg['env']} has no integer answer")

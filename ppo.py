@@ -210,6 +210,7 @@ def needs(cfg):
 
 
 loss_dropout = False    # the loop keeps dropout off in the loss: it sees the function the sampler used for π_old
+sharded_rollouts = True  # --fsdp_rollouts=sharded: every rank scores the same number of micro-batches
 
 
 def setup(run):

@@ -175,9 +175,8 @@ def draw(logp, generator):
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=cdf.size(1) - 1)
 
 
-@torch.inference_mode()  # no autograd bookkeeping at all: ~10% faster decode than no_grad on CPU
 def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
-           stop_tokens=(), seed=None, pad_id=0, tool_hook=None):
+           stop_tokens=(), seed=None, pad_id=0, tool_hook=None, all_ranks_busy=None):
     """Batched sampling with a preallocated KV cache.
 
     prompts: list of token-id lists (ragged). They are left-padded so every row writes the same
@@ -194,10 +193,28 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
 
     The model's train/eval mode is left as it is: the caller decides dropout (train.py's loop samples
     and evaluates in eval mode).
+
+    all_ranks_busy(busy) -> bool keeps processes in lockstep where every forward is a collective (a
+    model sharded over them): called before each decode forward with whether this process has one to
+    make, it returns whether any process has. A process with nothing left (its rows finished, or no
+    prompts at all) makes a dummy forward instead while another one still decodes.
     """
+    # inference mode: no autograd bookkeeping at all, ~10% faster decode than no_grad on CPU; but
+    # not in lockstep: FSDP2 would make its buffers of gathered weights inference tensors, which a
+    # training forward then cannot write into
+    with torch.inference_mode(all_ranks_busy is None), torch.no_grad():
+        return decode(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens, seed, pad_id,
+                      tool_hook, all_ranks_busy)
+
+
+def decode(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens, seed, pad_id, tool_hook,
+           all_ranks_busy):
+    """sample's work, under the grad mode it chose."""
     device = next(model.parameters()).device
     B = len(prompts)
     if B == 0:
+        if all_ranks_busy is not None:  # the other processes' prefill, then their decode steps
+            idle(model, all_ranks_busy, device, prefill=True)
         return Samples([], [], [])
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
@@ -233,11 +250,25 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
             # drop finished rows from the batch: later steps cost only what is still running
             cache.select_rows(keep_idx)
             rows, tok, next_pos = rows[keep_idx], tok[keep_idx], next_pos[keep_idx]
+        if all_ranks_busy is not None:
+            all_ranks_busy(True)
         logits = model(tok[:, None], pos=next_pos[:, None], cache=cache)[:, -1]
         next_pos = next_pos + 1
+    if all_ranks_busy is not None:  # (no per-process early exit: the others' remaining steps)
+        idle(model, all_ranks_busy, device)
     n = length.tolist()
     return Samples([t[:k] for t, k in zip(out_tok.tolist(), n)], [lp[:k] for lp, k in zip(out_logp.tolist(), n)],
                    [[int(f) for f in fs[:k]] for fs, k in zip(out_forced.tolist(), n)])
+
+
+def idle(model, all_ranks_busy, device, prefill=False):
+    """Lockstep with nothing to decode: a one-token forward (its output unused) for the prefill if
+    asked, then for every decode step another process still makes."""
+    dummy = torch.zeros(1, 1, dtype=torch.long, device=device)
+    if prefill:
+        model(dummy)
+    while all_ranks_busy(False):
+        model(dummy)
 
 
 def prefill(model, prompts, max_new_tokens, pad_id, device):

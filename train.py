@@ -25,6 +25,8 @@ An algorithm module (ALGOS below) supplies only what is particular to it:
                                     "teacher" (run.teacher, before setup; --teacher=self is the trained
                                     model itself), "reward_model" (run.reward_model, before wrap_model:
                                     PPO's critic may start from it)
+    sharded_rollouts             optional: True when every rank makes the same number of sampler calls
+                                    and scoring forwards (equal shards), so --fsdp_rollouts=sharded can run it
     loss_dropout                 optional: False when its loss must see the function that sampled
                                     (on-policy RL): the loop then keeps dropout off in the loss too
     setup(run)                   build data, ... (store on `run`)
@@ -127,6 +129,7 @@ DEFAULTS = dict(
     device="auto",              # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     compile=False,              # torch.compile the training forward and backward (sampling stays eager)
     fsdp=False,                 # torchrun: shard weights, gradients and AdamW state over the ranks (FSDP2), not DDP copies
+    fsdp_rollouts="gathered",   # --fsdp: gathered = all-gather each model's full weights for sampling and scoring (fast, a full bf16 copy per GPU); sharded = forwards stay sharded, all ranks step together (models whose full weights do not fit one GPU)
 )
 
 
@@ -439,6 +442,9 @@ def setup(overrides, ckpt, algo=None):
         if cfg.get("share_prompt"):  # (grpo, dpo)
             raise ValueError("--fsdp needs --share_prompt=False: a shared prompt runs every block twice in one "
                              "forward, and FSDP2 frees a block's gathered weights after the first backward")
+        if run.lockstep and not getattr(run.algo, "sharded_rollouts", False):
+            raise ValueError(f"--fsdp_rollouts=sharded is not supported for --algo {cfg['algo']} yet (its setup or "
+                             f"scoring forwards differ in number between ranks): use gathered")
         run.model = C.shard_model(run, model)
     else:  # the sampler's decode steps change shape every token, so only the training calls (run.model) compile
         trained = torch.compile(model) if cfg["compile"] else model

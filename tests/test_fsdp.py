@@ -1,5 +1,6 @@
 """--fsdp (FSDP2) on two gloo processes: the same training as one process, and exact resume, for
-every algorithm (SFT and GRPO in the default suite, the rest marked slow)."""
+every algorithm (SFT and GRPO in the default suite, the rest marked slow); sharded (lockstep)
+rollouts against gathered ones (GRPO)."""
 
 import json
 import os
@@ -51,21 +52,34 @@ def _losses(out):
     return [row["loss"] for row in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "loss" in row]
 
 
+def _rows(out):
+    """metrics.jsonl without its timings (the two runs' clocks differ, nothing else should)."""
+    return [{k: v for k, v in row.items() if "time" not in k and "per_s" not in k}
+            for row in map(json.loads, open(os.path.join(out, "metrics.jsonl")))]
+
+
 def _weights(out):
     return C.read_checkpoint(out)["model"]
 
 
-def check_fsdp(tmp_path, monkeypatch, algo):
+def check_fsdp(tmp_path, monkeypatch, algo, sharded_rollouts=False):
     """Two ranks under --fsdp: one iteration equals one process's (same rollouts, one update: its
-    loss, and its weights up to float noise), and 2 iterations, stop, resume to 4 equal 4 straight."""
+    loss, and its weights up to float noise), and 2 iterations, stop, resume to 4 equal 4 straight.
+    sharded_rollouts: that one iteration again with --fsdp_rollouts=sharded gives the same figures
+    and weights as gathered (test_fsdp_sharded_rollouts_match_gathered below goes further)."""
     base = dict(TINY, algo=algo, fsdp=True, max_iters=4, lr_decay_iters=4, **ALGOS[algo])
     one, first = str(tmp_path / "one"), str(tmp_path / "first")
-    straight, half = str(tmp_path / "straight"), str(tmp_path / "half")
+    straight, half, sharded = str(tmp_path / "straight"), str(tmp_path / "half"), str(tmp_path / "sharded")
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(_odd_length_reward))
     accumulate = 2 if algo in PER_RANK_BATCH else 1  # one process takes both ranks' micro-batches
     T.train(dict(base, out_dir=one, max_iters=1, gradient_accumulation_steps=accumulate))  # (--fsdp: nothing to shard)
     run_ddp(_in_turn, [dict(base, out_dir=first, max_iters=1), dict(base, out_dir=straight),
-                       dict(base, out_dir=half, max_iters=2), dict(init_from="resume", out_dir=half, max_iters=4)])
+                       dict(base, out_dir=half, max_iters=2), dict(init_from="resume", out_dir=half, max_iters=4)]
+            + [dict(base, out_dir=sharded, max_iters=1, fsdp_rollouts="sharded")] * sharded_rollouts)
+    if sharded_rollouts:
+        assert [row == pytest.approx(want, rel=1e-5, abs=1e-6) for row, want in zip(_rows(sharded), _rows(first))] == [True]
+        for k, v in _weights(first).items():
+            assert torch.allclose(_weights(sharded)[k], v, atol=1e-6), k
     ckpt = C.read_checkpoint(straight)
     assert ckpt["sharded"] and ckpt["optimizer"] is None  # the trained state sharded; the export gathered
     assert sorted(n for n in os.listdir(half) if n.startswith("sharded_")) == ["sharded_0000004"]
@@ -88,10 +102,30 @@ def test_fsdp_sft_matches_and_resumes_exactly(tmp_path, monkeypatch):
 
 
 def test_fsdp_grpo_matches_and_resumes_exactly(tmp_path, monkeypatch):
-    check_fsdp(tmp_path, monkeypatch, "grpo")
+    check_fsdp(tmp_path, monkeypatch, "grpo", sharded_rollouts=True)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["dpo", "rm", "opd", "rft", "ppo"])
 def test_fsdp_other_algorithms(tmp_path, monkeypatch, algo):
     check_fsdp(tmp_path, monkeypatch, algo)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_fsdp_sharded_rollouts_match_gathered(tmp_path, monkeypatch, algo):
+    """--fsdp_rollouts=sharded (every sampling and scoring forward a collective, ranks in lockstep)
+    samples the same tokens and trains the same as gathered weights: 2 iterations with evaluations
+    where the ranks hold 2 and 1 of 3 problems, one row per sampler call (so rank 1 pads with an
+    idle call, and with an idle π_ref forward for the sampled answers' KL)."""
+    base = dict(TINY, algo=algo, fsdp=True, max_iters=2, lr_decay_iters=2, eval_interval=2,
+                **dict(ALGOS[algo], eval_problems=3, eval_batch_size=1, eval_samples=2))
+    gathered, sharded = str(tmp_path / "gathered"), str(tmp_path / "sharded")
+    run_ddp(_in_turn, [dict(base, out_dir=gathered), dict(base, out_dir=sharded, fsdp_rollouts="sharded")])
+    assert open(os.path.join(sharded, "samples.txt")).read() == open(os.path.join(gathered, "samples.txt")).read()
+    rows, expected = _rows(sharded), _rows(gathered)
+    assert [sorted(r) for r in rows] == [sorted(r) for r in expected] and "heldout_kl_ref" in rows[-1]
+    for row, want in zip(rows, expected):
+        assert row == pytest.approx(want, rel=1e-5, abs=1e-6)
+    for k, v in _weights(gathered).items():
+        assert torch.allclose(_weights(sharded)[k], v, atol=1e-6), k

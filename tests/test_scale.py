@@ -166,7 +166,8 @@ def test_more_ranks_than_eval_problems_and_setup_work_shared_out(tmp_path):
 def test_gpu_memory_reproduces_the_spec_and_shards_under_fsdp():
     """SPEC §5: 8.03 B params, 16 B/param trained, 2 B/param frozen bf16: PPO (2 + 2) 269.2 GiB, DPO
     (1 + 1) 134.6 GiB, ratio 2.00, the critic ≈ 44% of PPO's. DDP holds it all on each GPU; FSDP2
-    on 8 GPUs an eighth, plus each model's bf16 weights while they are gathered for sampling."""
+    on 8 GPUs an eighth, plus each model's bf16 weights while they are gathered for sampling (none
+    with sharded rollouts)."""
     n = 8.03e9
     ppo, _ = C.gpu_memory_gib(n, "ppo", 8, fsdp=False)
     dpo, _ = C.gpu_memory_gib(n, "dpo", 1, fsdp=False)
@@ -176,3 +177,5 @@ def test_gpu_memory_reproduces_the_spec_and_shards_under_fsdp():
     train, rollouts = C.gpu_memory_gib(n, "ppo", 8, fsdp=True)
     assert round(train, 2) == 33.65 and round(rollouts, 1) == round(33.65 + 4 * 14.96, 1) == 93.5
     assert C.gpu_memory_gib(n, "grpo", 8, fsdp=True) == pytest.approx((134.6 / 8, 134.6 / 8 + 2 * 14.96), abs=0.01)
+    # sharded (lockstep) rollouts hold no full copy: PPO at 8 B fits an 80 GB GPU on 8 GPUs throughout
+    assert C.gpu_memory_gib(n, "ppo", 8, fsdp=True, rollouts="sharded") == pytest.approx((33.65, 33.65), abs=0.01)
