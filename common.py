@@ -179,6 +179,17 @@ def set_gradient_sync(model, on):
             module.set_requires_gradient_sync(on, recurse=False)
 
 
+def keep_gathered_through_backward(model):
+    """--fsdp with shared prompts: a shared prompt runs every block twice in one forward (the prompts,
+    then the continuations), and FSDP2 would free a block's gathered weights after the first of its
+    two backwards, which the second needs. They stay gathered through the backward instead; the loop
+    reshards them after it (train.optimizer_step: without that, FSDP2 fails at the next forward)."""
+    from torch.distributed.fsdp import FSDPModule
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_reshard_after_backward(False, recurse=False)
+
+
 def set_gathered(model, on):
     from torch.distributed.fsdp import FSDPModule
     for module in model.modules():

@@ -112,7 +112,8 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, attn_mask=None, cache=None, layer=0, prefix=None, record=None, rope=None):
         """prefix: (k, v) of shared prompts, one row per row of x, put in front of its own keys and
-        values; record: a list that gets this layer's (k, v) (a shared prompt's own pass);
+        values; record: a function called with this layer's (k, v) (a shared prompt's own pass; a
+        function, not a list: FSDP2 rebuilds a forward's list arguments when they hold tensors);
         rope: (cos, sin) of the rows' positions (rotary models)."""
         B, T, C = x.shape
         # (B, T, widths) -> q (B, n_head, T, head_dim), k and v (B, n_kv_head, T, head_dim)
@@ -127,7 +128,7 @@ class CausalSelfAttention(nn.Module):
             if cache is not None:
                 cache.write_prompt(layer, k, v)
             if record is not None:
-                record.append((k, v))
+                record((k, v))
             if prefix is not None:
                 k, v = torch.cat([prefix[0], k], 2), torch.cat([prefix[1], v], 2)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
@@ -263,7 +264,7 @@ class GPT(nn.Module):
         kv = []
         x, rope = self.embed(prompts.prefix_ids, prompts.prefix_pos)
         for layer, block in enumerate(self.transformer.h):
-            x = block(x, layer=layer, record=kv, rope=rope)
+            x = block(x, layer=layer, record=kv.append, rope=rope)
         x, rope = self.embed(idx, prompts.pos)
         for layer, block in enumerate(self.transformer.h):
             k, v = kv[layer]

@@ -439,13 +439,12 @@ def setup(overrides, ckpt, algo=None):
     if run.fsdp:  # one training call per micro-batch, sharded (common.shard_model); no DDP
         if cfg["compile"]:
             raise ValueError("--fsdp with --compile is not supported yet: choose one")
-        if cfg.get("share_prompt"):  # (grpo, dpo)
-            raise ValueError("--fsdp needs --share_prompt=False: a shared prompt runs every block twice in one "
-                             "forward, and FSDP2 frees a block's gathered weights after the first backward")
         if run.lockstep and not getattr(run.algo, "sharded_rollouts", False):
             raise ValueError(f"--fsdp_rollouts=sharded is not supported for --algo {cfg['algo']} yet (its setup or "
                              f"scoring forwards differ in number between ranks): use gathered")
         run.model = C.shard_model(run, model)
+        if cfg.get("share_prompt"):  # (grpo, dpo) every block runs twice in one forward
+            C.keep_gathered_through_backward(run.model)
     else:  # the sampler's decode steps change shape every token, so only the training calls (run.model) compile
         trained = torch.compile(model) if cfg["compile"] else model
         run.model = DDP(trained, device_ids=[run.device] if run.device.startswith("cuda") else None) if run.ddp else trained
@@ -524,6 +523,8 @@ def optimizer_step(run, optimizer, micro_batches):
             with run.autocast:
                 loss_sum, n, extra = run.algo.loss(run, run.model, batch)
             loss_sum.backward()
+        if run.fsdp:  # (shared prompts keep the weights gathered through the backward: free them)
+            C.set_gathered(run.model, False)
         local["micro_batches"] += 1
         # figures stay tensors until the step's end: on a GPU, float() here would wait for
         # the backward pass at every micro-batch instead of once per step

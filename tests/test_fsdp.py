@@ -18,7 +18,7 @@ SMALL_RL = dict(prompts_per_iter=4, rollout_prompts=2, group_size=2, batch_size=
 ALGOS = {
     "sft": dict(SFT_DATA, batch_size=2),  # (dropout 0: a rank's own masks resumed, test_scale.py)
     "grpo": dict(SMALL_RL, learning_rate=1e-3, share_prompt=False),
-    "dpo": dict(share_prompt=False, train_prompts=8, heldout_prompts=4, samples_per_prompt=2, max_new_tokens=8, eval_batch_size=4),
+    "dpo": dict(train_prompts=8, heldout_prompts=4, samples_per_prompt=2, max_new_tokens=8, eval_batch_size=4),
     "rm": dict(train_prompts=8, heldout_prompts=4, samples_per_prompt=2, max_new_tokens=8, eval_batch_size=4),
     "opd": dict(prompts_per_iter=4, rollout_prompts=2, samples_per_prompt=2, batch_size=4, max_new_tokens=8, teacher="self"),
     "ppo": dict(prompts_pool=64, batch_size=2, minibatches=2, ppo_epochs=2, max_new_tokens=8, learning_rate=1e-3,
@@ -129,3 +129,20 @@ def test_fsdp_sharded_rollouts_match_gathered(tmp_path, monkeypatch, algo):
         assert row == pytest.approx(want, rel=1e-5, abs=1e-6)
     for k, v in _weights(gathered).items():
         assert torch.allclose(_weights(sharded)[k], v, atol=1e-6), k
+
+
+@pytest.mark.slow
+def test_fsdp_shared_prompts_match_plain(tmp_path):
+    """--fsdp with share_prompt=True (every block runs twice in one forward: the prompts, then the
+    continuations) trains as share_prompt=False does: GRPO, 2 iterations of 2 optimizer steps of 2
+    accumulated micro-batches each, on two ranks."""
+    base = dict(TINY, algo="grpo", fsdp=True, max_iters=2, lr_decay_iters=2,
+                **dict(SMALL_RL, learning_rate=1e-3, minibatches=2, batch_size=1))
+    shared, plain = str(tmp_path / "shared"), str(tmp_path / "plain")
+    run_ddp(_in_turn, [dict(base, out_dir=shared, share_prompt=True), dict(base, out_dir=plain, share_prompt=False)])
+    rows, expected = _rows(shared), _rows(plain)
+    assert len(rows) == len(expected) == 2
+    for row, want in zip(rows, expected):  # (the loss is near 0 on-policy: compare it absolutely)
+        assert row == pytest.approx(want, rel=1e-4, abs=1e-6)
+    for k, v in _weights(plain).items():
+        assert torch.allclose(_weights(shared)[k], v, atol=1e-5), k
