@@ -14,7 +14,7 @@ nothing downloaded:
      ranks first, and the largest log-prob gap (bounds 0.99 and 0.1 nats);
   4. sampling: the KV-cache sampler against transformers' generate on identical weights, batch 1
      and 64, 128 new tokens, tokens/s;
-  5. ranks: SFT, GRPO and PPO under torchrun with DDP and with --fsdp, on 2 GPUs over NCCL when there
+  5. ranks: SFT, GRPO and PPO under torchrun with DDP, --fsdp, and --fsdp_rollouts=sharded, on 2 GPUs over NCCL when there
      are 2 or more, else on 1.
 
 Random weights solve no problem, so the RL rows reward odd-length answers (a test of the machinery,
@@ -182,19 +182,23 @@ def sampling_rows(args):
 
 
 def rank_rows(args, out_root):
-    """SFT, GRPO and PPO under torchrun, DDP and --fsdp: 2 ranks over NCCL with 2+ GPUs, else 1."""
+    """SFT, GRPO and PPO under torchrun: DDP, --fsdp (rollouts gathered) and, for the RL ones,
+    --fsdp_rollouts=sharded; 2 ranks over NCCL with 2+ GPUs, else 1."""
     ranks = 2 if torch.cuda.device_count() > 1 else 1
+    modes = dict(ddp=dict(fsdp=False), fsdp=dict(fsdp=True), fsdp_sharded=dict(fsdp=True, fsdp_rollouts="sharded"))
     for algo in ("sft", "grpo", "ppo"):
-        for fsdp in (False, True):
-            out_dir = os.path.join(out_root, f"{algo}_ranks_fsdp{int(fsdp)}")
+        for mode, keys in modes.items():
+            if algo == "sft" and mode == "fsdp_sharded":
+                continue  # SFT samples nothing
+            out_dir = os.path.join(out_root, f"{algo}_ranks_{mode}")
             # RL from the SFT row's checkpoint: train.py refuses an RL run from random weights
             rl = dict(init_from=os.path.join(out_root, "sft"), **({"share_prompt": False} if algo == "grpo" else {}))
-            cfg = overrides(args, algo, out_dir, max_iters=2, eval_interval=0, fsdp=fsdp, **(rl if algo != "sft" else {}))
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", os.path.join(ROOT, "train.py"),
-                   *[f"--{k}={v}" for k, v in cfg.items()]]
+            cfg = overrides(args, algo, out_dir, max_iters=2, eval_interval=0, **keys, **(rl if algo != "sft" else {}))
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+                   os.path.join(ROOT, "train.py"), *[f"--{k}={v}" for k, v in cfg.items()]]
             done = subprocess.run(cmd, cwd=ROOT).returncode == 0
             steps = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))] if done else []
-            emit(args.out, dict(row="ranks", algo=algo, fsdp=fsdp, ranks=ranks, ok=done and len(steps) == 2,
+            emit(args.out, dict(row="ranks", algo=algo, mode=mode, ranks=ranks, ok=done and len(steps) == 2,
                                 update_tok_s=steps[-1]["train_tokens"] / sum(r["time_update"] for r in steps)
                                 if steps else None))
 
