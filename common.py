@@ -173,10 +173,8 @@ def shard_model(run, model):
 def set_gradient_sync(model, on):
     """--fsdp: whether the next backward reduce-scatters gradients (the last micro-batch of a step),
     on every sharded unit of `model` (PPO's holds two roots: policy and critic)."""
-    from torch.distributed.fsdp import FSDPModule
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_requires_gradient_sync(on, recurse=False)
+    for unit in fsdp_units(model):
+        unit.set_requires_gradient_sync(on, recurse=False)
 
 
 def keep_gathered_through_backward(model):
@@ -184,18 +182,20 @@ def keep_gathered_through_backward(model):
     then the continuations), and FSDP2 would free a block's gathered weights after the first of its
     two backwards, which the second needs. They stay gathered through the backward instead; the loop
     reshards them after it (train.optimizer_step: without that, FSDP2 fails at the next forward)."""
+    for unit in fsdp_units(model):
+        unit.set_reshard_after_backward(False, recurse=False)
+
+
+def fsdp_units(model):
+    """The FSDP2-sharded modules of `model` (each block, each language model or scalar head)."""
     from torch.distributed.fsdp import FSDPModule
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_reshard_after_backward(False, recurse=False)
+    return [module for module in model.modules() if isinstance(module, FSDPModule)]
 
 
 def set_gathered(model, on):
-    from torch.distributed.fsdp import FSDPModule
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.unshard() if on else module.reshard()
-            module.set_reshard_after_forward(not on, recurse=False)
+    for unit in fsdp_units(model):
+        unit.unshard() if on else unit.reshard()
+        unit.set_reshard_after_forward(not on, recurse=False)
 
 
 @contextlib.contextmanager
@@ -210,20 +210,14 @@ def gathered(run):
     if not run.fsdp or run.gathering:
         yield
         return
-    if run.lockstep:  # --fsdp_rollouts=sharded: the block's forwards stay sharded (all_ranks_busy, lockstep_count)
-        try:
-            yield
-        finally:  # without this reshard the first training step's gradient came out wrong (FSDP2's
-            for model in run.sharded:  # root keeps its weights gathered after forwards without gradient)
-                set_gathered(model, False)
-        return
-    for model in run.sharded:
-        set_gathered(model, True)
-    run.gathering = True
+    if not run.lockstep:  # (--fsdp_rollouts=sharded: the forwards stay sharded, all_ranks_busy, lockstep_count)
+        for model in run.sharded:
+            set_gathered(model, True)
+        run.gathering = True
     try:
         yield
-    finally:
-        run.gathering = False
+    finally:  # resharded in lockstep too: FSDP2's root keeps its weights gathered after forwards
+        run.gathering = False  # without gradient, and the first training step's gradient came out wrong
         for model in run.sharded:
             set_gathered(model, False)
 
