@@ -62,8 +62,11 @@ STAGES = [
     ("calc_grpo", dict(algo="grpo", env="calculator", reward_mode="rlvp", eval_interval=10), "calc_sft"),
 ]
 
-# train.py arguments every stage gets (the task, e.g. env_direct_frac=0.5), before the stage's own
-LADDER_DEFAULTS = dict()
+# train.py arguments every stage gets (the task, e.g. env_direct_frac=0.5), before the stage's own.
+# A stage's own evaluations are greedy only (eval_samples=0): the ladder's evaluation after the runs
+# samples every stage, and sampling k answers per problem at every in-run evaluation as well cost
+# about 2 of the ladder's minutes (docs/ladder.md)
+LADDER_DEFAULTS = dict(eval_samples=0)
 
 # The ladder's own keys (everything else on the command line goes to the stages)
 OPTIONS = dict(

@@ -1,19 +1,19 @@
 """
 The policy-gradient family side by side (docs/policy-gradient.md): from one SFT checkpoint, on the
-default task, GRPO, Dr. GRPO, DAPO, GSPO and CISPO as their recipes in config/, and edge prompt
-sampling on top of one of them, all with the same budget per iteration (--prompts × --group_size) in
-an off-policy setting where the ratio and its clip act: every rollout batch is split into
---minibatches optimizer steps (4: π_θ moves away from π_old after the first step; at 1 the ratio is
-always 1 and the five differ only in their advantages and aggregation). Greedy held-out accuracy on
---eval_problems problems every --eval_every iterations, against the rollout tokens decoded so far
-(DAPO's dynamic sampling decodes extra rollouts: they are counted). Prints a table, writes
-results.json and accuracy_vs_rollout_tokens.png into --out.
+default task, GRPO, Dr. GRPO, DAPO, GSPO and CISPO as their recipes in config/, then edge prompt
+sampling on the recipe that ended best (--edge), every arm with each of --seeds and the same budget
+per iteration (--prompts × --group_size), in an off-policy setting where the ratio and its clip act:
+every rollout batch is split into --minibatches optimizer steps (4: π_θ moves away from π_old after
+the first step; at 1 the ratio is always 1 and the five differ only in their advantages and
+aggregation). Greedy held-out accuracy on --eval_problems problems every --eval_every iterations,
+against the rollout tokens decoded so far (DAPO's dynamic sampling decodes extra rollouts: they are
+counted). Prints a table, writes results.json and accuracy_vs_rollout_tokens.png into --out.
 
     python experiments/pg_family.py --sft=out/sft
-    python experiments/pg_family.py --sft=out/sft --arms=grpo,cispo --iters=40 --set seed=1338
+    python experiments/pg_family.py --sft=out/sft --arms=grpo,cispo --iters=12 --seeds=1337 --edge=
 
-The band of an accuracy is the binomial one, ± 2·√(p(1 − p)/n). Runs already finished in --out are
-read, not run again.
+An arm's band is the larger of 2 standard errors of its final accuracy across the seeds and the
+binomial band of that mean, ± 2·√(p(1 − p)/n). Runs already finished in --out are read, not run again.
 """
 
 import argparse
@@ -34,16 +34,11 @@ def recipe(name, **extra):
     return dict(T.parse_args([os.path.join(ROOT, "config", f"{name}.py")]), **extra)
 
 
-ARMS = dict(  # in the order they run: the first finish first
-    grpo=recipe("grpo"),
-    cispo=recipe("cispo"),
-    gspo=recipe("gspo"),
-    dapo=recipe("dapo"),
-    dr_grpo=recipe("dr_grpo"),
-    # edge sampling on GRPO's recipe, a pool small enough that prompts come back (at the defaults,
-    # 8 prompts × 12 iterations: each of the 32 is drawn 3 times)
-    grpo_edge=recipe("grpo", prompt_sampling="edge", prompt_pool=32),
-)
+ARMS = {name: recipe(name) for name in ("grpo", "dr_grpo", "dapo", "gspo", "cispo")}
+# edge sampling: a pool small enough that prompts come back within a run (at the defaults, 8 prompts ×
+# 30 iterations = 240 draws from 128 prompts: every prompt seen once, then those in the 20-80% band
+# again), large enough not to be learnt by heart (a pool of 32 was, in an earlier run: docs)
+EDGE = dict(prompt_sampling="edge", prompt_pool=128)
 
 
 def curve(out_dir):
@@ -67,32 +62,60 @@ def band(p, n):
     return 2 * math.sqrt(max(p * (1 - p), 0.0) / n)
 
 
+def final(curves, n):
+    """(mean, band) of the final accuracy over the seeds' curves: 2 standard errors across seeds, or
+    the binomial band of the mean on n problems if that is wider."""
+    values = [points[-1][2] for points in curves]
+    mean = sum(values) / len(values)
+    spread = 2 * math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)) if len(values) > 1 else 0.0
+    return mean, max(spread, band(mean, n))
+
+
 def plot(results, n, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for arm, points in results.items():
-        x = [p[1] / 1e3 for p in points]
-        y = [p[2] for p in points]
-        ax.errorbar(x, y, yerr=[band(v, n) for v in y], marker="o", capsize=3, label=arm)
+    for k, (arm, curves) in enumerate(results.items()):
+        color = f"C{k}"
+        for s, points in enumerate(curves):
+            x = [p[1] / 1e3 for p in points]
+            y = [p[2] for p in points]
+            ax.errorbar(x, y, yerr=[band(v, n) for v in y], marker="o", capsize=3, color=color, alpha=0.8,
+                        linestyle="-" if s == 0 else "--", label=arm if s == 0 else None)
     ax.set_xlabel("rollout tokens decoded (thousands)")
     ax.set_ylabel(f"greedy held-out accuracy ({n} problems, ± 2 SE)")
-    ax.set_title("One SFT checkpoint, off-policy steps (--minibatches per rollout batch)", fontsize=10)
+    ax.set_title("One SFT checkpoint, off-policy steps (--minibatches per rollout batch); a line per seed", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
+def run_arm(name, arm, seeds, common, out):
+    """The arm's curve for every seed, trained where not finished already."""
+    curves = []
+    for seed in seeds:
+        out_dir = os.path.join(out, f"{name}_{seed}")
+        finished = os.path.exists(os.path.join(out_dir, "metrics.jsonl")) and any(
+            p[0] == common["max_iters"] for p in curve(out_dir))
+        if not finished:
+            T.train(dict(arm, **common, seed=seed, out_dir=out_dir))
+        curves.append(curve(out_dir))
+    return curves
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sft", required=True, help="the SFT checkpoint every arm starts from")
-    parser.add_argument("--out", default="out/pg_family", help="one directory per arm, results.json and the plot")
+    parser.add_argument("--out", default="out/pg_family", help="one directory per arm and seed, results.json and the plot")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {', '.join(ARMS)}")
-    parser.add_argument("--iters", type=int, default=12, help="iterations per arm")
-    parser.add_argument("--eval_every", type=int, default=6, help="iterations between held-out evaluations")
+    parser.add_argument("--edge", default="best", help="the recipe edge sampling runs on: best (the arm with the "
+                        "highest final mean accuracy), a recipe's name, or empty for none")
+    parser.add_argument("--seeds", default="1337,1338", help="comma-separated training seeds of every arm")
+    parser.add_argument("--iters", type=int, default=30, help="iterations per arm")
+    parser.add_argument("--eval_every", type=int, default=10, help="iterations between held-out evaluations")
     parser.add_argument("--prompts", type=int, default=8, help="prompts per iteration")
     parser.add_argument("--group_size", type=int, default=8, help="answers per prompt")
     parser.add_argument("--eval_problems", type=int, default=500, help="held-out problems per evaluation (greedy)")
@@ -101,27 +124,25 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     common = dict(init_from=args.sft, max_iters=args.iters, eval_interval=args.eval_every, prompts_per_iter=args.prompts,
-                  group_size=args.group_size,
-                  eval_problems=args.eval_problems, eval_samples=0, minibatches=args.minibatches)
+                  group_size=args.group_size, eval_problems=args.eval_problems, eval_samples=0,
+                  minibatches=args.minibatches, plot=False)
     common.update(T.parse_args([f"--{kv}" for kv in args.set]))
-    results = {}
-    for arm in args.arms.split(","):
-        out_dir = os.path.join(args.out, arm)
-        done = os.path.exists(os.path.join(out_dir, "metrics.jsonl")) and any(
-            p[0] == args.iters for p in curve(out_dir))
-        if not done:
-            T.train(dict(ARMS[arm], **common, out_dir=out_dir))
-        results[arm] = curve(out_dir)
-    n = args.eval_problems
-    print(f"| arm | held-out accuracy at {args.iters} it. (± 2 SE, {n} problems) | rollout tokens | "
-          f"clip_frac | ratio_dev |")
-    print("|---|---|---|---|---|")
-    for arm, points in results.items():
-        it, tokens, acc, clip, dev = points[-1]
-        print(f"| {arm} | {acc:.3f} ± {band(acc, n):.3f} (start {points[0][2]:.3f}) | {tokens:,.0f} | "
-              f"{clip:.4f} | {dev:.3f} |")
+    seeds, n = [int(s) for s in args.seeds.split(",")], args.eval_problems
+    results = {name: run_arm(name, ARMS[name], seeds, common, args.out) for name in args.arms.split(",")}
+    if args.edge:
+        base = max(results, key=lambda a: final(results[a], n)[0]) if args.edge == "best" else args.edge
+        results[f"{base}_edge"] = run_arm(f"{base}_edge", dict(ARMS[base], **EDGE), seeds, common, args.out)
+    print(f"| arm | held-out accuracy at {args.iters} it. (mean of {len(seeds)} seeds ± band, {n} problems) | per seed | "
+          f"rollout tokens | clip_frac | ratio_dev |")
+    print("|---|---|---|---|---|---|")
+    for arm, curves in results.items():
+        mean, width = final(curves, n)
+        per_seed = ", ".join(f"{points[-1][2]:.3f}" for points in curves)
+        average = lambda i: sum(points[-1][i] for points in curves) / len(curves)
+        print(f"| {arm} | {mean:.3f} ± {width:.3f} (start {curves[0][0][2]:.3f}) | {per_seed} | {average(1):,.0f} | "
+              f"{average(3):.4f} | {average(4):.3f} |")
     with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(dict(settings=common, results=results), f, indent=1)
+        json.dump(dict(settings=dict(common, seeds=seeds), results=results), f, indent=1)
     plot(results, n, os.path.join(args.out, "accuracy_vs_rollout_tokens.png"))
 
 

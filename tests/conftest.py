@@ -26,10 +26,13 @@ def tiny(tmp_path):
     return dict(TINY, out_dir=str(tmp_path / "run"))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n):
+    """n distinct ports free now (held open together while the OS picks them, so none repeats)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def _worker(rank, world_size, port, fn, args, results):
@@ -39,11 +42,16 @@ def _worker(rank, world_size, port, fn, args, results):
     results[rank] = fn(*args)
 
 
+def random_ids(vocab, batch, length, seed):
+    """(batch, length) token ids below vocab, the same for a seed (the checkpoint-import tests)."""
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
 def run_ddp(fn, *args, world_size=2):
     """Run fn(*args) in `world_size` gloo processes set up as torchrun would; returns each rank's
     result (fn must be a module-level function and its result picklable)."""
     results = mp.Manager().dict()
-    mp.spawn(_worker, args=(world_size, _free_port(), fn, args, results), nprocs=world_size, join=True)
+    mp.spawn(_worker, args=(world_size, free_ports(1)[0], fn, args, results), nprocs=world_size, join=True)
     return [results[r] for r in range(world_size)]
 
 

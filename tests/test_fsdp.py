@@ -12,7 +12,7 @@ import common as C
 import envs
 import train as T
 from tokenizer import make_tokenizer
-from conftest import SFT_DATA, TINY, run_ddp
+from conftest import SFT_DATA, TINY, free_ports, run_ddp
 
 SMALL_RL = dict(prompts_per_iter=4, rollout_prompts=2, group_size=2, batch_size=4, max_new_tokens=8, eval_problems=2, eval_batch_size=4)
 ALGOS = {
@@ -38,14 +38,18 @@ def _odd_length_reward(problem, response):
 PER_RANK_BATCH = ("sft", "rm", "dpo", "rft", "ppo")
 
 
-def _in_turn(runs):
-    """Several training runs one after the other in each rank's process, a fresh port for each."""
+def _in_turn(runs, ports):
+    """Several training runs one after the other in each rank's process, a fresh free port for each
+    (chosen by the parent, so both ranks use the same ones)."""
     envs.Arithmetic.verify = staticmethod(_odd_length_reward)
-    port = os.environ.get("MASTER_PORT")
-    for i, overrides in enumerate(runs):
-        if port:
-            os.environ["MASTER_PORT"] = str(int(port) + 1 + i)
+    for overrides, port in zip(runs, ports):
+        os.environ["MASTER_PORT"] = str(port)
         T.train(overrides)
+
+
+def in_turn(runs):
+    """_in_turn on two gloo ranks."""
+    run_ddp(_in_turn, runs, free_ports(len(runs)))
 
 
 def _losses(out):
@@ -73,8 +77,8 @@ def check_fsdp(tmp_path, monkeypatch, algo, sharded_rollouts=False):
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(_odd_length_reward))
     accumulate = 2 if algo in PER_RANK_BATCH else 1  # one process takes both ranks' micro-batches
     T.train(dict(base, out_dir=one, max_iters=1, gradient_accumulation_steps=accumulate))  # (--fsdp: nothing to shard)
-    run_ddp(_in_turn, [dict(base, out_dir=first, max_iters=1), dict(base, out_dir=straight),
-                       dict(base, out_dir=half, max_iters=2), dict(init_from="resume", out_dir=half, max_iters=4)]
+    in_turn([dict(base, out_dir=first, max_iters=1), dict(base, out_dir=straight),
+             dict(base, out_dir=half, max_iters=2), dict(init_from="resume", out_dir=half, max_iters=4)]
             + [dict(base, out_dir=sharded, max_iters=1, fsdp_rollouts="sharded")] * sharded_rollouts)
     if sharded_rollouts:
         assert [row == pytest.approx(want, rel=1e-5, abs=1e-6) for row, want in zip(_rows(sharded), _rows(first))] == [True]
@@ -121,7 +125,7 @@ def test_fsdp_sharded_rollouts_match_gathered(tmp_path, monkeypatch, algo):
     base = dict(TINY, algo=algo, fsdp=True, max_iters=2, lr_decay_iters=2, eval_interval=2,
                 **dict(ALGOS[algo], eval_problems=3, eval_batch_size=1, eval_samples=2))
     gathered, sharded = str(tmp_path / "gathered"), str(tmp_path / "sharded")
-    run_ddp(_in_turn, [dict(base, out_dir=gathered), dict(base, out_dir=sharded, fsdp_rollouts="sharded")])
+    in_turn([dict(base, out_dir=gathered), dict(base, out_dir=sharded, fsdp_rollouts="sharded")])
     assert open(os.path.join(sharded, "samples.txt")).read() == open(os.path.join(gathered, "samples.txt")).read()
     rows, expected = _rows(sharded), _rows(gathered)
     assert [sorted(r) for r in rows] == [sorted(r) for r in expected] and "heldout_kl_ref" in rows[-1]
@@ -139,7 +143,7 @@ def test_fsdp_shared_prompts_match_plain(tmp_path):
     base = dict(TINY, algo="grpo", fsdp=True, max_iters=2, lr_decay_iters=2,
                 **dict(SMALL_RL, learning_rate=1e-3, minibatches=2, batch_size=1))
     shared, plain = str(tmp_path / "shared"), str(tmp_path / "plain")
-    run_ddp(_in_turn, [dict(base, out_dir=shared, share_prompt=True), dict(base, out_dir=plain, share_prompt=False)])
+    in_turn([dict(base, out_dir=shared, share_prompt=True), dict(base, out_dir=plain, share_prompt=False)])
     rows, expected = _rows(shared), _rows(plain)
     assert len(rows) == len(expected) == 2
     for row, want in zip(rows, expected):  # (the loss is near 0 on-policy: compare it absolutely)

@@ -16,7 +16,7 @@ import export
 import train as T
 from model import GPT
 from tokenizer import Tokenizer, gpt2_byte_chars
-from conftest import SFT_DATA, TINY
+from conftest import SFT_DATA, TINY, random_ids
 
 VOCAB = 100  # smaller than the byte tokenizer's 266 ids: init_from must grow the embedding
 
@@ -34,15 +34,12 @@ def hf_dir(tmp_path_factory):
     return str(path), hf
 
 
-def random_ids(batch, length, seed):
-    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
-
 
 def test_logits_match_transformers(hf_dir):
     path, hf = hf_dir
     ours = GPT.from_pretrained(path).eval()
     assert (ours.config.n_layer, ours.config.n_embd, ours.config.block_size) == (2, 32, 128)
-    ids = random_ids(3, 50, seed=1)
+    ids = random_ids(VOCAB, 3, 50, seed=1)
     with torch.no_grad():
         expected = hf(ids).logits
         got = ours(ids)
@@ -54,7 +51,7 @@ def test_greedy_generate_matches_transformers(hf_dir):
     path, hf = hf_dir
     ours = GPT.from_pretrained(path).eval()
     # ragged prompts in one batch: ours left-pads them, transformers decodes each one alone
-    prompts = [random_ids(1, 5, seed=2)[0].tolist(), random_ids(1, 11, seed=3)[0].tolist(), [7]]
+    prompts = [random_ids(VOCAB, 1, 5, seed=2)[0].tolist(), random_ids(VOCAB, 1, 11, seed=3)[0].tolist(), [7]]
     new = 20
     tokens, logprobs, _ = ours.generate(prompts, max_new_tokens=new, temperature=0.0)
     for prompt, got, got_lp in zip(prompts, tokens, logprobs):
@@ -72,7 +69,7 @@ def test_greedy_generate_matches_transformers(hf_dir):
 def test_resize_vocab_keeps_old_logits(hf_dir):
     path, _ = hf_dir
     model = GPT.from_pretrained(path).eval()
-    ids = random_ids(2, 30, seed=4)
+    ids = random_ids(VOCAB, 2, 30, seed=4)
     with torch.no_grad():
         before = model(ids)
         model.resize_vocab(VOCAB + 12)
@@ -93,7 +90,7 @@ def test_train_starts_from_hf_directory(hf_dir, tmp_path):
     start = C.build_model(cfg, tok).eval()
     # the byte tokenizer's ids run past GPT-2's vocabulary: the embedding grew, the old logits stayed
     assert start.config.vocab_size == tok.n_vocab and start.config.block_size == 128
-    ids = random_ids(2, 40, seed=5)
+    ids = random_ids(VOCAB, 2, 40, seed=5)
     with torch.no_grad():
         torch.testing.assert_close(start(ids)[..., :VOCAB], hf(ids).logits, atol=1e-4, rtol=0)
 

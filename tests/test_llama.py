@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 import common as C
 import export
 import train as T
-from conftest import TINY
+from conftest import TINY, random_ids
 from envs import GSM8K
 from model import GPT, GPTConfig, sequence_logprobs
 
@@ -52,9 +52,6 @@ def hf_dir(request, tmp_path_factory):
     return str(path), hf
 
 
-def random_ids(batch, length, seed):
-    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
-
 
 def test_logits_match_transformers(hf_dir):
     path, hf = hf_dir
@@ -62,7 +59,7 @@ def test_logits_match_transformers(hf_dir):
     c = ours.config
     assert (c.norm, c.mlp, c.pos, c.n_kv_head, c.tie_embeddings) == (
         "rmsnorm", "swiglu", "rope", 2, hf.config.tie_word_embeddings)
-    ids = random_ids(3, 40, seed=1)
+    ids = random_ids(VOCAB, 3, 40, seed=1)
     with torch.no_grad():
         expected, got = hf(ids).logits, ours(ids)
     assert got.shape == expected.shape == (3, 40, VOCAB)
@@ -99,8 +96,8 @@ def test_greedy_generate_matches_transformers(hf_dir):
     batch (left-padded with its attention mask), and on a prompt alone."""
     path, hf = hf_dir
     ours = GPT.from_pretrained(path).eval()
-    prompts = [random_ids(1, 5, seed=2)[0].tolist(), random_ids(1, 11, seed=3)[0].tolist(), [7],
-               random_ids(1, 5, seed=2)[0].tolist()]
+    prompts = [random_ids(VOCAB, 1, 5, seed=2)[0].tolist(), random_ids(VOCAB, 1, 11, seed=3)[0].tolist(), [7],
+               random_ids(VOCAB, 1, 5, seed=2)[0].tolist()]
     new = 16
     tokens, logprobs, _ = ours.generate(prompts, max_new_tokens=new, temperature=0.0)
     expected, expected_lp = hf_greedy(hf, prompts, new)
@@ -115,7 +112,7 @@ def test_tool_hook_and_gqa_cache_with_rotary_positions(hf_dir):
     from sampler import KVCache
     path, hf = hf_dir
     ours = GPT.from_pretrained(path).eval()
-    prompts = [random_ids(1, 6, seed=6)[0].tolist(), random_ids(1, 3, seed=7)[0].tolist()]
+    prompts = [random_ids(VOCAB, 1, 6, seed=6)[0].tolist(), random_ids(VOCAB, 1, 3, seed=7)[0].tolist()]
     hook = lambda row, generated: [11, 12, 13] if len(generated) == 1 else None
     tokens, _, forced = ours.generate(prompts, max_new_tokens=12, temperature=0.0, tool_hook=hook)
     for prompt, got, f in zip(prompts, tokens, forced):
@@ -123,7 +120,7 @@ def test_tool_hook_and_gqa_cache_with_rotary_positions(hf_dir):
         assert got[4:] == hf_greedy(hf, [prompt + got[:4]], 8)[0][0]
     cache = KVCache(ours.config, torch.ones(1, 5, dtype=torch.bool), 9)
     with torch.no_grad():
-        ours(random_ids(1, 5, seed=8), cache=cache)
+        ours(random_ids(VOCAB, 1, 5, seed=8), cache=cache)
     assert cache.k.shape == (2, 1, 2, 9, ours.config.head_dim or 8)  # (layers, B, n_kv_head = 2 of 4, ...)
 
 
@@ -132,7 +129,7 @@ def test_export_round_trip(hf_dir, tmp_path):
     ours = GPT.from_pretrained(path).eval()
     back = ours.to_transformers()
     assert type(back) is type(hf)
-    ids = random_ids(2, 30, seed=4)
+    ids = random_ids(VOCAB, 2, 30, seed=4)
     with torch.no_grad():
         torch.testing.assert_close(back(ids).logits, hf(ids).logits, atol=1e-5, rtol=0)
     back.save_pretrained(tmp_path / "again")
@@ -146,7 +143,7 @@ def test_shared_prompt_logprobs_match_plain(hf_dir):
     """Rotary positions through SharedPrompts (GRPO's G answers of one prompt, DPO's pair): the
     same log-probs as scoring each row alone."""
     ours = GPT.from_pretrained(hf_dir[0]).eval()
-    ids = random_ids(4, 20, seed=5)
+    ids = random_ids(VOCAB, 4, 20, seed=5)
     ids[1, :6] = ids[0, :6]  # rows 0 and 1 share a 6-token prompt
     lens = torch.tensor([6, 6, 3, 9])
     with torch.no_grad():
@@ -183,7 +180,7 @@ def test_llama3_rope_scaling_matches_transformers(tmp_path):
     hf.save_pretrained(tmp_path / "llama3")
     ours = GPT.from_pretrained(str(tmp_path / "llama3")).eval()
     assert ours.config.rope_llama3 == (8.0, 1.0, 4.0, 16.0)
-    ids = random_ids(2, 60, seed=9)
+    ids = random_ids(VOCAB, 2, 60, seed=9)
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-4, rtol=0)
         torch.testing.assert_close(ours.to_transformers()(ids).logits, hf(ids).logits, atol=1e-5, rtol=0)
