@@ -63,10 +63,11 @@ STAGES = [
 ]
 
 # train.py arguments every stage gets (the task, e.g. env_direct_frac=0.5), before the stage's own.
-# A stage's own evaluations are greedy only (eval_samples=0): the ladder's evaluation after the runs
-# samples every stage, and sampling k answers per problem at every in-run evaluation as well cost
-# about 2 of the ladder's minutes (docs/ladder.md)
-LADDER_DEFAULTS = dict(eval_samples=0)
+# A stage's own evaluations are greedy only and skip its start: the ladder's evaluation after the runs
+# samples every stage, and its report has each start's figures (sampling k answers per problem at every
+# in-run evaluation as well, and evaluating the SFT model again at iteration 0 of every stage after
+# it, cost about 2 of the ladder's minutes: docs/ladder.md)
+LADDER_DEFAULTS = dict(eval_samples=0, eval_at_start=False)
 
 # The ladder's own keys (everything else on the command line goes to the stages)
 OPTIONS = dict(

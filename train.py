@@ -115,7 +115,8 @@ DEFAULTS = dict(
     lora_rank=0,                # rank of LoRA adapters on every attention and MLP matrix; 0 = full fine-tuning
     lora_alpha=32.0,            # LoRA scale = alpha / rank
     # evaluation and logging
-    eval_interval=100,          # evaluate (and checkpoint) every this many iterations; 0 = only at the end
+    eval_interval=100,          # evaluate (and checkpoint) every this many iterations and at the end; 0 = never (a checkpoint at the end)
+    eval_at_start=True,         # evaluate the starting weights too, at iteration 0 (the ladder's stages skip it: its report has their start)
     eval_problems=200,          # held-out problems per evaluation
     eval_batch_size=100,        # rows per sampler call in evaluation
     log_interval=10,            # write a metrics.jsonl row every this many iterations
@@ -124,7 +125,7 @@ DEFAULTS = dict(
     max_new_tokens=64,          # response length limit for sampling (evaluation and rollouts)
     max_tool_calls=6,           # tool environments (--env=calculator, treasure): calls run per response; later ones get an error back
     checkpoint=True,            # write ckpt.pt at every evaluation and at the end
-    plot=True,                  # redraw metrics.png at every evaluation
+    plot=True,                  # redraw metrics.png at the last evaluation, and at others a minute or more after the last drawing
     seed=1337,                  # seeds torch, numpy and random (each DDP rank adds its rank for dropout)
     device="auto",              # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     compile=False,              # torch.compile the training forward and backward (sampling stays eager)
@@ -558,8 +559,10 @@ def evaluate(run, it, metrics_path):
         metrics = run.algo.evaluate(run, it)
     metrics["eval_time"] = time.time() - t0
     log(run, metrics_path, {"iter": it, **metrics})
-    if run.master and run.cfg["plot"]:
+    # a drawing costs about a second: a short run (a ladder stage) draws once, a long one every minute or so
+    if run.master and run.cfg["plot"] and (it == run.cfg["max_iters"] or time.time() - run.plotted_at >= 60):
         C.plot_metrics(run.cfg["out_dir"])
+        run.plotted_at = time.time()
     return metrics
 
 
@@ -577,13 +580,14 @@ def train(overrides, algo=None):
     run, optimizer = setup(overrides, ckpt, algo)
     cfg, metrics_path = run.cfg, os.path.join(run.cfg["out_dir"], "metrics.jsonl")
     start_iter = resume(run, optimizer, ckpt, metrics_path)
+    run.plotted_at = time.time()  # (evaluate draws metrics.png a minute after this, and at the end)
     from tqdm import tqdm
     # in a terminal the bar redraws 10 times a second; into a file or a pipe (a log, the ladder) every
     # 30 s, so that a log holds a few lines per run rather than thousands of carriage returns
     bar = tqdm(range(start_iter, cfg["max_iters"]), initial=start_iter, total=cfg["max_iters"],
                disable=not run.master, dynamic_ncols=True, desc=cfg["algo"],
                mininterval=0.1 if sys.stderr.isatty() else 30)
-    metrics = evaluate(run, 0, metrics_path) if start_iter == 0 and cfg["eval_interval"] > 0 else {}
+    metrics = evaluate(run, 0, metrics_path) if start_iter == 0 and cfg["eval_interval"] > 0 and cfg["eval_at_start"] else {}
     for it in bar:
         t0 = time.time()
         lr = lr_at(cfg, it)
