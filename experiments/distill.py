@@ -222,20 +222,26 @@ def summarise(points, start, teacher, n):
 
 def goal(results, n):
     """Per OPD arm: the student rollout tokens to GRPO's end-of-budget accuracy (the mean plateau
-    over seeds) against GRPO's own tokens (mean over seeds), and the plateau gap against its band."""
+    over seeds) against GRPO's own budget (mean over seeds; the goal's ratio) and against the tokens
+    GRPO itself took to first reach that accuracy (an arm that plateaus early reaches its end long
+    before its budget is spent), and the plateau gap against its band."""
     if "grpo" not in results:
         return {}
     mean = lambda name, key: sum(s["summary"][key] for s in results[name]) / len(results[name])
     grpo_acc, grpo_tokens = mean("grpo", "plateau"), mean("grpo", "tokens")
-    out = dict(grpo_end_acc=grpo_acc, grpo_tokens=grpo_tokens)
-    for name in (a for a in ("opd_full", "opd_sampled") if a in results):
-        reached = [first_reaching(s["points"], grpo_acc) for s in results[name]]
-        tokens = [r["tokens"] for r in reached if r] if all(reached) else None
-        acc = mean(name, "plateau")
+
+    def tokens_to(name, acc):  # mean over seeds of the tokens to first reach acc; None if a seed never does
+        reached = [first_reaching(s["points"], acc) for s in results[name]]
+        return sum(r["tokens"] for r in reached) / len(reached) if all(reached) else None
+    grpo_to_end = tokens_to("grpo", grpo_acc)
+    out = dict(grpo_end_acc=grpo_acc, grpo_tokens=grpo_tokens, grpo_tokens_to_end=grpo_to_end)
+    for name in (a for a in ("opd_full", "opd_sampled", "offpolicy") if a in results):
+        tokens, acc = tokens_to(name, grpo_acc), mean(name, "plateau")
         gap_band = 2 * math.sqrt((acc * (1 - acc) + grpo_acc * (1 - grpo_acc)) / n)
-        ratio = sum(tokens) / len(tokens) / grpo_tokens if tokens and grpo_tokens else None
-        out[name] = dict(tokens_to_grpo_end=tokens, token_ratio=ratio, plateau=acc, gap=acc - grpo_acc,
-                         gap_band=gap_band, met=bool(ratio is not None and ratio <= 0.2 and acc - grpo_acc > gap_band))
+        ratio = tokens / grpo_tokens if tokens is not None and grpo_tokens else None
+        out[name] = dict(tokens_to_grpo_end=tokens, token_ratio=ratio, plateau=acc, gap=acc - grpo_acc, gap_band=gap_band,
+                         ratio_to_grpo_reaching=tokens / grpo_to_end if tokens is not None and grpo_to_end else None,
+                         met=bool(ratio is not None and ratio <= 0.2 and acc - grpo_acc > gap_band))
     return out
 
 
@@ -252,11 +258,16 @@ def print_tables(results, start, teacher, goals):
             print(f"{name:<12} {s['seed']:>4} {m['plateau']:>7.3f} {m['stopped_at']:>7} {m['work']:>5.2f} "
                   + " ".join(f"{c:>28}" for c in cells))
     if goals:
-        print(f"\nGRPO ends at {goals['grpo_end_acc']:.3f} after {goals['grpo_tokens']:,.0f} rollout tokens (seed mean)")
-        for name in ("opd_full", "opd_sampled"):
+        to_end = goals["grpo_tokens_to_end"]
+        reached = f"it first reached that after {to_end:,.0f}" if to_end is not None else "a seed of it never reached that"
+        print(f"\nGRPO ends at {goals['grpo_end_acc']:.3f} after {goals['grpo_tokens']:,.0f} rollout tokens (seed mean); "
+              + reached)
+        for name in ("opd_full", "opd_sampled", "offpolicy"):
             if name in goals:
                 g = goals[name]
                 ratio = f"{g['token_ratio']:.2f}× GRPO's tokens" if g["token_ratio"] is not None else "never (a seed)"
+                if g["ratio_to_grpo_reaching"] is not None:
+                    ratio += f" ({g['ratio_to_grpo_reaching']:.2f}× what GRPO took to get there)"
                 print(f"{name}: reaches it in {ratio}; plateau {g['plateau']:.3f}, {g['gap']:+.3f} vs GRPO "
                       f"(band ± {g['gap_band']:.3f}); goal {'met' if g['met'] else 'not met'}")
 
@@ -329,7 +340,8 @@ def parse(argv=None):
     parser.add_argument("--teacher", default="out/teacher", help="the teacher checkpoint (see above to make it)")
     parser.add_argument("--seeds", default="1337,1338", help="comma-separated training seeds")
     parser.add_argument("--cap", type=int, default=120, help="iterations at most per arm")
-    parser.add_argument("--min_iters", type=int, default=30, help="no plateau stop before this iteration")
+    parser.add_argument("--min_iters", type=int, default=60, help="no plateau stop before this iteration (its last three "
+                        "evaluations are then 10 or more iterations apart: a slow climb can show)")
     parser.add_argument("--kl_problems", type=int, default=200, help="held-out prompts for the KL profiles")
     args = parse_study(parser, argv, QUICK)
     require_checkpoint("student", args.student, f"python train.py --algo sft --out_dir={args.student}")

@@ -10,6 +10,12 @@ arms from one SFT student, 128 prompts × 1 answer per iteration, learning rate 
                       verifier accepts), every answer position graded (the solution stands in for the
                       problem's text so that prompt + answer fit the context; opd.py PRIVILEGED)
     solution_anchor   the same, plus the anchor
+    reader            the solution context, from a student that has learnt to read a reference: the
+                      student and the teacher it makes never saw a privileged prompt in SFT, and given
+                      one they answer bare (measured first); so before this arm the student gets
+                      --reader_iters more SFT iterations on a half-and-half mix of the SFT task and
+                      (reference solution -> that worked answer) rows, and the arm starts from there
+    reader_anchor     the same, plus the anchor
 
 Greedy held-out accuracy and the worked-answer share (answers that write a step before their answer)
 on --eval_problems problems, at iterations 2, 4, ..., 10, then every 5 to 30, every 10 after, up to
@@ -18,6 +24,8 @@ on --eval_problems problems, at iterations 2, 4, ..., 10, then every 5 to 30, ev
     python experiments/opsd.py --student=out/sft
     python experiments/opsd.py --student=out/sft --anchor_coef=0.5 --iters=40
     python experiments/opsd.py --student=out/sft --quick         # a tiny run of every step (the tests)
+
+An arm's start is evaluated once: the student for the first four, the reader for the last two.
 """
 
 import json
@@ -35,9 +43,38 @@ import opd  # noqa: E402
 import train as T  # noqa: E402
 
 ARMS = dict(answer=dict(privileged="answer", anchor=False), answer_anchor=dict(privileged="answer", anchor=True),
-            solution=dict(privileged="solution", anchor=False), solution_anchor=dict(privileged="solution", anchor=True))
-QUICK = dict(iters=4, eval_problems=16, set=["prompts_per_iter=4", "max_new_tokens=24", "batch_size=4",
-                                             "eval_batch_size=16"])
+            solution=dict(privileged="solution", anchor=False), solution_anchor=dict(privileged="solution", anchor=True),
+            reader=dict(privileged="solution", anchor=False, reader=True),
+            reader_anchor=dict(privileged="solution", anchor=True, reader=True))
+QUICK = dict(iters=4, eval_problems=16, reader_iters=2, set=["prompts_per_iter=4", "max_new_tokens=24", "batch_size=4",
+                                                             "eval_batch_size=16"])
+# the reader's SFT: continued from the student at a tenth of SFT's peak learning rate
+READER = dict(algo="sft", learning_rate=3e-4, min_lr=3e-5, warmup_iters=10, batch_size=32, eval_interval=0)
+
+
+def reader_rows(run, n):
+    """n SFT rows, alternately the SFT task's own (the problem -> the environment's demonstration,
+    bare or worked as in SFT) and the solution context -> the worked answer it spells out."""
+    rows = []
+    for i, problem in enumerate(run.env.problems("train", n, seed=7)):
+        if i % 2:
+            rows.append(dict(prompt=opd.privileged_prompt(run.env, problem, "solution"), completion=run.env.solve(problem)))
+        else:
+            rows.append(dict(prompt=problem["prompt"], completion=run.env.demonstration(problem)))
+    return rows
+
+
+def make_reader(base, args, common):
+    """SFT the student on reader_rows for --reader_iters iterations; returns the checkpoint's directory."""
+    out_dir = os.path.join(args.out, "reader_sft")
+    path = os.path.join(args.out, "reader_rows.jsonl")
+    with open(path, "w") as f:
+        for row in reader_rows(base, max(READER["batch_size"] * args.reader_iters, 64)):
+            f.write(json.dumps(row) + "\n")
+    shared = {k: v for k, v in common.items() if k in T.DEFAULTS}  # (--set keys of every algorithm: SFT's too)
+    T.train(dict(shared, **READER, data=path, init_from=args.student, max_iters=args.reader_iters, plot=False,
+                 out_dir=out_dir))
+    return out_dir
 
 
 def privileged_answers(run, privileged, n):
@@ -63,7 +100,8 @@ def plot(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    colors = dict(answer="tab:red", answer_anchor="tab:orange", solution="tab:blue", solution_anchor="tab:green")
+    colors = dict(answer="tab:red", answer_anchor="tab:orange", solution="tab:blue", solution_anchor="tab:green",
+                  reader="tab:purple", reader_anchor="tab:brown")
     for name, r in results.items():
         its = [p["iter"] for p in r["points"]]
         ax.plot(its, [p["acc"] for p in r["points"]], marker=".", color=colors.get(name), label=f"{name}: accuracy")
@@ -81,6 +119,8 @@ def main(argv=None):
     parser = study_parser(__doc__, ARMS, "out/opsd")
     parser.add_argument("--iters", type=int, default=40, help="iterations per arm")
     parser.add_argument("--anchor_coef", type=float, default=1.0, help="β of the anchor arms (opd.py anchor_coef)")
+    parser.add_argument("--reader_iters", type=int, default=300, help="SFT iterations that teach the reader arms' "
+                        "student to read a reference solution")
     args = parse_study(parser, argv, QUICK)
     require_checkpoint("student", args.student, f"python train.py --algo sft --out_dir={args.student}")
     common = T.parse_args([f"--{kv}" for kv in args.set])
@@ -88,20 +128,32 @@ def main(argv=None):
     t0 = time.time()
     base = T.train(dict(common, algo="opd", init_from=args.student, teacher="self", max_iters=0, eval_interval=0,
                         checkpoint=False, plot=False, out_dir=os.path.join(args.out, "start")))
-    start = evaluate(base, base.raw_model, args.eval_problems)
-    print(f"student: held-out {start['acc']:.3f}, worked share {start['work']:.2f}", flush=True)
+    starts = {args.student: evaluate(base, base.raw_model, args.eval_problems)}
+    print(f"student: held-out {starts[args.student]['acc']:.3f}, worked share {starts[args.student]['work']:.2f}", flush=True)
     contexts = {name: privileged_answers(base, name, args.eval_problems) for name in opd.PRIVILEGED}
     for name, c in contexts.items():
         print(f"the same model given the {name} context writes: accuracy {c['acc']:.3f}, worked share {c['work']:.2f}")
+    names = args.arms.split(",")
+    reader = None
+    if any(ARMS[name].get("reader") for name in names):
+        reader = make_reader(base, args, common)
+        after = T.train(dict(common, algo="opd", init_from=reader, teacher="self", max_iters=0, eval_interval=0,
+                             checkpoint=False, plot=False, out_dir=os.path.join(args.out, "reader_start")))
+        starts[reader] = evaluate(after, after.raw_model, args.eval_problems)
+        contexts["reader: solution"] = privileged_answers(after, "solution", args.eval_problems)
+        print(f"the reader: held-out {starts[reader]['acc']:.3f}, worked share {starts[reader]['work']:.2f}; given the "
+              f"solution context: accuracy {contexts['reader: solution']['acc']:.3f}, worked share "
+              f"{contexts['reader: solution']['work']:.2f}", flush=True)
     results = {}
-    for name in args.arms.split(","):
+    for name in names:
+        student = reader if ARMS[name].get("reader") else args.student
         arm = dict(common, algo="opd", teacher="self", privileged=ARMS[name]["privileged"],
                    anchor_coef=args.anchor_coef if ARMS[name]["anchor"] else 0.0)
         out_dir = os.path.join(args.out, name)
-        points, _ = train_arm(arm, args.student, out_dir, schedule(args.iters), args.eval_problems, start)
+        points, _ = train_arm(arm, student, out_dir, schedule(args.iters), args.eval_problems, starts[student])
         results[name] = dict(points=points, ungraded_frac=mean_ungraded(out_dir), anchor_coef=arm["anchor_coef"])
-        report(results, dict(args=vars(args), student=start, privileged_greedy=contexts, arms=results,
-                             wall_seconds=time.time() - t0), args)  # after every arm: a stopped study keeps them
+        report(results, dict(args=vars(args), student=starts[args.student], reader=starts.get(reader),
+                             privileged_greedy=contexts, arms=results, wall_seconds=time.time() - t0), args)
     print(f"\nresults.json and opsd.png in {args.out} ({time.time() - t0:.0f} s)")
 
 

@@ -10,6 +10,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
 import distill  # noqa: E402
 import opsd  # noqa: E402
+import train as T  # noqa: E402
 from test_opd import write_checkpoint  # noqa: E402
 
 
@@ -77,8 +78,23 @@ def test_opsd_quick_runs_every_arm_and_grades_every_solution_position(tmp_path):
     opsd.main(["--student", student, "--out", str(out), "--quick"])
     results = json.load(open(out / "results.json"))
     assert set(results["arms"]) == set(opsd.ARMS) and (out / "opsd.png").exists()
-    assert set(results["privileged_greedy"]) == {"answer", "solution"}
+    assert set(results["privileged_greedy"]) == {"answer", "solution", "reader: solution"} and results["reader"]
+    assert json.load(open(out / "reader" / "config.json"))["init_from"] == str(out / "reader_sft")
     assert results["arms"]["solution"]["ungraded_frac"] == 0.0
     assert results["arms"]["solution_anchor"]["anchor_coef"] == 1.0 and results["arms"]["answer"]["anchor_coef"] == 0
     rows = [json.loads(line) for line in open(out / "solution_anchor" / "metrics.jsonl")]
     assert all("anchor_kl" in r for r in rows if "loss" in r)
+
+
+def test_reader_rows_alternate_the_sft_task_and_the_solution_context(tmp_path):
+    run = T.train(dict(algo="opd", teacher="self", init_from=write_checkpoint(tmp_path / "s", seed=0), max_iters=0,
+                       eval_interval=0, checkpoint=False, plot=False, out_dir=str(tmp_path / "run")))
+    rows = opsd.reader_rows(run, 40)
+    problems = run.env.problems("train", 40, seed=7)
+    for i, (row, problem) in enumerate(zip(rows, problems)):
+        if i % 2:  # the reference solution, and the worked answer that copies it (the verifier accepts it)
+            assert row["prompt"].startswith("(Reference solution: ") and row["completion"] in row["prompt"]
+            assert run.env.verify(problem, row["completion"]) == 1.0 and run.env.shows_work(row["completion"])
+        else:  # the SFT task itself, bare or worked as in SFT
+            assert row == dict(prompt=problem["prompt"], completion=run.env.demonstration(problem))
+    assert sum(not run.env.shows_work(r["completion"]) for r in rows[::2]) > 0  # SFT's bare answers are kept
