@@ -63,7 +63,9 @@ anchor_coef — β of a KL anchor to the starting (SFT) model π_init, added to 
 
 teacher — where π_t comes from:
     DIR   a frozen checkpoint (common.load_model + common.frozen): any size, the same tokenizer (a
-          vocabulary of another size is refused, naming both); it sees the student's prompt.
+          vocabulary of another size is refused, naming both); it sees the student's prompt, or
+          with privileged=answer|solution the privileged one below (the student's own starting
+          checkpoint so: self-distillation from a frozen snapshot, whose teacher cannot drift).
     self  OPSD: the student's own current weights, run under torch.no_grad on a privileged prompt
           (PRIVILEGED below, chosen by `privileged`), then the student's answer tokens unchanged:
           `answer` is the problem followed by "\n(Reference answer: <answer>)"; `solution` is a
@@ -115,7 +117,8 @@ defaults = dict(
     kl_estimator="full",       # full | sampled | topk
     kl_topk=16,                # k of the topk estimator (k = vocab size: exactly full)
     anchor_coef=0.0,           # β: + β·KL(π_s‖π_init) on the student's samples, keeps its own way of answering (0 = off)
-    privileged="answer",       # OPSD: the teacher's privileged prompt (PRIVILEGED): answer | solution
+    privileged="auto",         # the teacher's prompt: answer | solution (PRIVILEGED) | none (the student's); auto = answer
+                               # under --teacher=self (OPSD), none for a checkpoint (a frozen snapshot given a solution: solution)
     prompts_per_iter=128,      # prompts per iteration, global over ranks (GRPO's default 16 × 8 rollouts)
     samples_per_prompt=1,      # answers per prompt: distillation needs no group, every token is graded
     rollout_prompts=0,         # prompts per sampler call (a shard); 0 = prompts_per_iter / world_size
@@ -183,7 +186,15 @@ def privileged_prompt(env, problem, privileged):
 
 def teacher_prompt(run, problem):
     """The user message the teacher sees: the student's own, or under OPSD the privileged one."""
-    return privileged_prompt(run.env, problem, run.cfg["privileged"]) if run.cfg["teacher"] == "self" else problem["prompt"]
+    context = privileged(run.cfg)
+    return privileged_prompt(run.env, problem, context) if context != "none" else problem["prompt"]
+
+
+def privileged(cfg):
+    """The teacher's context: cfg's privileged, with auto resolved (answer for OPSD, none for OPD)."""
+    if cfg["privileged"] != "auto":
+        return cfg["privileged"]
+    return "answer" if cfg["teacher"] == "self" else "none"
 
 
 @torch.no_grad()
@@ -263,8 +274,10 @@ def setup(run):
     cfg = run.cfg
     if cfg["kl_estimator"] not in ESTIMATORS:
         raise ValueError(f"kl_estimator={cfg['kl_estimator']!r}: choose from {ESTIMATORS}")
-    if cfg["privileged"] not in PRIVILEGED:
-        raise ValueError(f"privileged={cfg['privileged']!r}: choose from {tuple(PRIVILEGED)}")
+    if cfg["privileged"] not in ("auto", "none", *PRIVILEGED):
+        raise ValueError(f"privileged={cfg['privileged']!r}: choose from {('auto', 'none', *PRIVILEGED)}")
+    if cfg["teacher"] == "self" and privileged(cfg) == "none":
+        raise ValueError("--teacher=self with privileged=none: the teacher would be the student itself, every KL 0")
     P, shard = cfg["prompts_per_iter"], C.shard_size(run)
     if shard < 1 or P % shard or (P // shard) % run.world_size or cfg["samples_per_prompt"] < 1 or cfg["kl_topk"] < 1:
         raise ValueError(f"prompts_per_iter={P} must split into shards of rollout_prompts={shard} prompts, a whole "
@@ -280,13 +293,14 @@ def setup(run):
 def passport(run):
     """The run's post-training passport (SPEC §6) as markdown."""
     c = run.cfg
+    context = privileged(c)
+    reads = f", reading a privileged prompt: `{PRIVILEGED[context]!r}`" if context != "none" else ", reading the student's prompt"
     if c["teacher"] == "self":
-        teacher = (f"the student's own current weights (OPSD), detached, reading a privileged prompt: "
-                   f"`{PRIVILEGED[c['privileged']]!r}`")
+        teacher = "the student's own current weights (OPSD), detached" + reads
     else:
         t = run.teacher.config
         teacher = (f"`{c['teacher']}`, frozen, {t.n_layer} layers × {t.n_embd} "
-                   f"({count_parameters(run.teacher)[1]:,} parameters)")
+                   f"({count_parameters(run.teacher)[1]:,} parameters)" + reads)
     signal = ("cross-entropy on the teacher's own samples (off-policy distillation)" if c["kl_estimator"] == "teacher_samples"
               else "per-token reverse KL(π_student ‖ π_teacher) on the student's sampled positions")
     anchor = (f"anchor: + {c['anchor_coef']} · KL(π_student ‖ π_init) on the same positions, π_init = `{c['init_from']}` "

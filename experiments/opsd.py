@@ -1,7 +1,7 @@
 """
 OPSD that can work (SPEC §3 OPSD): self-distillation where the teacher is the student's own current
-weights given privileged context, the student sees only the problem (opd.py, --teacher=self). Four
-arms from one SFT student, 128 prompts × 1 answer per iteration, learning rate 1e-4:
+weights given privileged context, the student sees only the problem (opd.py, --teacher=self). Seven
+arms, 128 prompts × 1 answer per iteration, learning rate 1e-4, the first four from the SFT student:
 
     answer            the privileged context is the reference answer: the known collapse, the model
                       given the answer prefers to write it at once, and the student learns bare answers
@@ -16,6 +16,8 @@ arms from one SFT student, 128 prompts × 1 answer per iteration, learning rate 
                       --reader_iters more SFT iterations on a half-and-half mix of the SFT task and
                       (reference solution -> that worked answer) rows, and the arm starts from there
     reader_anchor     the same, plus the anchor
+    reader_frozen     the same as reader, but the teacher is the reader's starting weights, frozen (a
+                      checkpoint teacher given the privileged prompt): it cannot drift with the student
 
 Greedy held-out accuracy and the worked-answer share (answers that write a step before their answer)
 on --eval_problems problems, at iterations 2, 4, ..., 10, then every 5 to 30, every 10 after, up to
@@ -25,7 +27,7 @@ on --eval_problems problems, at iterations 2, 4, ..., 10, then every 5 to 30, ev
     python experiments/opsd.py --student=out/sft --anchor_coef=0.5 --iters=40
     python experiments/opsd.py --student=out/sft --quick         # a tiny run of every step (the tests)
 
-An arm's start is evaluated once: the student for the first four, the reader for the last two.
+An arm's start is evaluated once: the student for the first four, the reader for the last three.
 """
 
 import json
@@ -45,7 +47,8 @@ import train as T  # noqa: E402
 ARMS = dict(answer=dict(privileged="answer", anchor=False), answer_anchor=dict(privileged="answer", anchor=True),
             solution=dict(privileged="solution", anchor=False), solution_anchor=dict(privileged="solution", anchor=True),
             reader=dict(privileged="solution", anchor=False, reader=True),
-            reader_anchor=dict(privileged="solution", anchor=True, reader=True))
+            reader_anchor=dict(privileged="solution", anchor=True, reader=True),
+            reader_frozen=dict(privileged="solution", anchor=False, reader=True, frozen=True))
 QUICK = dict(iters=4, eval_problems=16, reader_iters=2, set=["prompts_per_iter=4", "max_new_tokens=24", "batch_size=4",
                                                              "eval_batch_size=16"])
 # the reader's SFT: continued from the student at a tenth of SFT's peak learning rate
@@ -101,7 +104,7 @@ def plot(results, path):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 4.8))
     colors = dict(answer="tab:red", answer_anchor="tab:orange", solution="tab:blue", solution_anchor="tab:green",
-                  reader="tab:purple", reader_anchor="tab:brown")
+                  reader="tab:purple", reader_anchor="tab:brown", reader_frozen="tab:olive")
     for name, r in results.items():
         its = [p["iter"] for p in r["points"]]
         ax.plot(its, [p["acc"] for p in r["points"]], marker=".", color=colors.get(name), label=f"{name}: accuracy")
@@ -147,7 +150,8 @@ def main(argv=None):
     results = {}
     for name in names:
         student = reader if ARMS[name].get("reader") else args.student
-        arm = dict(common, algo="opd", teacher="self", privileged=ARMS[name]["privileged"],
+        teacher = student if ARMS[name].get("frozen") else "self"
+        arm = dict(common, algo="opd", teacher=teacher, privileged=ARMS[name]["privileged"],
                    anchor_coef=args.anchor_coef if ARMS[name]["anchor"] else 0.0)
         out_dir = os.path.join(args.out, name)
         points, _ = train_arm(arm, student, out_dir, schedule(args.iters), args.eval_problems, starts[student])

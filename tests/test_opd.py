@@ -238,6 +238,28 @@ def test_opsd_solution_grades_every_answer_position_at_the_default_context(model
     assert max(needed) <= 128 + 1 < max(len(run.tok.prompt_ids(opd.teacher_prompt(run, p))) for p in problems) + 64
 
 
+def test_a_checkpoint_teacher_reads_the_privileged_prompt_when_asked(models, tmp_path):
+    """privileged=auto: OPD's checkpoint teacher reads the student's prompt, OPSD's the answer; a
+    checkpoint given privileged=solution (a frozen snapshot) grades the same tokens the snapshot
+    would write after the solution, and OPSD without a privileged context is refused."""
+    problem = opd_run(models, tmp_path, max_iters=0).env.problems("train", 1)[0]
+    plain = opd_run(models, tmp_path, max_iters=0)
+    assert opd.teacher_prompt(plain, problem) == problem["prompt"]
+    frozen = opd_run(models, tmp_path, max_iters=0, privileged="solution")
+    assert opd.teacher_prompt(frozen, problem) == f"(Reference solution: {frozen.env.solve(problem)})"
+    ro, _ = opd.rollout_shard(frozen, 0, 0)
+    i = 0
+    prompt = frozen.tok.prompt_ids(opd.teacher_prompt(frozen, ro.problems[i]))
+    answer = ro.ids[i, 1:][ro.mask[i] > 0]
+    with torch.no_grad():
+        direct = F.log_softmax(frozen.teacher(torch.tensor([prompt + answer.tolist()])).float(), -1)[0]
+    torch.testing.assert_close(ro.teacher_logprobs[i][ro.mask[i] > 0], direct[len(prompt) - 1:-1])
+    assert opd.teacher_prompt(opd_run(models, tmp_path, max_iters=0, teacher="self"), problem).endswith(
+        f"(Reference answer: {problem['answer']})")
+    with pytest.raises(ValueError, match="privileged=none"):
+        opd_run(models, tmp_path, max_iters=0, teacher="self", privileged="none")
+
+
 def test_offpolicy_rollouts_are_the_teachers_and_the_anchor_starts_at_zero(models, tmp_path):
     """kl_estimator=teacher_samples: the sampler's log-probs are the teacher's on its own prompt, not
     the student's. anchor_coef: π_init is a frozen copy, so before any step the anchor KL is 0."""
