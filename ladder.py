@@ -81,10 +81,9 @@ OPTIONS = dict(
     seeds=1,             # train every stage after SFT with this many seeds (seed, seed+1, ...) from the one SFT; seed k > 1 goes to OUT_ROOT/seedK/
     threads=0,           # torch threads of every stage and of the evaluation; 0 = torch's default (one per core)
 )
-# Minutes on 2 idle cores at the defaults: the whole ladder, and the stages after SFT of one more seed
-# (estimated from the 2026-12-04 runs: a third seed's stages after SFT took 15.7 min; the ladder is
-# slower than its 15-minute target and not yet profiled: docs/ladder.md)
-LADDER_MINUTES, EXTRA_SEED_MINUTES = 35, 16
+# Minutes on 2 idle cores at the defaults: the whole ladder (12.3 measured from a fresh clone on
+# 2026-12-05), and the stages after SFT of one more seed with their evaluations (6.7 in that run)
+LADDER_MINUTES, EXTRA_SEED_MINUTES = 13, 7
 SHARED = [name for name, args, _ in STAGES if args["algo"] in ("pretrain", "sft")]  # trained once, whatever --seeds
 KL_REFERENCES = ("sft", "calc_sft")  # the SFT stages a KL in the report is measured to (the stage's task's)
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")

@@ -102,7 +102,7 @@ def plot(results, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+    fig, ax = plt.subplots(figsize=(11, 4.8))
     colors = dict(answer="tab:red", answer_anchor="tab:orange", solution="tab:blue", solution_anchor="tab:green",
                   reader="tab:purple", reader_anchor="tab:brown", reader_frozen="tab:olive")
     for name, r in results.items():
@@ -111,9 +111,9 @@ def plot(results, path):
         ax.plot(its, [p["work"] for p in r["points"]], linestyle="--", color=colors.get(name),
                 label=f"{name}: worked share")
     ax.set_xlabel("OPSD iteration (128 student answers each)")
-    ax.set_ylabel("held-out: greedy accuracy (solid), worked-answer share (dashed)")
+    ax.set_ylabel("held-out greedy accuracy (solid),\nworked-answer share (dashed)")
     ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the axes: no line hidden
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
