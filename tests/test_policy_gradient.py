@@ -146,8 +146,13 @@ def test_edge_sampling_resumes_exactly(tmp_path, monkeypatch):
 
 
 def edge_run(cfg):
-    envs.Arithmetic.verify = staticmethod(coin_reward)
-    run = T.train(cfg)
+    """One edge-sampling run with the coin reward, the real verifier put back after (this also runs
+    in the test's own process: a verifier left patched broke later tests)."""
+    real, envs.Arithmetic.verify = envs.Arithmetic.__dict__["verify"], staticmethod(coin_reward)
+    try:
+        run = T.train(cfg)
+    finally:
+        envs.Arithmetic.verify = real
     return run.pool_success.tolist(), run.edge_draw.tolist()
 
 
