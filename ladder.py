@@ -322,12 +322,7 @@ def table_row(root, name, record, figures, options):
 def across_seeds(runs, key, n):
     """(mean, half-width) of a figure over the seeds' runs [(k, record, figures)]: mean ± 2 standard
     errors across seeds, or the 95% binomial half-width of the mean on n problems if that is wider."""
-    values = [figures[key] for _, _, figures in runs]
-    mean = sum(values) / len(values)
-    spread = 0.0
-    if len(values) > 1:
-        spread = 2 * math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
-    return mean, max(spread, band(mean, n))
+    return C.mean_and_band([figures[key] for _, _, figures in runs], lambda p: band(p, n))
 
 
 def seeds_row(name, runs, options):

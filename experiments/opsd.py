@@ -80,6 +80,12 @@ def make_reader(base, args, common):
     return out_dir
 
 
+def start_run(common, checkpoint, out_dir):
+    """An OPSD run of 0 iterations: the checkpoint loaded with the task, to evaluate a start."""
+    return T.train(dict(common, algo="opd", init_from=checkpoint, teacher="self", max_iters=0, eval_interval=0,
+                        checkpoint=False, plot=False, out_dir=out_dir))
+
+
 def privileged_answers(run, privileged, n):
     """What the teacher's context asks for: the starting model's greedy answers given the privileged
     prompt instead of the problem, on the n evaluation problems: accuracy and worked share."""
@@ -129,8 +135,7 @@ def main(argv=None):
     common = T.parse_args([f"--{kv}" for kv in args.set])
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    base = T.train(dict(common, algo="opd", init_from=args.student, teacher="self", max_iters=0, eval_interval=0,
-                        checkpoint=False, plot=False, out_dir=os.path.join(args.out, "start")))
+    base = start_run(common, args.student, os.path.join(args.out, "start"))
     starts = {args.student: evaluate(base, base.raw_model, args.eval_problems)}
     print(f"student: held-out {starts[args.student]['acc']:.3f}, worked share {starts[args.student]['work']:.2f}", flush=True)
     contexts = {name: privileged_answers(base, name, args.eval_problems) for name in opd.PRIVILEGED}
@@ -140,8 +145,7 @@ def main(argv=None):
     reader = None
     if any(ARMS[name].get("reader") for name in names):
         reader = make_reader(base, args, common)
-        after = T.train(dict(common, algo="opd", init_from=reader, teacher="self", max_iters=0, eval_interval=0,
-                             checkpoint=False, plot=False, out_dir=os.path.join(args.out, "reader_start")))
+        after = start_run(common, reader, os.path.join(args.out, "reader_start"))
         starts[reader] = evaluate(after, after.raw_model, args.eval_problems)
         contexts["reader: solution"] = privileged_answers(after, "solution", args.eval_problems)
         print(f"the reader: held-out {starts[reader]['acc']:.3f}, worked share {starts[reader]['work']:.2f}; given the "

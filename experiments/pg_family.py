@@ -27,7 +27,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import train as T  # noqa: E402  (after the path: the script runs from anywhere)
+import common as C  # noqa: E402  (after the path: the script runs from anywhere)
+import train as T  # noqa: E402
 
 
 def recipe(name, **extra):
@@ -65,10 +66,7 @@ def band(p, n):
 def final(curves, n):
     """(mean, band) of the final accuracy over the seeds' curves: 2 standard errors across seeds, or
     the binomial band of the mean on n problems if that is wider."""
-    values = [points[-1][2] for points in curves]
-    mean = sum(values) / len(values)
-    spread = 2 * math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)) if len(values) > 1 else 0.0
-    return mean, max(spread, band(mean, n))
+    return C.mean_and_band([points[-1][2] for points in curves], lambda p: band(p, n))
 
 
 def plot(results, n, path):
