@@ -1109,17 +1109,6 @@ def write_samples(run, it, transcripts):
             f.write(f"=== iter {it} ===\n" + "\n".join(transcripts) + "\n")
 
 
-def mean_and_band(values, binomial):
-    """(mean, half-width) of one figure over several seeds' runs: 2 standard errors across the seeds,
-    or binomial(mean), the band of one evaluation at the mean, where that is wider (too few seeds
-    to trust their spread alone)."""
-    mean = sum(values) / len(values)
-    spread = 0.0
-    if len(values) > 1:
-        spread = 2 * math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
-    return mean, max(spread, binomial(mean))
-
-
 def plot_metrics(out_dir):
     """One small panel per logged figure, against the iteration, in out_dir/metrics.png."""
     import matplotlib

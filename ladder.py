@@ -9,7 +9,7 @@ stage and one report, OUT_ROOT/report.md.
     python ladder.py --grpo.learning_rate=1e-4         # --STAGE.key=value goes to one stage
     python ladder.py --stages=sft,grpo                 # run a subset (the report covers every stage found)
     python ladder.py --redo=grpo                        # run grpo again; --redo=sft,grpo or --redo=all
-    python ladder.py --seeds=3                          # the stages after SFT with 3 seeds: mean and band
+    python ladder.py --seeds=3                          # the whole ladder with 3 seeds: mean and band
     python ladder.py --help                             # the options and the stages
 
 A stage is done when OUT_ROOT/STAGE/ladder.json exists: it is written after the stage's run succeeded
@@ -29,7 +29,6 @@ model reports its held-out pair accuracy from its metrics.jsonl.
 import ast
 import codecs
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -38,6 +37,7 @@ import time
 
 import torch
 
+import bands
 import common as C
 import train as T
 from model import ScalarHeadGPT
@@ -78,13 +78,12 @@ OPTIONS = dict(
     eval_ood_n=500,      # OOD problems (greedy)
     eval_pass_n=200,     # held-out problems sampled at T = 1 (accuracy, length, pass@k, the KL to SFT) ...
     eval_samples=8,      # ... k answers each (was eval_pass_k)
-    seeds=1,             # train every stage after SFT with this many seeds (seed, seed+1, ...) from the one SFT; seed k > 1 goes to OUT_ROOT/seedK/
+    seeds=1,             # run the whole ladder this many times, seed, seed+1, ... (pretraining and SFT too); seed k > 1 goes to OUT_ROOT/seedK/
     threads=0,           # torch threads of every stage and of the evaluation; 0 = torch's default (one per core)
 )
-# Minutes on 2 idle cores at the defaults: the whole ladder (12.3 measured from a fresh clone on
-# 2026-12-05), and the stages after SFT of one more seed with their evaluations (6.7 in that run)
-LADDER_MINUTES, EXTRA_SEED_MINUTES = 13, 7
-SHARED = [name for name, args, _ in STAGES if args["algo"] in ("pretrain", "sft")]  # trained once, whatever --seeds
+# Minutes of the whole ladder from a fresh clone on 2 idle cores, the fastest and the slowest CPU class
+# measured (docs/ladder.md "Time"): the range printed at the start, times --seeds
+LADDER_MINUTES = (13, 40)
 KL_REFERENCES = ("sft", "calc_sft")  # the SFT stages a KL in the report is measured to (the stage's task's)
 TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 
@@ -120,13 +119,13 @@ def stage_names(text, what):
 
 
 def seed_root(root, k):
-    """Where seed k's stages after SFT go: OUT_ROOT itself for the first seed, OUT_ROOT/seedK else."""
+    """Where seed k's stages go: OUT_ROOT itself for the first seed, OUT_ROOT/seedK else."""
     return root if k == 1 else os.path.join(root, f"seed{k}")
 
 
 def stage_path(root, name, k):
-    """A stage's directory: the SFT stages (SHARED) are the first seed's, for every seed."""
-    return os.path.join(root if name in SHARED else seed_root(root, k), name)
+    """A stage's directory: seed k's own, every stage retrained per seed (pretraining and SFT too)."""
+    return os.path.join(seed_root(root, k), name)
 
 
 def stage_arguments(root, name, args, start, wide, own, k=1):
@@ -236,11 +235,6 @@ def notes_on_skipping(start_dir, name, record, command):
 # ----------------------------------------------------------------------------------------------
 # Evaluation
 
-def band(p, n):
-    """95% binomial half-width of an accuracy p measured on n problems."""
-    return 1.96 * math.sqrt(p * (1 - p) / n) if n else float("nan")
-
-
 def last_logged(stage_dir, key):
     """The last value of `key` in the stage's metrics.jsonl, or None."""
     value = None
@@ -297,7 +291,7 @@ def fmt(value, spec, missing="–"):
 
 
 def accuracy_cell(p, n):
-    return "–" if p is None else f"{p:.3f} ± {band(p, n):.3f}"
+    return "–" if p is None else f"{p:.3f} ± {bands.binomial(p, n):.3f}"
 
 
 def table_row(root, name, record, figures, options):
@@ -320,9 +314,9 @@ def table_row(root, name, record, figures, options):
 
 
 def across_seeds(runs, key, n):
-    """(mean, half-width) of a figure over the seeds' runs [(k, record, figures)]: mean ± 2 standard
-    errors across seeds, or the 95% binomial half-width of the mean on n problems if that is wider."""
-    return C.mean_and_band([figures[key] for _, _, figures in runs], lambda p: band(p, n))
+    """(mean, half-width or None) of a figure over the seeds' runs [(k, record, figures)], by the
+    project's band rule (bands.across_seeds: t·SE from 3 seeds, floored by the binomial band)."""
+    return bands.across_seeds([figures[key] for _, _, figures in runs], n)
 
 
 def seeds_row(name, runs, options):
@@ -331,7 +325,8 @@ def seeds_row(name, runs, options):
     if figures["kind"] == "reward_model":
         return f"| {name} | {len(runs)} | pair acc " + " ".join(fmt(f["pair_acc"], ".3f") for _, _, f in runs) + " |" + " – |" * 7
     n = options["eval_n"]
-    cells = [f"{m:.3f} ± {h:.3f}" for m, h in (across_seeds(runs, "greedy_acc", n), across_seeds(runs, "sampled_acc", n))]
+    cells = [bands.cell([f[key] for _, _, f in runs], n) for key, n in (("greedy_acc", options["eval_n"]),
+                                                                          ("sampled_acc", options["eval_pass_n"]))]
     cells += [" ".join(f"{f['greedy_acc']:.3f}" for _, _, f in runs), " ".join(f"{f['sampled_acc']:.3f}" for _, _, f in runs)]
     for key, spec in (("pass_at_k", ".3f"), ("ood_acc", ".3f"), ("length", ".1f"), ("kl_sft", ".3f")):
         known = [f[key] for _, _, f in runs if f[key] is not None]
@@ -372,20 +367,23 @@ def plot_ladder(root, results, options):
             ax.axvline(x - 0.8, color="grey", linestyle=":", linewidth=1)  # between the branches
         first = x
         for name, runs in stages:
-            for offset, key, color in ((-0.2, "greedy_acc", "C0"), (0.2, "sampled_acc", "C1")):
-                mean, half = across_seeds(runs, key, options["eval_n"])
+            for offset, key, n, color in ((-0.2, "greedy_acc", options["eval_n"], "C0"),
+                                          (0.2, "sampled_acc", options["eval_pass_n"], "C1")):
+                mean, half = across_seeds(runs, key, n)
                 ax.bar(x + offset, mean, 0.4, yerr=half, color=color, capsize=2)
+                if len(runs) > 1:  # every seed's value, so that two seeds (no band) still show their spread
+                    ax.plot([x + offset] * len(runs), [f[key] for _, _, f in runs], "k.", markersize=3)
             ticks.append(x)
             labels.append(name)
             x += 1
         ax.text((first + x - 1) / 2, -0.28, branch, ha="center", transform=ax.get_xaxis_transform(), fontsize=10)
         x += 0.6  # a gap between the branches
-    seeds = sorted({len(runs) for name, runs in policies if name not in SHARED})
+    seeds = sorted({len(runs) for name, runs in policies})
     ax.bar(0, 0, color="C0", label="greedy"), ax.bar(0, 0, color="C1", label="sampled, T = 1")
     ax.set_xticks(ticks, labels, rotation=30, ha="right")
     ax.set_ylabel(f"held-out accuracy ({options['eval_n']} problems)")
     counts = f"{seeds[0]}" if seeds and seeds[0] == seeds[-1] else f"{seeds[0]}–{seeds[-1]}" if seeds else "1"
-    ax.set_title(f"mean ± band over {counts} seeds per stage after SFT" if seeds and seeds[-1] > 1
+    ax.set_title(f"mean ± band over {counts} seeds (dots: each seed)" if seeds and seeds[-1] > 1
                  else "± the binomial band of one run", fontsize=10)
     ax.set_ylim(0, 1)
     ax.legend(loc="upper left")
@@ -421,9 +419,10 @@ def write_report(root, results, options):
              f"summed over the run's optimizer steps. Wall time: the stage's train.py run. Ran with {runtime}.", ""]
     if seeds > 1:
         lines += [f"## Across seeds", "",
-                  f"The stages after SFT trained with {seeds} seeds from the same SFT checkpoints (the SFT stages: "
-                  f"one run). Each figure is the mean over the seeds; ± is 2 standard errors across the seeds, or the "
-                  f"binomial half-width of the mean on {options['eval_n']} problems where that is wider.", "",
+                  f"The whole ladder run with {seeds} seeds (pretraining and SFT retrained for each). Each figure is "
+                  f"the mean over the seeds; ± is t(0.975, k−1) standard errors across the k seeds, or the binomial "
+                  f"half-width of the mean (n = {options['eval_n']} problems greedy, {options['eval_pass_n']} sampled) "
+                  f"where that is wider; with two seeds, both values and their range (bands.py).", "",
                   f"| stage | seeds | held-out greedy | sampled | greedy per seed | sampled per seed | pass@{k} | "
                   f"OOD greedy | length | KL to SFT |", "|---" * 10 + "|"]
         lines += [seeds_row(name, runs, options) for name, runs in results.items()]
@@ -455,14 +454,14 @@ def write_report(root, results, options):
 
 def make_plan(options, wide, per_stage):
     """[(label, stage, seed k, its directory, its train.py arguments, its start's directory)] in the
-    order they run: the whole ladder with the first seed, then the stages after SFT of every other
+    order they run: the whole ladder with the first seed, then the whole ladder with every other
     seed; every stage's configuration checked before anything runs."""
     root, seeds = options["out_root"], options["seeds"]
     to_run = stage_names(options["stages"], "stages") or [name for name, _, _ in STAGES]
     plan = []
     for k in range(1, seeds + 1):
         for name, args, start in STAGES:
-            if name not in to_run or (k > 1 and name in SHARED):
+            if name not in to_run:
                 continue
             label = name if k == 1 else f"{name} (seed {k})"
             args = stage_arguments(root, name, args, start, wide, per_stage[name], k)
@@ -500,10 +499,9 @@ def main(argv):
         torch.set_num_threads(threads)  # the evaluation here; the stages get OMP_NUM_THREADS
     plan = make_plan(options, wide, per_stage)
     redo = stage_names(options["redo"], "redo")
-    print(f"[ladder] the whole ladder takes about {LADDER_MINUTES} min on 2 idle cores"
-          + (f"; --seeds={seeds} adds about {EXTRA_SEED_MINUTES} min per extra seed, "
-             f"{LADDER_MINUTES + EXTRA_SEED_MINUTES * (seeds - 1)} min in all" if seeds > 1 else "")
-          + " (done stages are skipped)", flush=True)
+    low, high = (minutes * seeds for minutes in LADDER_MINUTES)
+    print(f"[ladder] {'the whole ladder' if seeds == 1 else f'{seeds} whole ladders'} take {low} to {high} min on "
+          f"2 idle cores, by CPU (done stages are skipped)", flush=True)
     failure = None
     for label, name, k, stage_dir, args, start_dir in plan:
         record = done(stage_dir)
@@ -519,7 +517,7 @@ def main(argv):
     device = {**LADDER_DEFAULTS, **wide}.get("device", "auto")
     results = {}
     for name, _, _ in STAGES:
-        for k in range(1, (1 if name in SHARED else seeds) + 1):
+        for k in range(1, seeds + 1):
             record = done(stage_path(root, name, k))
             if record and (k == 1 or name in results):
                 figures = evaluation(root, name, k, options, device)

@@ -34,7 +34,6 @@ iterations when the start has none). It writes results.json, ood.md
 
 import argparse
 import json
-import math
 import os
 import random
 import sys
@@ -43,6 +42,7 @@ import types
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import bands  # noqa: E402
 import common as C  # noqa: E402
 from envs import Arithmetic  # noqa: E402
 from envs.treasure import MAP_TEXT, ROOM_NAMES, ROOMS, optimal_episode  # noqa: E402
@@ -101,7 +101,7 @@ def accuracy(r, model, split, n):
         metrics, _ = C.greedy_accuracy(types.SimpleNamespace(**{**vars(r), "env": shifted}), model, "ood", n)
         metrics = {"heldout_acc": metrics["ood_acc"]}
     acc = metrics["heldout_acc"]
-    return acc, 2 * math.sqrt(max(acc * (1 - acc), 1e-12) / n)
+    return acc, bands.binomial(acc, n)
 
 
 def loaded(args, common, algo="sft"):
@@ -115,7 +115,7 @@ def search(args, common):
     rows = [("heldout (in distribution)", *accuracy(r, r.raw_model, "heldout", args.eval_problems))]
     rows += [(name, *accuracy(r, r.raw_model, name, args.eval_problems)) for name in CANDIDATES[r.env.name]]
     lines = [f"Greedy accuracy of {args.init_from} ({r.env.name}) on {args.eval_problems} problems per split:", "",
-             "| split | accuracy | band (2 SE) |", "|---|---|---|"] + [f"| {n} | {a:.3f} | ± {b:.3f} |" for n, a, b in rows]
+             "| split | accuracy | band (95%) |", "|---|---|---|"] + [f"| {n} | {a:.3f} | ± {b:.3f} |" for n, a, b in rows]
     with open(os.path.join(args.out, "search.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(args.out, "search.json"), "w") as f:
@@ -178,9 +178,8 @@ def table(results):
     for arm, runs in results["arms"].items():
         ends = [points[-1] for points in runs.values()]
         for key in ("heldout", "ood"):
-            mean = sum(p[key] for p in ends) / len(ends)
-            band = math.sqrt(sum(p[f"{key}_band"] ** 2 for p in ends)) / len(ends)  # the mean's 2 SE over problems
-            lines.append(f"- {arm}, {key}: {start[key]:.3f} → {mean:.3f} ± {band:.3f} (mean of {len(ends)} seeds)")
+            cell = bands.cell([p[key] for p in ends], results["eval_problems"])  # seeds' spread, floored by the binomial band
+            lines.append(f"- {arm}, {key}: {start[key]:.3f} → {cell} ({len(ends)} seeds)")
     return "\n".join(lines) + "\n"
 
 

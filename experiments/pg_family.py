@@ -18,7 +18,6 @@ binomial band of that mean, ± 2·√(p(1 − p)/n). Runs already finished in --
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -27,7 +26,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import common as C  # noqa: E402  (after the path: the script runs from anywhere)
+import bands  # noqa: E402  (after the path: the script runs from anywhere)
+import common as C  # noqa: E402
 import train as T  # noqa: E402
 
 
@@ -59,14 +59,10 @@ def curve(out_dir):
     return points
 
 
-def band(p, n):
-    return 2 * math.sqrt(max(p * (1 - p), 0.0) / n)
-
-
 def final(curves, n):
-    """(mean, band) of the final accuracy over the seeds' curves: 2 standard errors across seeds, or
-    the binomial band of the mean on n problems if that is wider."""
-    return C.mean_and_band([points[-1][2] for points in curves], lambda p: band(p, n))
+    """(mean, band or None) of the final accuracy over the seeds' curves, by the project's band rule
+    (bands.across_seeds: t·SE from 3 seeds, floored by the binomial band; None for 2 seeds)."""
+    return bands.across_seeds([points[-1][2] for points in curves], n)
 
 
 def plot(results, n, path):
@@ -79,7 +75,7 @@ def plot(results, n, path):
         for s, points in enumerate(curves):
             x = [p[1] / 1e3 for p in points]
             y = [p[2] for p in points]
-            ax.errorbar(x, y, yerr=[band(v, n) for v in y], marker="o", capsize=3, color=color, alpha=0.8,
+            ax.errorbar(x, y, yerr=[bands.binomial(v, n) for v in y], marker="o", capsize=3, color=color, alpha=0.8,
                         linestyle="-" if s == 0 else "--", label=arm if s == 0 else None)
     ax.set_xlabel("rollout tokens decoded (thousands)")
     ax.set_ylabel(f"greedy held-out accuracy ({n} problems, ± 2 SE)")
@@ -134,10 +130,10 @@ def main(argv=None):
           f"rollout tokens | clip_frac | ratio_dev |")
     print("|---|---|---|---|---|---|")
     for arm, curves in results.items():
-        mean, width = final(curves, n)
+        cell = bands.cell([points[-1][2] for points in curves], n)
         per_seed = ", ".join(f"{points[-1][2]:.3f}" for points in curves)
         average = lambda i: sum(points[-1][i] for points in curves) / len(curves)
-        print(f"| {arm} | {mean:.3f} ± {width:.3f} (start {curves[0][0][2]:.3f}) | {per_seed} | {average(1):,.0f} | "
+        print(f"| {arm} | {cell} (start {curves[0][0][2]:.3f}) | {per_seed} | {average(1):,.0f} | "
               f"{average(3):.4f} | {average(4):.3f} |")
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(dict(settings=dict(common, seeds=seeds), results=results), f, indent=1)

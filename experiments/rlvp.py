@@ -29,14 +29,14 @@ results.json, rlvp.md (the table) and the plot into --out.
 
 import argparse
 import json
-import math
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import train as T  # noqa: E402  (after the path: the script runs from anywhere)
+import bands  # noqa: E402  (after the path: the script runs from anywhere)
+import train as T  # noqa: E402
 from experiments.generalpoints import init_checkpoint, run, save_study  # noqa: E402  (an SFT start, train.train by algorithm)
 from experiments.ood import accuracy  # noqa: E402  (greedy accuracy on a split, with its band)
 
@@ -80,12 +80,9 @@ def grpo_run(args, common, arm, seed, start, start_figures):
 
 
 def mean_band(values):
-    """(mean, 2 standard errors over the seeds; 0 with one seed)."""
-    m = sum(values) / len(values)
-    if len(values) < 2:
-        return m, 0.0
-    var = sum((v - m) ** 2 for v in values) / (len(values) - 1)
-    return m, 2 * math.sqrt(var / len(values))
+    """(mean, t·SE over the seeds from 3 seeds; None for 1 or 2): the seeds' spread alone (the binomial
+    band of one evaluation is reported beside it). bands.paired_across_seeds is the same rule."""
+    return bands.paired_across_seeds(values) if len(values) > 1 else (values[0], None)
 
 
 def summary(results):
@@ -112,9 +109,10 @@ def table(results):
     rows = ["| arm | rollout win rate | all-fail groups | violations / episode | held-out greedy | OOD greedy |",
             "|---|---|---|---|---|---|"]
     for arm, fig in summary(results).items():
-        cells = [f"{fig[k]['start'][0]:.3f} → {fig[k]['end'][0]:.3f} ± {fig[k]['end'][1]:.3f}" for k in PER_ITER + PER_EVAL]
+        spread = lambda half: f" ± {half:.3f}" if half is not None else ""
+        cells = [f"{fig[k]['start'][0]:.3f} → {fig[k]['end'][0]:.3f}{spread(fig[k]['end'][1])}" for k in PER_ITER + PER_EVAL]
         rows.append(f"| {arm} | " + " | ".join(cells) + " |")
-    band = 2 * math.sqrt(0.25 / n)
+    band = bands.binomial(0.5, n)
     rows += ["", f"Means over {len(results['seeds'])} seeds ({', '.join(map(str, results['seeds']))}); ± 2 standard "
              f"errors over the seeds at the end. Rollout figures: the first → the last third of {results['iters']} "
              f"iterations of {P} maps × {G} plays; evaluations: greedy wins on {results['eval_problems']} held-out and "

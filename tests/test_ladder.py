@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+import bands
 import ladder
 import sft
 import train as T
@@ -61,34 +62,57 @@ def test_done_stages_are_skipped_and_redo_reruns(ladder_root, capsys):
     assert "sft was redone after it; --redo=grpo" in capsys.readouterr().out  # later stages: noted, not redone
 
 
-def test_seeds_train_the_stages_after_sft_again_from_the_one_sft(ladder_root, capsys):
-    """--seeds=2: grpo and opd again with seed 1338 in OUT_ROOT/seed2, from the first seed's SFT, opd
-    distilling seed 2's own grpo; the first seed and the SFT stages are not run again."""
+def test_seeds_retrain_the_whole_ladder(ladder_root, capsys):
+    """--seeds=2: pretrain, sft, grpo and opd again with seed 1338 in OUT_ROOT/seed2, each from seed
+    2's own start (opd distilling seed 2's own grpo); the first seed is not run again. With two seeds
+    the report gives both values and their range, no band."""
     before = checkpoint_times(ladder_root)
     ladder.main(TINY_LADDER[:-1] + [f"--out_root={ladder_root}", "--seeds=2", "--stages=pretrain,sft,grpo,opd"])
     assert checkpoint_times(ladder_root) == before
     seed2 = os.path.join(ladder_root, "seed2")
-    assert sorted(os.listdir(seed2)) == ["grpo", "opd"]
-    grpo, opd = (json.load(open(os.path.join(seed2, name, "config.json"))) for name in ("grpo", "opd"))
-    assert grpo["seed"] == opd["seed"] == 1338 and grpo["init_from"] == os.path.join(ladder_root, "sft")
-    assert opd["teacher"] == os.path.join(seed2, "grpo")
+    assert sorted(os.listdir(seed2)) == ["grpo", "opd", "pretrain", "sft"]
+    configs = {name: json.load(open(os.path.join(seed2, name, "config.json"))) for name in os.listdir(seed2)}
+    assert {c["seed"] for c in configs.values()} == {1338}
+    assert configs["sft"]["init_from"] == os.path.join(seed2, "pretrain")
+    assert configs["grpo"]["init_from"] == os.path.join(seed2, "sft") and configs["opd"]["teacher"] == os.path.join(seed2, "grpo")
     record = json.load(open(os.path.join(seed2, "grpo", "ladder.json")))
     assert record["threads"] >= 1 and record["torch"] == ladder.torch.__version__
     out = capsys.readouterr().out
-    assert "adds about" in out and "[ladder] grpo (seed 2): python train.py" in out
+    assert "2 whole ladders take" in out and "[ladder] sft (seed 2): python train.py" in out
     report = open(os.path.join(ladder_root, "report.md")).read()
     rows = {line.split(" | ")[0][2:]: line for line in report.split("## Across seeds")[1].split("## The first seed")[0].splitlines()
             if line.startswith("| ") and not line.startswith("| stage")}
-    assert rows["sft"].startswith("| sft | 1 |") and rows["grpo"].startswith("| grpo | 2 |")
+    assert rows["sft"].startswith("| sft | 2 |") and rows["grpo"].startswith("| grpo | 2 |") and "(range " in rows["grpo"]
     assert "seed 2: `python train.py" in report and "seed2/grpo/passport.md" in report
 
 
-def test_across_seeds_band_is_two_standard_errors_or_the_binomial_band():
+def test_the_band_rule_on_known_answers():
+    """bands.across_seeds: t(0.975, 2)·s/√3 for three seeds (values 0.5, 0.6, 0.7: s = 0.1, 4.303 · 0.1 / √3
+    = 0.2484), floored by the binomial band; two seeds claim no band; one seed is the binomial band."""
+    mean, half = bands.across_seeds([0.5, 0.6, 0.7], 1000)
+    assert mean == pytest.approx(0.6) and half == pytest.approx(0.24844, abs=1e-5)
+    assert bands.across_seeds([0.60, 0.61, 0.605], 1000)[1] == pytest.approx(1.96 * (0.605 * 0.395 / 1000) ** 0.5)
+    assert bands.across_seeds([0.60, 0.61], 1000) == (pytest.approx(0.605), None)
+    assert bands.cell([0.60, 0.61], 1000) == "0.600, 0.610 (range 0.010)"
+    assert bands.across_seeds([0.5], 100)[1] == pytest.approx(0.098)
+    assert bands.t_975(1) == 12.706 and bands.t_975(31) == pytest.approx(2.0395, abs=2e-4)
+    assert bands.t_975(120) == pytest.approx(1.9799, abs=2e-4)
     runs = [(k, None, dict(acc=v)) for k, v in enumerate((0.5, 0.6, 0.7), 1)]
-    mean, half = ladder.across_seeds(runs, "acc", 1000)  # sd 0.1, 2 · 0.1 / sqrt(3) = 0.1155
-    assert mean == pytest.approx(0.6) and half == pytest.approx(0.11547, abs=1e-5)
-    runs = [(1, None, dict(acc=0.60)), (2, None, dict(acc=0.61))]  # 2 SE = 0.01 < 1.96 · sqrt(.6·.4/1000)
-    assert ladder.across_seeds(runs, "acc", 1000)[1] == pytest.approx(1.96 * (0.605 * 0.395 / 1000) ** 0.5)
+    assert ladder.across_seeds(runs, "acc", 1000) == bands.across_seeds([0.5, 0.6, 0.7], 1000)
+
+
+def test_paired_band_on_known_answers():
+    """Arms that agree on 90 of 100 problems and differ on 10 (a right on 8 of them, b on 2): the mean
+    difference 0.06 with 1.96·sd/√n, sd of the d_i ∈ {1 ×8, −1 ×2, 0 ×90} = √((0.1 − 0.0036)·100/99)."""
+    a = [1] * 8 + [0] * 2 + [1] * 50 + [0] * 40
+    b = [0] * 8 + [1] * 2 + [1] * 50 + [0] * 40
+    mean, half = bands.paired(a, b)
+    sd = ((10 * 1 - 100 * 0.06 ** 2) / 99) ** 0.5  # Σd² = 10, n·mean² = 0.36
+    assert mean == pytest.approx(0.06) and half == pytest.approx(1.96 * sd / 10)
+    assert half < bands.binomial(0.58, 100) + bands.binomial(0.52, 100)  # far tighter than two independent bands
+    assert bands.paired_across_seeds([0.05, 0.07, 0.06]) == (pytest.approx(0.06), pytest.approx(4.303 * 0.01 / 3 ** 0.5))
+    with pytest.raises(ValueError, match="share their problems"):
+        bands.paired([1, 0], [1])
 
 
 def test_a_failing_stage_stops_the_ladder_and_keeps_the_others(ladder_root):

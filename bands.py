@@ -1,0 +1,85 @@
+"""
+The project's one band rule: how sure a measured accuracy is, for one run, across seeds, and for two
+arms compared on the same problems. The ladder and every study call these; nothing else computes a band.
+
+    one evaluation of n problems:   p ± 1.96·√(p(1 − p)/n)                        (binomial, 95%)
+    k ≥ 3 seeds:                    mean ± t(0.975, k − 1)·s/√k, at least the binomial band of the mean
+    2 seeds:                        both values and their range; no band is claimed
+    two arms on the same problems:  the per-problem differences d_i ∈ {−1, 0, 1}:
+                                    mean(d) ± 1.96·sd(d)/√n            (one seed, paired)
+                                    the per-seed paired differences with the k-seed rule (several seeds)
+
+Why the floor: seeds evaluated on the same n problems share those problems, so their agreement says
+nothing about how the n problems were drawn; the binomial band of one evaluation stays the least
+uncertainty of the mean. Why nothing for 2 seeds: t(0.975, 1) = 12.7, a band wider than the figure.
+"""
+
+import math
+
+# t(0.975, df) for df = 1..30; beyond, the normal quantile's expansion (error < 1e-3 from df 30 on)
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def t_975(df):
+    """The 97.5% quantile of Student's t with df degrees of freedom (two-sided 95%)."""
+    if df < 1:
+        raise ValueError(f"t quantile: df={df}, at least 1")
+    if df <= len(T_975):
+        return T_975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def binomial(p, n):
+    """95% half-width of an accuracy p measured on n problems: 1.96·√(p(1 − p)/n)."""
+    return 1.96 * math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")
+
+
+def across_seeds(values, n):
+    """(mean, half-width) of one figure over k seeds' runs, each measured on n problems (the same n).
+    k = 1: the binomial band; k = 2: half-width None (report both values and their range, claim
+    nothing beyond them); k ≥ 3: t(0.975, k − 1)·SE, floored by the binomial band of the mean."""
+    k = len(values)
+    mean = sum(values) / k
+    if k == 1:
+        return mean, binomial(mean, n)
+    if k == 2:
+        return mean, None
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (k - 1))
+    return mean, max(t_975(k - 1) * sd / math.sqrt(k), binomial(mean, n))
+
+
+def paired(a, b):
+    """(mean difference, half-width) of arm a minus arm b on the same problems, one seed: a and b are
+    0/1 per problem (or any per-problem scores), in the same order. The band is 1.96 standard
+    errors of the per-problem differences, far tighter than two independent bands where the arms
+    mostly agree."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired: {len(a)} and {len(b)} problems; the arms must share their problems")
+    d = [x - y for x, y in zip(a, b)]
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
+    return mean, 1.96 * sd / math.sqrt(n)
+
+
+def paired_across_seeds(differences):
+    """(mean, half-width) of per-seed paired differences (seed k's arm a minus its arm b, on the same
+    problems): t(0.975, k − 1)·SE for k ≥ 3; None for k = 2 (report both); the one seed's own value
+    with no band for k = 1 (use `paired` on its per-problem results)."""
+    k = len(differences)
+    mean = sum(differences) / k
+    if k < 3:
+        return mean, None
+    sd = math.sqrt(sum((v - mean) ** 2 for v in differences) / (k - 1))
+    return mean, t_975(k - 1) * sd / math.sqrt(k)
+
+
+def cell(values, n, digits=3):
+    """A table cell for a figure over seeds: 'mean ± h' (k = 1 or k ≥ 3) or 'a, b (range r)' (k = 2)."""
+    mean, half = across_seeds(values, n)
+    if half is None:
+        return f"{values[0]:.{digits}f}, {values[1]:.{digits}f} (range {abs(values[0] - values[1]):.{digits}f})"
+    return f"{mean:.{digits}f} ± {half:.{digits}f}"
