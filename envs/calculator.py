@@ -13,11 +13,20 @@ from envs.arithmetic import ANSWER_FORM, Arithmetic
 # runs code: the text is checked against a character whitelist, parsed with ast, and only numbers,
 # + - * /, ** and unary minus are evaluated, in exact rational arithmetic, under bounds that make
 # every answer quick. Anything else gets a short error string back, which the model reads.
+#
+# A bound on a value's size is not a bound on its cost: (1/9)**16 is small, but its denominator has
+# 51 bits, and ((((((1/9)**16)**16)**16)**16)**16)**16 (39 characters) would build a 53-million-bit
+# one. So every operation's cost is bounded before it runs: from its operands' bit lengths, the
+# longest integer it can form (numerator or denominator) is computed, and an operation that could
+# pass CALC_MAX_BITS is refused. Every integer ever formed then has at most 1,024 bits, every
+# operation takes microseconds, and a call (at most 64 characters) well under a millisecond
+# (tests/test_guarantees.py searches for the slowest one).
 
 CALC_MAX_CHARS = 64           # longer input: an error before any parsing
 CALC_MAX_DEPTH = 12           # nesting of the parsed tree (brackets, chained operators)
 CALC_MAX_EXPONENT = 16        # |exponent| of **, an integer
 CALC_MAX_MAGNITUDE = 10 ** 12  # |value| of every number, intermediate or final
+CALC_MAX_BITS = 1024          # bits of every numerator and denominator an operation may form
 _CALC_CHARS = re.compile(r"[0-9.+\-*/() ]*")  # no letters, quotes, brackets, commas, colons: no names, calls, lambdas
 _CALC_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
@@ -26,12 +35,23 @@ class CalculatorError(ValueError):
     pass
 
 
+def _bits(x):
+    """The longer of a Fraction's numerator and denominator, in bits."""
+    return max(x.numerator.bit_length(), x.denominator.bit_length())
+
+
+def _check_cost(bits):
+    """Refuse an operation before it runs when the integers it may form could pass CALC_MAX_BITS."""
+    if bits > CALC_MAX_BITS:
+        raise CalculatorError(f"numerator or denominator over {CALC_MAX_BITS} bits")
+
+
 def _calc_value(node, depth=0):
     """The exact value (a Fraction) of a parsed node, or CalculatorError."""
     if depth > CALC_MAX_DEPTH:
         raise CalculatorError("too deeply nested")
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        value = Fraction(str(node.value))
+        value = Fraction(str(node.value))  # at most 64 characters: far under CALC_MAX_BITS
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         value = -_calc_value(node.operand, depth + 1)
     elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
@@ -40,11 +60,13 @@ def _calc_value(node, depth=0):
             raise CalculatorError(f"exponent must be an integer up to {CALC_MAX_EXPONENT}")
         if base == 0 and exponent < 0:
             raise CalculatorError("division by zero")
-        value = base ** int(exponent)  # bounded: |base| <= 1e12, |exponent| <= 16
+        _check_cost(abs(int(exponent)) * _bits(base))  # (n/d)**k: k·bits(n) and k·bits(d) at most
+        value = base ** int(exponent)
     elif isinstance(node, ast.BinOp) and type(node.op) in _CALC_OPS:
         a, b = _calc_value(node.left, depth + 1), _calc_value(node.right, depth + 1)
         if isinstance(node.op, ast.Div) and b == 0:
             raise CalculatorError("division by zero")
+        _check_cost(_bits(a) + _bits(b) + 1)  # a/b op c/d forms a·d ± c·b and b·d at most
         value = _CALC_OPS[type(node.op)](a, b)
     else:
         raise CalculatorError("only numbers, + - * / ** and parentheses")
@@ -56,8 +78,8 @@ def _calc_value(node, depth=0):
 def calculator(expr: str) -> str:
     """The tool: an arithmetic expression -> its value as text ("9716", "2.5", "0.333333"), or
     "error: ..." for anything else (names, attributes, calls, lambdas, too long, too deep, too large,
-    division by zero). Safe by construction: a whitelist, ast.parse of at most 64 characters, and an
-    evaluator that knows five operators."""
+    too many digits, division by zero). Safe by construction: a whitelist, ast.parse of at most 64
+    characters, and an evaluator that knows five operators and bounds each one's cost before running it."""
     expr = expr.replace("×", "*").replace("÷", "/").replace("−", "-")
     if len(expr) > CALC_MAX_CHARS:
         return f"error: longer than {CALC_MAX_CHARS} characters"

@@ -18,6 +18,8 @@ HOSTILE = [
     "7 // 2", "7 % 2", "1; 2", "1\n2", "１２+1", "1e400", "2j", "True + 1",
     "10**100", "2**99999999", "9**9**9**9", "2**2**2**2**2**2", "(10**6)**(10**6)", "999999999999*999999999999",
     "2**-99999", "0**-1", "1/0", "1/(2-2)", "5/(3-3)*2",
+    "((((((1/9)**16)**16)**16)**16)**16)**16", "(((((((((1/9)**16)**16)**16)**16)**16)**16)**16)**16)**16",
+    "((((((((((((1/7)**16)**16)**16)**16)**16)**16)**16)**16)**16)**16)**16)", "((0.1**16)**16)**2", "(1/3)**16**16",
     "-" * 60 + "1", "(" * 40 + "1" + ")" * 40, "((" * 200 + "1" + "))" * 200, "1+" * 10000 + "1", "9" * 10 ** 6,
     "", "   ", "(", "1+", "*3", "1..2",
 ]
@@ -36,6 +38,16 @@ def test_hostile_input_gets_a_short_error_quickly(expr):
                                         ("(((1+2)))*3", "9"), ("2×3−1÷2", "5.5"), ("999999*999999", "999998000001")])
 def test_arithmetic_is_exact(expr, value):
     assert calculator(expr) == value
+
+
+def test_cost_is_bounded_by_bits_not_only_by_size():
+    """Small values with long denominators: allowed while every integer formed stays within
+    CALC_MAX_BITS, refused (before computing) past it."""
+    assert calculator("(2/3)**16") == "0.00152244" and calculator("(1/999999)**16") == "1.00002e-96"
+    assert calculator("((1/9)**16)**16") == "5.17509e-245"  # 9**256: 812 bits
+    assert calculator("((1/9)**16)**16*((1/7)**16)**16") == "error: numerator or denominator over 1024 bits"
+    assert calculator("(((1/9)**16)**16)**16") == "error: numerator or denominator over 1024 bits"
+    assert calculator("(1/3)**16*(1/7)**16") == "6.99023e-22"
 
 
 def test_problems_splits_and_solver():
