@@ -109,3 +109,30 @@ def test_the_task_reads_back_both_of_its_phrasings():
     assert sample.verdict(env, question, "Answer: 11") == "  [wrong]"
     assert sample.verdict(env, "What is 7 + 8 - 3 + 5?", "Answer: 17") == "  [correct]"
     assert env.parse_problem("What is 7 * 8?") is None and sample.verdict(env, "Hello?", "Answer: 1") == ""
+
+
+# ----------------------------------------------------------------------------------------------
+# GSM8K's answer pattern (the dataset and the tiny Qwen2 runs are in test_llama.py)
+
+def test_gsm8k_reads_the_number_after_the_last_marker():
+    from envs import GSM8K
+    problem = {"answer": "1234"}
+    for response, reward in [("48/2 = 24, so 1,234 in all.\n#### 1,234", 1.0), ("#### $1234.00", 1.0),
+                             ("#### 71\nno, wait\n#### 1234", 1.0), ("#### 1234\n#### 71", 0.0),
+                             ("The answer is 1234.", 0.0), ("#### 1233", 0.0), ("####  $ \n 1234", 1.0),
+                             ("#### $$1234", 0.0), ("#### -1234", 0.0), ("#### 1234 dollars", 1.0)]:
+        assert GSM8K.verify(problem, response) == reward, response
+
+
+def test_gsm8k_pattern_reads_what_the_quadratic_one_read():
+    """The linear pattern finds exactly what the earlier r"####\\s*\\$?\\s*(...)" found, on 20,000 random
+    short strings of the characters that matter."""
+    import random
+    import re
+
+    from envs.gsm8k import _FINAL
+    before = re.compile(r"####\s*\$?\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)")
+    rng, pieces = random.Random(0), ["####", "#", "$", " ", "\n", "\t", "-", "1", "7", ",", ".", "a"]
+    for _ in range(20000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 16)))
+        assert _FINAL.findall(text) == before.findall(text), repr(text)
