@@ -107,15 +107,27 @@ def calculator(expr: str) -> str:
 # the problem, and the answer); path_signals (RLVP's rule engine, below).
 
 TOOL_CALL, END_CALL, TOOL_RESULT, END_RESULT = "<|tool_call|>", "<|/tool_call|>", "<|tool_result|>", "<|/tool_result|>"
-_CALL = re.compile(re.escape(TOOL_CALL) + r"(.*?)" + re.escape(END_CALL)
-                   + r"(?:" + re.escape(TOOL_RESULT) + r"(.*?)" + re.escape(END_RESULT) + r")?", re.S)
 _BINARY_OP = re.compile(r"(?<=[0-9.)])\s*(?:\*\*|[-+*/×÷−])")  # an operator after an operand: not a unary minus
 
 
 def tool_calls(response):
-    """[(expression, result or None, character offset just after the call's closing tag)] in order."""
-    return [(m.group(1), m.group(2), m.start() + len(TOOL_CALL) + len(m.group(1)) + len(END_CALL))
-            for m in _CALL.finditer(response)]
+    """[(expression, result or None, character offset just after the call's closing tag)] in order: each
+    call tag to the first closing tag after it, and the result right after, to the first closing result
+    tag. Read with str.find, each stretch of the text once: linear in the response (a regex,
+    call(.*?)end, scans to the end from every unclosed tag: 20,000 of them took a minute)."""
+    out, pos, results_may_close = [], 0, True
+    while (start := response.find(TOOL_CALL, pos)) >= 0:
+        end = response.find(END_CALL, start + len(TOOL_CALL))
+        if end < 0:
+            break  # no closing tag after this call, so none after any later one
+        pos, result = end + len(END_CALL), None
+        if results_may_close and response.startswith(TOOL_RESULT, pos):
+            close = response.find(END_RESULT, pos + len(TOOL_RESULT))
+            if close >= 0:
+                result, pos = response[pos + len(TOOL_RESULT):close], close + len(END_RESULT)
+            results_may_close = close >= 0  # none later either: never search again
+        out.append((response[start + len(TOOL_CALL):end], result, end + len(END_CALL)))
+    return out
 
 
 def answer_span(response):

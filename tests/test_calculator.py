@@ -50,6 +50,23 @@ def test_cost_is_bounded_by_bits_not_only_by_size():
     assert calculator("(1/3)**16*(1/7)**16") == "6.99023e-22"
 
 
+def test_tool_calls_reads_what_the_regex_read():
+    """tool_calls (str.find, linear) gives exactly what the earlier regex call(.*?)end(?:result(.*?)endresult)?
+    gave, on 20,000 random strings of tags and a few characters."""
+    import random
+    import re
+    e = re.escape
+    before = re.compile(e(envs.TOOL_CALL) + r"(.*?)" + e(envs.END_CALL) + r"(?:" + e(envs.TOOL_RESULT) + r"(.*?)"
+                        + e(envs.END_RESULT) + r")?", re.S)
+    rng = random.Random(0)
+    pieces = [envs.TOOL_CALL, envs.END_CALL, envs.TOOL_RESULT, envs.END_RESULT, "1", "+", " ", "\n", "<|"]
+    for _ in range(20000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 14)))
+        expected = [(m.group(1), m.group(2), m.start() + len(envs.TOOL_CALL) + len(m.group(1)) + len(envs.END_CALL))
+                    for m in before.finditer(text)]
+        assert envs.tool_calls(text) == expected, repr(text)
+
+
 def test_problems_splits_and_solver():
     env = Calculator()
     train, heldout = env.problems("train", 300), env.problems("heldout", 100)
