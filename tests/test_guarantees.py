@@ -1,14 +1,20 @@
-"""What docs/guarantees.md promises about the environments' tools and parsers, tested adversarially:
-the calculator's slowest call within its length limit returns within a second, and every pattern
-read from model output or data is linear (an adversarial string of tens of thousands of characters
-parses within 0.1 s)."""
+"""What docs/guarantees.md promises, where no other file tests it: the calculator's slowest call
+within its length limit returns within a second, every pattern read from model output or data is
+linear (an adversarial string of tens of thousands of characters parses within 0.1 s), and no
+checkpoint loader runs pickled code."""
 
+import ast
+import glob
 import heapq
+import os
+import pickle
 import random
 import time
 
 import pytest
+import torch
 
+import common as C
 import envs
 from envs.arithmetic import _EQUATION, _SYMBOL_FORM, _WORD_FORM, ANSWER_FORM, parse_answer
 from envs.calculator import _BINARY_OP, CALC_MAX_CHARS, calculator
@@ -150,3 +156,41 @@ def test_treasure_reads_hostile_calls_and_maps_quickly():
                                       "digits: a fix, (?:-|(?<![0-9]))[0-9]+..., belongs to that file")
 def test_arithmetic_step_pattern_is_linear():
     _within(0.1, lambda t: list(_EQUATION.finditer(t)), "1" * 5000)
+
+
+# ----------------------------------------------------------------------------------------------
+# Safe loading
+
+class _Payload:
+    """What a hostile ckpt.pt would hold: unpickling it calls open(path, "w"), creating a file."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(tmp_path):
+    marker = tmp_path / "ran"
+    os.makedirs(tmp_path / "evil")
+    torch.save(dict(format=C.CHECKPOINT_FORMAT, model=_Payload(str(marker))), tmp_path / "evil" / "ckpt.pt")
+    for load in (C.read_checkpoint, C.load_model, C.load_tokenizer):
+        with pytest.raises(pickle.UnpicklingError):
+            load(str(tmp_path / "evil"))
+    assert not marker.exists()
+
+
+def test_every_torch_load_in_the_code_is_weights_only():
+    """Every torch.load call outside tests/ passes weights_only=True (read_checkpoint, the DPO reference cache)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files = [f for f in glob.glob(os.path.join(root, "**", "*.py"), recursive=True)
+             if not os.path.relpath(f, root).startswith(("tests", ".")) and "site-packages" not in f]
+    calls = []
+    for f in files:
+        for node in ast.walk(ast.parse(open(f).read())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.load":
+                calls.append(os.path.relpath(f, root))
+                assert any(k.arg == "weights_only" and getattr(k.value, "value", None) is True for k in node.keywords), \
+                    f"{os.path.relpath(f, root)}:{node.lineno}: torch.load without weights_only=True"
+    assert len(calls) >= 2  # read_checkpoint and the DPO reference cache at least: the scan sees them
