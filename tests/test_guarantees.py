@@ -141,14 +141,17 @@ def test_parsing_is_linear_on_adversarial_text(reader, text):
 
 
 def test_treasure_reads_hostile_calls_and_maps_quickly():
-    """The treasure game: a hostile call is an error string, a call is parsed by comparing it with the
-    action list (linear), and the map pattern only runs on the prompt."""
+    """The treasure game: a hostile call (an injection, or 100,000 characters) is one of the game's
+    refusals within 0.1 s (a call is compared with the action list, linear), and the map pattern on a
+    hostile prompt answers within 0.1 s."""
     game = envs.Treasure()
     prompt = game.problems("train", 1)[0]["prompt"]
-    for call in ["go " + "a" * 100000, "x" * 100000, "go " * 30000, " " * 100000 + "take"]:
+    for call in ["go " + "a" * 100000, "x" * 100000, "go " * 30000, "__import__('os').system('ls')", "open chest; take",
+                 "go {hall}", "go " + "\n" * 100000, " " * 100000 + "craft"]:
         start = time.perf_counter()
         answer = game.tool(call, prompt, ["take"] * 16)
-        assert time.perf_counter() - start < 0.1 and len(answer) < 200 + len(call), answer[:80]
+        assert time.perf_counter() - start < 0.1
+        assert answer.startswith(("error: ", "cannot go to ", "crafting needs")), answer[:80]
     _within(0.1, lambda t: game.tool("take", t, []), "Paths: " + "hall-" * 20000)
 
 
