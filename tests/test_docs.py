@@ -220,7 +220,7 @@ def script_flags(path):
 
         with mock.patch.object(argparse.ArgumentParser, "parse_args", grab), \
                 mock.patch.object(argparse.ArgumentParser, "parse_known_args", grab), \
-                mock.patch.object(sys, "argv", [path]):
+                mock.patch.object(sys, "argv", [path]), mock.patch.object(sys, "path", list(sys.path)):
             try:
                 runpy.run_path(path, run_name="__main__")
             except _Parsed:
@@ -302,9 +302,13 @@ def command_problems(words):
                     problems.append(f"--{key}: stage {stage} ({algo}): {problem}")
             elif problem := key_problem(key, every_train_key | set(ladder.OPTIONS), renamed, removed):
                 problems.append(problem)
+    elif name == "bench.py":  # its own parsing: benchmark names, then --device=, --out=, --init_from=, --tiny
+        import bench
+        problems += [f"{word}: no such benchmark ({', '.join(bench.BENCHMARKS)})" for word in positional
+                     if word not in bench.BENCHMARKS]
     else:
         flags = script_flags(path)
-        if flags is None:  # a script with its own parsing (bench.py, qlearn.py, export.py): it exists
+        if flags is None:  # a script with its own parsing (qlearn.py, export.py): it exists
             return problems
         for key, value in keys:
             if f"--{key}" not in flags:
@@ -349,5 +353,6 @@ def test_the_command_checker_catches_what_it_is_for():
     assert problems("python experiments/ood.py --init_from=out/sft && python experiments/ood.py --split=x --bogus=1")
     assert problems("python experiments/agentic.py --set no_such_key=1")
     assert problems("python train.py --algo grpo config/no_such_recipe.py")
+    assert problems("python bench.py no_such_benchmark") and not problems("python bench.py rl_rollout --tiny")
     for old, new in T.RENAMED.items():
         assert any(new in why for why in problems(f"python train.py --algo grpo --{old}=8")), old
