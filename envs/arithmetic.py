@@ -31,7 +31,7 @@ ANSWER_FORM = re.compile(r"Answer: (-?[0-9]+)\s*$")  # [0-9], not \d: \d and int
 # The two phrasings of a question (Arithmetic._render), read back by Arithmetic.parse_problem
 _SYMBOL_FORM = re.compile(r"What is ([0-9]+)((?: [+-] [0-9]+)+)\?")
 _WORD_FORM = re.compile(r"[A-Z][a-z]+ had ([0-9]+) [a-z]+, ((?:got|gave away) [0-9]+(?:, (?:got|gave away) [0-9]+)*)\. How many now\?")
-_EQUATION = re.compile(r"-?[0-9]+[+-][0-9]+=-?[0-9]+\.")  # a written step of a worked solution, "7+8=15."
+_EQUATION = re.compile(r"(?:-|(?<![0-9]))[0-9]+[+-][0-9]+=-?[0-9]+\.")  # a written step of a worked solution, "7+8=15."
 
 
 def parse_answer(response):
