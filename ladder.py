@@ -500,7 +500,7 @@ def main(argv):
     plan = make_plan(options, wide, per_stage)
     redo = stage_names(options["redo"], "redo")
     low, high = (minutes * seeds for minutes in LADDER_MINUTES)
-    print(f"[ladder] {'the whole ladder' if seeds == 1 else f'{seeds} whole ladders'} take {low} to {high} min on "
+    print(f"[ladder] {'the whole ladder takes' if seeds == 1 else f'{seeds} whole ladders take'} {low} to {high} min on "
           f"2 idle cores, by CPU (done stages are skipped)", flush=True)
     failure = None
     for label, name, k, stage_dir, args, start_dir in plan:
