@@ -574,7 +574,7 @@ def log(run, metrics_path, row):
 
 def train(overrides, algo=None):
     """Run one training job; returns the run (run.raw_model, run.metrics: the last evaluation).
-    algo: an object with the algorithm interface to run in place of the --algo module (bench.py
+    algo: an object with the algorithm interface to run in place of the --algo module (experiments/bench.py
     times the loop around sft's batches wrapped in its own)."""
     ckpt, overrides = load_resume(dict(overrides))
     run, optimizer = setup(overrides, ckpt, algo)

@@ -36,6 +36,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench.py beside it
 
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 

@@ -2,13 +2,13 @@
 Benchmarks (speed figures, not tests). One JSON line per measurement, then one line per target, then
 a summary table (figure, value, target, met?); every row also goes into one JSON file.
 
-    python bench.py                      # every benchmark
-    python bench.py sampler train_loop   # only these (names of the functions below)
-    python bench.py --device=cuda        # on a GPU (default: cpu)
-    python bench.py --out=FILE           # where the JSON file goes (default: out/bench.json)
-    python bench.py --tiny               # every benchmark at a tiny size: checks they run, figures mean nothing
-    python bench.py --init_from=out/sft  # the RL benchmarks start from this checkpoint (default: a random
-                                         # model, whose responses all run to max_new_tokens)
+    python experiments/bench.py                     # every benchmark
+    python experiments/bench.py sampler train_loop  # only these (names of the functions below)
+    python experiments/bench.py --device=cuda       # on a GPU (default: cpu)
+    python experiments/bench.py --out=FILE          # where the JSON file goes (default: out/bench.json)
+    python experiments/bench.py --tiny              # every benchmark at a tiny size: checks they run, figures mean nothing
+    python experiments/bench.py --init_from=out/sft # the RL benchmarks start from this checkpoint (default: a random
+                                                    # model, whose responses all run to max_new_tokens)
 
 Every ratio compares two things measured side by side in this one process: same model, same
 inputs, warm-up first, then the median of several repeats. On a CPU that other jobs share, run
@@ -28,14 +28,17 @@ import tempfile
 import time
 import types
 
-import torch
-import torch.nn.functional as F
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
-import common as C
-import sft
-import train as T
-from sampler import draw, sample
-from tokenizer import Tokenizer
+import torch  # noqa: E402  (after the path: the script runs from anywhere)
+import torch.nn.functional as F  # noqa: E402
+
+import common as C  # noqa: E402
+import sft  # noqa: E402
+import train as T  # noqa: E402
+from sampler import draw, sample  # noqa: E402
+from tokenizer import Tokenizer  # noqa: E402
 
 BENCHMARKS = {}  # name -> function(args) returning its summary rows; main() runs them in order
 MEASUREMENTS = []  # every row `report` printed, for the JSON file
