@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import hf
 from envs import GSM8K, make_env
 from model import GPT, Block, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora, sequence_logprobs
 from sampler import Samples, sample
@@ -466,7 +467,7 @@ def build_model(cfg, tok):
     if not is_hf_checkpoint(init):
         raise ValueError(f"init_from={init!r}: not 'scratch', 'resume', a checkpoint directory (with ckpt.pt), "
                          f"a transformers directory (with config.json) or a hub name (owner/name, gpt2)")
-    model = GPT.from_pretrained(init, dropout=cfg["dropout"])  # its config.json names the architecture
+    model = hf.from_pretrained(init, dropout=cfg["dropout"])  # its config.json names the architecture
     if cfg["block_size"] > model.config.block_size:
         raise ValueError(f"block_size={cfg['block_size']} is longer than {init}'s "
                          f"{model.config.block_size} positions")

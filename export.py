@@ -1,7 +1,7 @@
 """
 Write a trained checkpoint as a transformers directory: GPT2LMHeadModel for GPT-2's block, and for
 the Llama family's the class it was imported from (LlamaForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM: model.hf_family_of reads it off the config's options).
+Qwen3ForCausalLM: hf.hf_family_of reads it off the config's options).
 
     python export.py out/sft out/sft-hf        # any algorithm that trains a language model
     python export.py out/ppo out/ppo-hf        # PPO: the policy (the critic stays behind)
@@ -24,6 +24,7 @@ tokenizer's are never produced by it. To train on from the export: --init_from=O
 import sys
 
 import common as C
+from hf import to_transformers
 from model import GPT
 
 
@@ -31,7 +32,7 @@ def export(ckpt_dir, out_dir):
     model, tok = C.load_model(ckpt_dir), C.load_tokenizer(ckpt_dir)
     if not isinstance(model, GPT):
         raise ValueError(f"{ckpt_dir} holds a scalar model (a reward model): only a language model exports")
-    hf = model.to_transformers()
+    hf = to_transformers(model)
     # transformers' generate stops at the end token (<|eos|>, or the chat template's end of turn) and pads with pad
     hf.config.bos_token_id, hf.config.eos_token_id, hf.config.pad_token_id = tok.bos, tok.eos, tok.pad
     hf.generation_config.bos_token_id, hf.generation_config.eos_token_id = tok.bos, tok.eos

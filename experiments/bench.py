@@ -37,6 +37,7 @@ import torch.nn.functional as F  # noqa: E402
 import common as C  # noqa: E402
 import sft  # noqa: E402
 import train as T  # noqa: E402
+from hf import to_transformers  # noqa: E402
 from sampler import draw, sample  # noqa: E402
 from tokenizer import Tokenizer  # noqa: E402
 
@@ -140,7 +141,7 @@ def sampler(args):
     targets = []
     hf = None
     try:
-        hf = model.to_transformers()
+        hf = to_transformers(model)
     except ImportError:
         report(bench="sampler", note="transformers is not installed: no comparison with its generate")
     if hf is not None:  # identical weights: the same logits, else the comparison means nothing

@@ -44,6 +44,7 @@ import bench  # noqa: E402
 import common as C  # noqa: E402
 import envs  # noqa: E402
 import train as T  # noqa: E402
+from hf import to_transformers  # noqa: E402
 from model import GPT, GPTConfig, token_logprobs  # noqa: E402
 from sampler import sample  # noqa: E402
 
@@ -159,7 +160,7 @@ def sampling_rows(args):
     torch.manual_seed(0)
     ours = GPT(cfg).to(args.device).eval()
     try:
-        hf = ours.to_transformers()
+        hf = to_transformers(ours)
     except ImportError:
         hf = None
         print("transformers is not installed: the sampler runs alone (for the comparison: pip install -r requirements-extra.txt)")

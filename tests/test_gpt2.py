@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 import common as C
 import export
 import train as T
+from hf import from_pretrained, to_transformers
 from model import GPT
 from tokenizer import Tokenizer, gpt2_byte_chars
 from conftest import SFT_DATA, TINY, random_ids
@@ -37,7 +38,7 @@ def hf_dir(tmp_path_factory):
 
 def test_logits_match_transformers(hf_dir):
     path, hf = hf_dir
-    ours = GPT.from_pretrained(path).eval()
+    ours = from_pretrained(path).eval()
     assert (ours.config.n_layer, ours.config.n_embd, ours.config.block_size) == (2, 32, 128)
     ids = random_ids(VOCAB, 3, 50, seed=1)
     with torch.no_grad():
@@ -49,7 +50,7 @@ def test_logits_match_transformers(hf_dir):
 
 def test_greedy_generate_matches_transformers(hf_dir):
     path, hf = hf_dir
-    ours = GPT.from_pretrained(path).eval()
+    ours = from_pretrained(path).eval()
     # ragged prompts in one batch: ours left-pads them, transformers decodes each one alone
     prompts = [random_ids(VOCAB, 1, 5, seed=2)[0].tolist(), random_ids(VOCAB, 1, 11, seed=3)[0].tolist(), [7]]
     new = 20
@@ -68,7 +69,7 @@ def test_greedy_generate_matches_transformers(hf_dir):
 
 def test_resize_vocab_keeps_old_logits(hf_dir):
     path, _ = hf_dir
-    model = GPT.from_pretrained(path).eval()
+    model = from_pretrained(path).eval()
     ids = random_ids(VOCAB, 2, 30, seed=4)
     with torch.no_grad():
         before = model(ids)
@@ -199,9 +200,9 @@ def test_gpt2_config_trains_offline_on_a_local_copy_of_its_dataset(hf_dir, tmp_p
 
 def test_import_export_import_is_identity(hf_dir, tmp_path):
     path, hf = hf_dir
-    ours = GPT.from_pretrained(path)
-    ours.to_transformers().save_pretrained(tmp_path / "again")
-    again = GPT.from_pretrained(str(tmp_path / "again"))
+    ours = from_pretrained(path)
+    to_transformers(ours).save_pretrained(tmp_path / "again")
+    again = from_pretrained(str(tmp_path / "again"))
     assert again.config == ours.config
     for (name, a), b in zip(ours.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), name
