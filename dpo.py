@@ -28,9 +28,11 @@ import os
 import torch
 import torch.nn.functional as F
 
-import common as C
 import pairs
+from distributed import all_reduce_sum, chunks, over_ranks
+from evaluation import evaluate_policy, write_samples
 from model import sequence_logprobs
+from paperwork import write_passport
 from sampler import SharedPrompts
 
 LOSSES = ("dpo", "ipo", "kto", "simpo", "orpo")
@@ -142,7 +144,7 @@ def reference_logprobs(run, reference, examples):
         with run.autocast:
             (a, b), _ = sequence_sums(run, reference, pairs.collate(run, chunk))
         return torch.stack([a, b], 1).float().cpu()
-    return torch.cat(C.over_ranks(run, examples, run.cfg["eval_batch_size"], chunk_sums))
+    return torch.cat(over_ranks(run, examples, run.cfg["eval_batch_size"], chunk_sums))
 
 
 def attach_reference(run, example_sets):
@@ -240,10 +242,10 @@ def setup(run):
     run.train_examples, run.heldout_examples, transcripts = pairs.load_preferences(run, singles=kto)
     if run.cfg["loss"] in USES_REFERENCE:
         attach_reference(run, [run.train_examples, run.heldout_examples])
-    C.write_samples(run, 0, transcripts)
+    write_samples(run, 0, transcripts)
     c = run.cfg
     uses_ref = c["loss"] in USES_REFERENCE
-    C.write_passport(run, pairs.passport(
+    write_passport(run, pairs.passport(
         run, f"the {c['loss']} loss (SPEC §3), β = {c['beta']}" + ("; the reference's log-probs computed once and cached"
                                                                  if uses_ref else "; no reference model"),
         references=f"π_ref = `{c['init_from']}` frozen" if uses_ref else "none"))
@@ -257,7 +259,7 @@ def loss(run, model, batch):
     sums, lengths = sequence_sums(run, model, batch)
     z_ref = None
     if run.cfg["loss"] == "kto":  # the KL estimate of the whole step batch, over all ranks
-        kl_sum, kl_count = C.all_reduce_sum(mismatched_kl(batch, sums), run)
+        kl_sum, kl_count = all_reduce_sum(mismatched_kl(batch, sums), run)
         z_ref = max(kl_sum / kl_count, 0.0)
     losses, reward_a, reward_b = preference_terms(run, batch, sums, lengths, z_ref)
     with torch.no_grad():
@@ -275,7 +277,7 @@ def evaluate(run, it):
     model = run.raw_model
     totals = {}
     with run.autocast:
-        for chunk in C.chunks(run.heldout_examples[run.rank::run.world_size], run.cfg["eval_batch_size"]):
+        for chunk in chunks(run.heldout_examples[run.rank::run.world_size], run.cfg["eval_batch_size"]):
             batch = pairs.collate(run, chunk)
             sums, lengths = sequence_sums(run, model, batch)
             z_ref = None
@@ -288,8 +290,8 @@ def evaluate(run, it):
     keys = ["n", "loss", "pref_acc", "margin", "reward_chosen", "reward_rejected", "len_chosen", "len_rejected",
             "logp_chosen", "logp_rejected"] if run.cfg["loss"] != "kto" else \
         ["n", "n_desirable", "loss", "reward_desirable", "reward_undesirable", "logp", "length"]
-    reduced = C.all_reduce_sum({k: totals.get(k, 0.0) for k in keys}, run)  # every key, on ranks without examples too
+    reduced = all_reduce_sum({k: totals.get(k, 0.0) for k in keys}, run)  # every key, on ranks without examples too
     metrics = {f"val_{k}": v for k, v in as_means(reduced).items()}
     if not run.cfg["data"]:
-        metrics.update(C.evaluate_policy(run, model, it, run.ref_model)[0])
+        metrics.update(evaluate_policy(run, model, it, run.ref_model)[0])
     return metrics

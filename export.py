@@ -7,7 +7,7 @@ Qwen3ForCausalLM: hf.hf_family_of reads it off the config's options).
     python export.py out/ppo out/ppo-hf        # PPO: the policy (the critic stays behind)
 
 The directory holds config.json and model.safetensors (LoRA merged: the checkpoint's model as
-common.load_model gives it) and the tokenizer's files, so that
+checkpoints.load_model gives it) and the tokenizer's files, so that
 
     AutoModelForCausalLM.from_pretrained(OUT_DIR)   gives the checkpoint's logits, and
     AutoTokenizer.from_pretrained(OUT_DIR)          gives the same token ids (chat specials included)
@@ -23,13 +23,14 @@ tokenizer's are never produced by it. To train on from the export: --init_from=O
 
 import sys
 
-import common as C
+from checkpoints import load_model, load_tokenizer
 from hf import to_transformers
 from model import GPT
+from train import optional_dependency
 
 
 def export(ckpt_dir, out_dir):
-    model, tok = C.load_model(ckpt_dir), C.load_tokenizer(ckpt_dir)
+    model, tok = load_model(ckpt_dir), load_tokenizer(ckpt_dir)
     if not isinstance(model, GPT):
         raise ValueError(f"{ckpt_dir} holds a scalar model (a reward model): only a language model exports")
     hf = to_transformers(model)
@@ -49,5 +50,5 @@ if __name__ == "__main__":
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
     except ImportError as e:  # transformers, which the export needs, is optional
-        sys.exit(f"error: {C.optional_dependency(e)}")
+        sys.exit(f"error: {optional_dependency(e)}")
     print(f"wrote {sys.argv[2]}: load it with transformers.AutoModelForCausalLM.from_pretrained({sys.argv[2]!r})")

@@ -169,10 +169,10 @@ environment has a rule engine, violations_per_episode (its −1 signals per resp
 reward_mode); parse_error_rate (first rollout's responses with no answer in the task's form:
 above ~20% RL fails, SPEC §6), reward_len_corr (correlation of the shaped reward with the length
 among the responses the verifier rejects: 0 unless the reward pays for length) and
-verifier_error_rate (the training verifier against the solver, C.verifier_check, in the passport too).
+verifier_error_rate (the training verifier against the solver, verifier_check, in the passport too).
 
 Tool environments (--env=calculator): rollouts run the tool inside generation; its results stay in
-ids and have mask 0, so the surrogate and the KL term never train on them (common.rollouts).
+ids and have mask 0, so the surrogate and the KL term never train on them (rollouts.rollouts).
 """
 
 
@@ -183,8 +183,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-import common as C
+from checkpoints import frozen
+from distributed import all_reduce_sum, chunks, seeded_rng
+from evaluation import evaluate_policy
 from model import kl_estimate, sequence_logprobs, token_logprobs_and_entropy
+from paperwork import unparsed, verification_text, verifier_check, write_passport
+from rewards import REWARD_KEYS, check_reward_mode, path_signals, token_rewards
+from rollouts import Rollout, rollouts, shard_problems, shard_size
 from sampler import SharedPrompts
 
 starts_from = "sft"  # RL selects among what a trained policy does: no random start (train.check_start)
@@ -223,7 +228,7 @@ defaults = dict(
     learning_rate=1e-4, min_lr=1e-4, warmup_iters=5, max_iters=20, eval_interval=5, log_interval=1,
 )
 
-defaults.update(C.REWARD_KEYS)  # reward_mode and RLVP's β, λ, μ: one definition for grpo.py and ppo.py
+defaults.update(REWARD_KEYS)  # reward_mode and RLVP's β, λ, μ: one definition for grpo.py and ppo.py
 
 CHOICES = dict(estimator=("reinforce", "rloo", "grpo", "dr_grpo"), adv_scale=("auto", "group", "batch", "none"),
                ratio_level=("token", "sequence"), policy_loss=("clip", "cispo"),
@@ -251,21 +256,21 @@ def setup(run):
     if run.cfg["dynamic_sampling_rounds"] and run.lockstep:  # (a rank's extra rounds would be forwards alone)
         raise ValueError("dynamic_sampling_rounds > 0 samples a different number of rounds on each rank: not with "
                          "--fsdp_rollouts=sharded (use gathered)")
-    C.check_reward_mode(run.cfg, run.env)
+    check_reward_mode(run.cfg, run.env)
     if run.cfg["break_it"] == "format_exploit" and not isinstance(run.env.problems("train", 1)[0].get("answer"), int):
         raise ValueError(f"break_it=format_exploit looks for the answer's number: env={run.cfg['env']} has no integer answer")
-    run.verifier_check = C.verifier_check(run.env, training_verifier(run))
+    run.verifier_check = verifier_check(run.env, training_verifier(run))
     if run.cfg["prompt_sampling"] == "edge":  # the pool and each prompt's running success (NaN: unseen)
         run.pool = run.env.problems("train", run.cfg["prompt_pool"], seed=run.cfg["seed"])
         run.pool_success = np.full(len(run.pool), np.nan)
     mode = run.cfg["old_logprobs"]
     run.old_logprobs_mode = mode if mode != "auto" else ("recompute" if run.device.startswith("cuda") else "sampler")
     if run.cfg["staleness"]:  # one_step_off_rollouts: the sampler's own weights, and its thread
-        run.sampler, run.sampler_iter, run.pending = C.frozen(run.raw_model), None, None
+        run.sampler, run.sampler_iter, run.pending = frozen(run.raw_model), None, None
         run.sampling_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-sampler")
     if run.master and run.cfg["init_from"] == "scratch":
         print("grpo: init_from=scratch: a random policy rarely earns a reward; start from an SFT checkpoint")
-    C.write_passport(run, passport(run))
+    write_passport(run, passport(run))
 
 
 def batches(run, it):
@@ -290,9 +295,9 @@ def batches(run, it):
     # minibatch m = slice m of every shard, so the global minibatch is the same for any world size
     minibatches = []
     for m in range(cfg["minibatches"]):
-        rows = C.Rollout.cat([b.select(np.array_split(np.arange(len(b.ids)), cfg["minibatches"])[m]) for b in shards],
+        rows = Rollout.cat([b.select(np.array_split(np.arange(len(b.ids)), cfg["minibatches"])[m]) for b in shards],
                              run.tok.pad)
-        minibatches.append([rows.select(r) for r in C.chunks(range(len(rows.ids)), cfg["batch_size"])])
+        minibatches.append([rows.select(r) for r in chunks(range(len(rows.ids)), cfg["batch_size"])])
     if run.old_logprobs_mode == "recompute" and not cfg["staleness"]:
         # π_old again on the very tensors the loss sees: under bf16 autocast the same rows in another
         # batch shape (the shard's scoring chunks) round differently, and ρ ≠ 1 before any update
@@ -327,19 +332,19 @@ def loss(run, model, batch):
 def evaluate(run, it):
     """Greedy held-out and OOD accuracy; on eval_samples held-out answers per problem at the training
     temperature their accuracy, pass@k (Best-of-k by the verifier) and the KL to π_ref."""
-    return C.evaluate_policy(run, run.raw_model, it, run.ref_model, run.cfg["temperature"])[0]
+    return evaluate_policy(run, run.raw_model, it, run.ref_model, run.cfg["temperature"])[0]
 
 
 def rollout_shards(run, model, it):
     """This rank's shards of iteration `it`, sampled by `model`: a list of (rows, counts)."""
-    n_shards = run.cfg["prompts_per_iter"] // C.shard_size(run)
+    n_shards = run.cfg["prompts_per_iter"] // shard_size(run)
     return [rollout_shard(run, model, it, s) for s in range(run.rank, n_shards, run.world_size)]
 
 
 def rollout_shard(run, model, it, shard):
-    """A shard's training rows sampled by `model`: C.shard_size(run) groups, with keep = 0 on rows
+    """A shard's training rows sampled by `model`: shard_size(run) groups, with keep = 0 on rows
     that must not train (dropped degenerate groups), plus the shard's counts for the logs."""
-    cfg, G, n = run.cfg, run.cfg["group_size"], C.shard_size(run)
+    cfg, G, n = run.cfg, run.cfg["group_size"], shard_size(run)
     first, first_degenerate = sample_round(run, model, it, shard, 0)
     if first_degenerate.any() and cfg["on_degenerate"] == "raise" and cfg["estimator"] != "reinforce":
         raise ValueError(f"iteration {it}: {int(first_degenerate.sum())} of {n} groups have all rewards "
@@ -364,7 +369,7 @@ def rollout_shard(run, model, it, shard):
         groups = [g for g in range(n) if first_degenerate[g]][:n - taken]
         parts.append(first.select([g * G + j for g in groups for j in range(G)]))
         parts[-1].keep = torch.zeros(len(groups) * G, device=first.ids.device)
-    batch = C.Rollout.cat(parts, run.tok.pad)
+    batch = Rollout.cat(parts, run.tok.pad)
     batch.mask = batch.mask * batch.keep[:, None]
     counts = dict(
         reward_sum=float(first.rewards.sum()), reward_n=len(first.rewards),
@@ -376,7 +381,7 @@ def rollout_shard(run, model, it, shard):
         time_decode=sum(ro.decode_time for ro, _ in rounds), time_verify=sum(ro.verify_time for ro, _ in rounds),
         time_score=sum(ro.score_time for ro, _ in rounds),
         work=sum(map(run.env.shows_work, first.texts)),
-        parse_errors=sum(C.unparsed(run.env, t) for t in first.texts),
+        parse_errors=sum(unparsed(run.env, t) for t in first.texts),
         group_reward=first.rewards.view(-1, G).mean(1).tolist(),  # edge sampling's running success
         decoded_tokens=sum(float(ro.lengths.sum()) for ro, _ in rounds))
     rejected = first.verified == 0  # reward_len_corr's moments: shaped reward y against length x
@@ -390,11 +395,11 @@ def sample_round(run, model, it, shard, round_):
     """One rollout of a shard by `model` (π_old): fresh train problems, G responses each, scored and
     rewarded. Returns (the Rollout, (P,) True on degenerate groups)."""
     cfg, G = run.cfg, run.cfg["group_size"]
-    problems, seed = C.shard_problems(run, it, shard, round_)
+    problems, seed = shard_problems(run, it, shard, round_)
     if cfg["prompt_sampling"] == "edge":  # this shard's slice of the iteration's draw from the pool
         problems = [run.pool[i] for i in run.edge_draw[shard]]
     sampler = fp8_copy(model) if cfg["break_it"] == "fp8_sampler" else model
-    ro = C.rollouts(run, sampler, problems, G, temperature=cfg["temperature"], max_new_tokens=cfg["max_new_tokens"],
+    ro = rollouts(run, sampler, problems, G, temperature=cfg["temperature"], max_new_tokens=cfg["max_new_tokens"],
                     seed=seed)
     t0 = time.time()
     if run.old_logprobs_mode == "recompute":  # the sampler's numbers kept for the gap and TIS
@@ -420,7 +425,7 @@ def score(run, model, ids, prompt_lens):
     size, share = run.cfg["batch_size"], run.cfg["share_prompt"]
     with run.autocast:
         return torch.cat([sequence_logprobs(model, chunk, run.cfg["temperature"], lens if share else None).float()
-                          for chunk, lens in zip(C.chunks(ids, size), C.chunks(prompt_lens, size))])
+                          for chunk, lens in zip(chunks(ids, size), chunks(prompt_lens, size))])
 
 
 def log_figures(run, shards, counts):
@@ -445,7 +450,7 @@ def log_figures(run, shards, counts):
         sums["gap"] = sum(float(g.sum()) for g in gaps)
         sums.update({f"gap_max_{r}": max(float(g.max()) for g in gaps) if r == run.rank else 0.0
                      for r in range(run.world_size)})  # the max over ranks, through a sum
-    sums = C.all_reduce_sum(sums, run)
+    sums = all_reduce_sum(sums, run)
     len_mean = sums["len_sum"] / sums["len_n"]
     local_time = {k: sum(c[k] for c in counts) for k in ("time_decode", "time_verify", "time_score")}
     run.stats.update(
@@ -605,12 +610,12 @@ def option_advantages(run, ro, reward, problems):
     if cfg["estimator"] == "reinforce":  # the batch-mean baseline needs the whole batch: later
         ro.advantages, degenerate = torch.zeros_like(reward), torch.zeros(len(problems), dtype=torch.bool)
     elif cfg["reward_mode"] == "process":  # one advantage per token, the response's shared one unused
-        steps, ends = C.token_rewards(run, ro, run.env.step_rewards)
+        steps, ends = token_rewards(run, ro, run.env.step_rewards)
         ro.step_advantages, degenerate = process_advantages(steps, ends, ro.mask, G, cfg["estimator"],
                                                                      advantage_scale(cfg))
         ro.advantages = torch.zeros_like(reward)
     elif cfg["reward_mode"] in ("rlvp", "path"):  # path: Φ alone (no outcome channel), the inaction trap
-        signals = C.path_signals(run)
+        signals = path_signals(run)
         path = torch.tensor([sum(v for _, v in signals(p, t)) for p, t in zip(ro.problems, ro.texts)],
                             dtype=torch.float32, device=reward.device)  # float even when no row has a signal
         outcome = reward if cfg["reward_mode"] == "rlvp" else torch.zeros_like(reward)
@@ -627,7 +632,7 @@ def global_batch_advantages(run, shards):
     cfg = run.cfg
     rewards = torch.cat([b.reward for b in shards])
     if cfg["estimator"] == "reinforce":  # A = r − mean of the whole global batch
-        total, n = C.all_reduce_sum([float(rewards.sum()), len(rewards)], run)
+        total, n = all_reduce_sum([float(rewards.sum()), len(rewards)], run)
         for b in shards:
             b.advantages = b.reward - total / n
     if advantage_scale(cfg) == "batch":  # one std over the global batch (REINFORCE++)
@@ -640,7 +645,7 @@ def batch_scale(advantages, kept, run):
     """adv_scale=batch: divide by the population std of the advantages of every kept response of
     the global batch (summed over ranks). advantages, kept: lists of this rank's (N,) tensors."""
     a = torch.cat(advantages)[torch.cat(kept)]
-    s, sq, n = C.all_reduce_sum([float(a.sum()), float((a ** 2).sum()), len(a)], run)
+    s, sq, n = all_reduce_sum([float(a.sum()), float((a ** 2).sum()), len(a)], run)
     std = max(sq / max(n, 1) - (s / max(n, 1)) ** 2, 0.0) ** 0.5
     return [adv / std if std > 0 else adv for adv in advantages]
 
@@ -771,8 +776,8 @@ def edge_update(success, drawn, group_success):
 
 def edge_batches(run, it):
     """Draw iteration `it`'s pool prompts (the same on every rank), one row of indices per shard."""
-    cfg, n = run.cfg, C.shard_size(run)
-    drawn = edge_draw(run.pool_success, cfg["prompts_per_iter"], C.seeded_rng(run, it), cfg["edge_low"], cfg["edge_high"])
+    cfg, n = run.cfg, shard_size(run)
+    drawn = edge_draw(run.pool_success, cfg["prompts_per_iter"], seeded_rng(run, it), cfg["edge_low"], cfg["edge_high"])
     before = run.pool_success[drawn]
     in_band = (before >= cfg["edge_low"]) & (before <= cfg["edge_high"])
     run.stats.update(edge_unseen_frac=float(np.isnan(before).mean()), edge_in_band_frac=float(in_band.mean()))
@@ -781,11 +786,11 @@ def edge_batches(run, it):
 
 def edge_record(run, group_rewards):
     """After the rollouts: every rank's groups' mean rewards, summed over ranks, update the pool."""
-    n, n_shards = C.shard_size(run), len(run.edge_draw)
+    n, n_shards = shard_size(run), len(run.edge_draw)
     mine = np.zeros(n_shards * n)
     for s, rewards in zip(range(run.rank, n_shards, run.world_size), group_rewards):
         mine[s * n:(s + 1) * n] = rewards
-    edge_update(run.pool_success, run.edge_draw.reshape(-1), np.array(C.all_reduce_sum(mine.tolist(), run)))
+    edge_update(run.pool_success, run.edge_draw.reshape(-1), np.array(all_reduce_sum(mine.tolist(), run)))
     run.stats["pool_seen_frac"] = float((~np.isnan(run.pool_success)).mean())
 
 
@@ -793,7 +798,7 @@ def edge_record(run, group_rewards):
 def fp8_copy(model):
     """break_it=fp8_sampler: the weights as an FP8 inference engine holds them (e4m3, one scale
     per tensor so that its largest entry maps to e4m3's largest, 448)."""
-    copy = C.frozen(model)
+    copy = frozen(model)
     for p in copy.parameters():
         scale = p.abs().max().clamp(min=1e-12) / 448
         p.copy_((p / scale).to(torch.float8_e4m3fn).float() * scale)
@@ -925,7 +930,7 @@ REWARD_TEXT = dict(
 def passport(run):
     """The run's post-training passport (SPEC §6, M14 §17) as markdown."""
     c = run.cfg
-    P, G, shard = c["prompts_per_iter"], c["group_size"], C.shard_size(run)
+    P, G, shard = c["prompts_per_iter"], c["group_size"], shard_size(run)
     kl = {"off": "not used (π_ref runs only at evaluation, for the logged heldout_kl_ref)", "k1_reward": f"in the reward: r − β·Σ_t log(π_old/π_ref), β = {c['kl_coef']}",
           "k3_loss": f"a separate loss term β·k3 per token, β = {c['kl_coef']}, aggregated like the policy term"}[c["kl"]]
     steps = c["inner_epochs"] * c["minibatches"]
@@ -960,7 +965,7 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
 
 ## Reward and verification
 - source: the environment's rule verifier (`envs/`, `{c['env']}.verify`), 1 or 0 per response{broken}
-- {C.verification_text(run.verifier_check)}; parse_error_rate is logged every iteration
+- {verification_text(run.verifier_check)}; parse_error_rate is logged every iteration
 - reward_mode {c['reward_mode']}: {REWARD_TEXT[c['reward_mode']].format(**c)}; overlong answers: {overlong}
   (limit {c['max_new_tokens']} new tokens)
 

@@ -20,7 +20,7 @@ A stage that fails stops the ladder with its error; every finished stage is kept
 
 Every language-model stage is evaluated on the environment after the runs (cached in
 OUT_ROOT/STAGE/ladder_eval.json until the stage or the SFT stage is redone or the settings change):
-(common.evaluate_policy) greedy and sampled (T = 1) held-out accuracy, pass@k (Best-of-k by the verifier), OOD accuracy,
+(evaluation.evaluate_policy) greedy and sampled (T = 1) held-out accuracy, pass@k (Best-of-k by the verifier), OOD accuracy,
 sampled length, the share of answers that show their work, and the KL to the SFT model of the
 stage's task (sft, or calc_sft for the calculator branch) on the stage's own samples. The reward
 model reports its held-out pair accuracy from its metrics.jsonl.
@@ -38,8 +38,11 @@ import time
 import torch
 
 import bands
-import common as C
 import train as T
+from checkpoints import load_model
+from data import config_env
+from distributed import setup_device
+from evaluation import evaluate_policy
 from model import ScalarHeadGPT
 from tokenizer import Tokenizer
 
@@ -248,15 +251,15 @@ def last_logged(stage_dir, key):
 def evaluate_stage(stage_dir, reference_dir, options, device):
     """The report's figures of one stage's checkpoint (see the module docstring)."""
     cfg = read_json(os.path.join(stage_dir, "config.json"))
-    run = C.setup_device(dict(device=device))
+    run = setup_device(dict(device=device))
     run.cfg = cfg
-    run.tok, run.env = Tokenizer(cfg["tokenizer"]), C.config_env(cfg)
-    model = C.load_model(stage_dir, run.device)
+    run.tok, run.env = Tokenizer(cfg["tokenizer"]), config_env(cfg)
+    model = load_model(stage_dir, run.device)
     if isinstance(model, ScalarHeadGPT):  # a reward model: no answers to grade, its pairs instead
         return dict(kind="reward_model", pair_acc=last_logged(stage_dir, "val_pair_acc"),
                     pairs=last_logged(stage_dir, "val_pairs"))
-    reference = C.load_model(reference_dir, run.device) if reference_dir else None
-    figures, transcripts = C.evaluate_policy(run, model, reference=reference, temperature=1.0, problems=options["eval_n"],
+    reference = load_model(reference_dir, run.device) if reference_dir else None
+    figures, transcripts = evaluate_policy(run, model, reference=reference, temperature=1.0, problems=options["eval_n"],
                                              ood_problems=options["eval_ood_n"], sampled_problems=options["eval_pass_n"],
                                              samples=options["eval_samples"])
     k = options["eval_samples"]

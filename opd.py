@@ -62,7 +62,7 @@ anchor_coef — β of a KL anchor to the starting (SFT) model π_init, added to 
   of its own. `anchor_kl` logs Σ_v p(log p − log r), token mean.
 
 teacher — where π_t comes from:
-    DIR   a frozen checkpoint (common.load_model + common.frozen): any size, the same tokenizer (a
+    DIR   a frozen checkpoint (checkpoints.load_model + checkpoints.frozen): any size, the same tokenizer (a
           vocabulary of another size is refused, naming both); it sees the student's prompt, or
           with privileged=answer|solution the privileged one below (the student's own starting
           checkpoint so: self-distillation from a frozen snapshot, whose teacher cannot drift).
@@ -106,8 +106,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-import common as C
+from data import collate
+from distributed import all_reduce_sum, chunks
+from evaluation import evaluate_policy
 from model import count_parameters
+from paperwork import unparsed, verification_text, verifier_check, write_passport
+from rollouts import last_response_column, rollouts, shard_problems, shard_size
 
 starts_from = "sft"  # distillation refines a policy that can already answer
 teacher_from = "grpo"  # with no --teacher on the command line: the ladder's GRPO stage of the task (train.after_the_ladder)
@@ -202,7 +206,7 @@ def anchor_logprobs(run, ro):
     """log π_init(·| student prompt, y_<t) at τ (N, T-1, V), the anchor's constants: the frozen
     starting model reads exactly what the student read, in chunks of batch_size rows."""
     out = torch.zeros(*ro.mask.shape, run.ref_model.config.vocab_size, device=ro.mask.device)
-    for rows in C.chunks(range(len(ro.ids)), run.cfg["batch_size"]):
+    for rows in chunks(range(len(ro.ids)), run.cfg["batch_size"]):
         with run.autocast:
             logits = run.ref_model(ro.ids[rows.start:rows.stop, :-1])
         out[rows.start:rows.stop] = F.log_softmax(logits.float() / run.cfg["temperature"], dim=-1)
@@ -226,13 +230,13 @@ def teacher_logprobs(run, ro):
     kept = response * (response.cumsum(1) <= room[:, None])
     graded = mask * kept
     out = torch.zeros(*mask.shape, run.teacher.config.vocab_size, device=mask.device)
-    for rows in C.chunks(range(len(ids)), run.cfg["batch_size"]):
+    for rows in chunks(range(len(ids)), run.cfg["batch_size"]):
         examples = []
         for i in rows:
             answer = ids[i, 1:][kept[i] > 0].tolist()
             prompt = prompts[i][:context - len(answer)]  # cut only where nothing is graded
             examples.append((prompt + answer, [0] * len(prompt) + mask[i][kept[i] > 0].long().tolist()))
-        teacher_ids, teacher_mask = C.collate(examples, run.tok.pad, run.device)
+        teacher_ids, teacher_mask = collate(examples, run.tok.pad, run.device)
         with run.autocast:
             logits = run.teacher(teacher_ids[:, :-1])
         logprobs = F.log_softmax(logits.float() / tau, dim=-1)
@@ -244,9 +248,9 @@ def rollout_shard(run, it, shard):
     """Shard `shard` of iteration `it`: fresh train problems, the student's answers, the teacher's
     scores. Returns (the Rollout, its response tokens left ungraded)."""
     cfg = run.cfg
-    problems, seed = C.shard_problems(run, it, shard)
+    problems, seed = shard_problems(run, it, shard)
     sampler = run.teacher if cfg["kl_estimator"] == "teacher_samples" else run.raw_model  # off-policy: the teacher writes
-    ro = C.rollouts(run, sampler, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"],
+    ro = rollouts(run, sampler, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"],
                     max_new_tokens=cfg["max_new_tokens"], seed=seed)
     t0 = time.time()
     ro.teacher_logprobs, graded = teacher_logprobs(run, ro)
@@ -254,7 +258,7 @@ def rollout_shard(run, it, shard):
         ro.ref_logprobs = anchor_logprobs(run, ro)
     ro.score_time = time.time() - t0
     ungraded = float((ro.mask - graded).sum())
-    ro.mask, ro.seq_len = graded, C.last_response_column(graded) + 2  # the loss and its count: graded positions only
+    ro.mask, ro.seq_len = graded, last_response_column(graded) + 2  # the loss and its count: graded positions only
     return ro, ungraded
 
 
@@ -278,7 +282,7 @@ def setup(run):
         raise ValueError(f"privileged={cfg['privileged']!r}: choose from {('auto', 'none', *PRIVILEGED)}")
     if cfg["teacher"] == "self" and privileged(cfg) == "none":
         raise ValueError("--teacher=self with privileged=none: the teacher would be the student itself, every KL 0")
-    P, shard = cfg["prompts_per_iter"], C.shard_size(run)
+    P, shard = cfg["prompts_per_iter"], shard_size(run)
     if shard < 1 or P % shard or (P // shard) % run.world_size or cfg["samples_per_prompt"] < 1 or cfg["kl_topk"] < 1:
         raise ValueError(f"prompts_per_iter={P} must split into shards of rollout_prompts={shard} prompts, a whole "
                          f"number per each of {run.world_size} ranks; samples_per_prompt and kl_topk must be >= 1")
@@ -286,8 +290,8 @@ def setup(run):
         raise ValueError("kl_estimator=teacher_samples trains on a separate teacher's samples: it needs --teacher=DIR")
     if cfg["anchor_coef"] < 0:
         raise ValueError(f"anchor_coef={cfg['anchor_coef']} must be >= 0")
-    run.verifier_check = C.verifier_check(run.env, run.env.verify)  # logged: the reward the passport reports
-    C.write_passport(run, passport(run))
+    run.verifier_check = verifier_check(run.env, run.env.verify)  # logged: the reward the passport reports
+    write_passport(run, passport(run))
 
 
 def passport(run):
@@ -313,7 +317,7 @@ algorithm: `--algo opd`, on-policy distillation, started from `{c['init_from']}`
 - online: {c['prompts_per_iter']} prompts × {c['samples_per_prompt']} answers per iteration sampled by the current student
   at temperature {c['temperature']}, {c['max_iters']} iterations, one optimizer step per batch
 - prompts: the `{c['env']}` environment's *train* split; evaluation on *heldout* and *ood*
-- the verifier's reward is logged, never trained on; {C.verification_text(run.verifier_check)};
+- the verifier's reward is logged, never trained on; {verification_text(run.verifier_check)};
   parse_error_rate logged every iteration
 
 ## Optimisation
@@ -323,21 +327,21 @@ algorithm: `--algo opd`, on-policy distillation, started from `{c['init_from']}`
 - {anchor}
 
 ## Infrastructure
-- {run.device} × {run.world_size}; rollouts in shards of {C.shard_size(run)} prompts, micro-batches of {c['batch_size']}
+- {run.device} × {run.world_size}; rollouts in shards of {shard_size(run)} prompts, micro-batches of {c['batch_size']}
 """
 
 
 def batches(run, it):
     """This rank's shards, scored by the teacher; figures for the log; one optimizer step of
     micro-batches of at most batch_size answers."""
-    shards, ungraded = zip(*[rollout_shard(run, it, s) for s in range(run.rank, run.cfg["prompts_per_iter"] // C.shard_size(run),
+    shards, ungraded = zip(*[rollout_shard(run, it, s) for s in range(run.rank, run.cfg["prompts_per_iter"] // shard_size(run),
                                                                       run.world_size)])
-    sums = C.all_reduce_sum(dict(
+    sums = all_reduce_sum(dict(
         reward=sum(float(ro.rewards.sum()) for ro in shards), answers=sum(len(ro.rewards) for ro in shards),
         tokens=sum(float(ro.lengths.sum()) for ro in shards),
         truncated=sum(float(ro.truncated.sum()) for ro in shards), ungraded=sum(ungraded),
         work=sum(sum(map(run.env.shows_work, ro.texts)) for ro in shards),
-        parse_errors=sum(C.unparsed(run.env, t) for ro in shards for t in ro.texts)), run)
+        parse_errors=sum(unparsed(run.env, t) for ro in shards for t in ro.texts)), run)
     run.stats.update(reward=sums["reward"] / sums["answers"], len_mean=sums["tokens"] / sums["answers"],
                      truncated_frac=sums["truncated"] / sums["answers"], rollout_tokens=sums["tokens"],
                      ungraded_frac=sums["ungraded"] / max(sums["tokens"], 1.0),
@@ -346,7 +350,7 @@ def batches(run, it):
     run.stats.update(work_frac=sums["work"] / sums["answers"], parse_error_rate=sums["parse_errors"] / sums["answers"],
                      verifier_error_rate=run.verifier_check["verifier_error_rate"])
     # each micro-batch cut to its own rows' width (the last graded token)
-    return [[ro.select(rows) for ro in shards for rows in C.chunks(range(len(ro.ids)), run.cfg["batch_size"])]]
+    return [[ro.select(rows) for ro in shards for rows in chunks(range(len(ro.ids)), run.cfg["batch_size"])]]
 
 
 def loss(run, model, batch):
@@ -363,4 +367,4 @@ def loss(run, model, batch):
 
 def evaluate(run, it):
     """Greedy held-out and OOD accuracy; sampled held-out accuracy and pass@eval_samples."""
-    return C.evaluate_policy(run, run.raw_model, it, temperature=run.cfg["temperature"])[0]
+    return evaluate_policy(run, run.raw_model, it, temperature=run.cfg["temperature"])[0]

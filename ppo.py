@@ -13,7 +13,7 @@ Four logical roles, four separate copies here (the textbook configuration of M14
                  when β > 0 (with β = 0 nothing reads them, and only evaluation runs π_ref: heldout_kl_ref)
   reward    r    the environment's verifier (--reward=verifier, RLVR) or a frozen Bradley–Terry reward
                  model from --algo rm (--reward=rm, RLHF), read at the last response token
-                 (common.score_responses)
+                 (rollouts.score_responses)
   critic    V_ψ  trained ScalarHeadGPT, one value per prefix. critic_init="policy" (default): a copy of
                  the SFT backbone with a zero head, because it exists for every reward source (the
                  verifier has no network to copy) and sees text the way the policy does;
@@ -65,10 +65,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-import common as C
-from common import stage_memory_gib  # the memory anatomy (per algorithm, per GPU) is in common.py
-from model import (GPT, ScalarHeadGPT, count_parameters, kl_estimate, sequence_logprobs, token_logprobs,
-                   token_logprobs_and_entropy)
+from checkpoints import load_model
+from distributed import all_reduce_sum, role_memory_gib, seeded_rng, shard
+from evaluation import evaluate_policy
+from model import GPT, ScalarHeadGPT, kl_estimate, sequence_logprobs, token_logprobs, token_logprobs_and_entropy
+from paperwork import unparsed, verification_text, verifier_check, write_passport
+from rewards import REWARD_KEYS, check_reward_mode, path_signals, token_rewards
+from rollouts import last_response_column, rollouts, score_responses
 
 starts_from = "sft"  # RL selects among what a trained policy does: no random start (train.check_start)
 defaults = dict(
@@ -98,19 +101,7 @@ defaults = dict(
     eval_samples=8,             # held-out answers per problem at the temperature: pass@8 is Best-of-8 by the verifier
 )
 
-defaults.update(C.REWARD_KEYS)  # reward_mode and RLVP's β, λ, μ: one definition for grpo.py and ppo.py
-
-
-# ----------------------------------------------------------------------------------------------
-# Memory anatomy [M14 §10, §13]
-
-def role_memory_gib(module, trained):
-    """stage_memory_gib of one role: a trained role's frozen part (LoRA's base weights) counts as frozen."""
-    n_train, n_total = count_parameters(module)
-    if not trained or n_train == 0:
-        return stage_memory_gib(n_total, ["frozen_bf16"])
-    frozen = stage_memory_gib(n_total - n_train, ["frozen_bf16"]) if n_total > n_train else 0.0
-    return stage_memory_gib(n_train, ["train"]) + frozen
+defaults.update(REWARD_KEYS)  # reward_mode and RLVP's β, λ, μ: one definition for grpo.py and ppo.py
 
 
 # ----------------------------------------------------------------------------------------------
@@ -119,7 +110,7 @@ def role_memory_gib(module, trained):
 def shaped_rewards(score, kl, mask, kl_coef):
     """r_t = −β·k_t on every response token, plus the sequence reward at the last response token."""
     rewards = -kl_coef * kl * mask
-    rewards[torch.arange(len(score), device=mask.device), C.last_response_column(mask)] += score
+    rewards[torch.arange(len(score), device=mask.device), last_response_column(mask)] += score
     return rewards
 
 
@@ -195,7 +186,7 @@ def wrap_model(run, model):
         nn.init.zeros_(critic.head.weight)  # V = 0 everywhere at first: no random values in the first advantages
     elif run.cfg["critic_init"] == "reward_model":
         # a trained copy of the frozen RM (under --fsdp read again: the frozen one is sharded already)
-        rm = C.load_model(run.cfg["reward_model"]) if run.fsdp else copy.deepcopy(run.reward_model)
+        rm = load_model(run.cfg["reward_model"]) if run.fsdp else copy.deepcopy(run.reward_model)
         critic = rm.requires_grad_(True)
     else:
         raise ValueError(f"critic_init={run.cfg['critic_init']!r}: choose policy or reward_model")
@@ -224,7 +215,7 @@ def setup(run):
     if cfg["batch_size"] % cfg["samples_per_prompt"]:
         raise ValueError(f"batch_size={cfg['batch_size']} must be a multiple of "
                          f"samples_per_prompt={cfg['samples_per_prompt']}")
-    C.check_reward_mode(cfg, run.env)
+    check_reward_mode(cfg, run.env)
     if cfg["reward_mode"] == "process" and cfg["reward"] != "verifier":
         raise ValueError("reward_mode=process scores the environment's steps and answer (env.step_rewards): "
                          "it needs reward=verifier")
@@ -244,8 +235,8 @@ def setup(run):
         print("ppo memory, persistent states only (M14 §10: 16 B/param trained, 2 B/param frozen bf16): "
               + " + ".join(f"{name} {g:.4g}" for name, g in roles)
               + f" = {total:.4g} GiB; critic {roles[1][1] / total:.0%}")
-    run.verifier_check = C.verifier_check(run.env, run.env.verify)
-    C.write_passport(run, passport(run))
+    run.verifier_check = verifier_check(run.env, run.env.verify)
+    write_passport(run, passport(run))
 
 
 def passport(run):
@@ -265,7 +256,7 @@ algorithm: `--algo ppo`, started from `{c['init_from']}`
 
 ## Reward and verification
 - {reward}; reward_mode {c['reward_mode']}; a truncated answer gets what the reward gives it
-- {C.verification_text(run.verifier_check)}; parse_error_rate logged every iteration
+- {verification_text(run.verifier_check)}; parse_error_rate logged every iteration
 
 ## Optimisation
 - on-policy clipped surrogate (ε = {c['clip_eps']}) and clipped value loss (ε_v = {c['value_clip']}, c_v = {c['vf_coef']}),
@@ -321,17 +312,17 @@ def score_micro_batch(run, problems, seed):
     π_old log-probs (the sampler's, or one policy forward), V_old (one critic forward), π_ref
     log-probs (when the KL penalty is on), sequence rewards."""
     cfg = run.cfg
-    roll = C.rollouts(run, run.policy, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"], seed=seed)
+    roll = rollouts(run, run.policy, problems, cfg["samples_per_prompt"], temperature=cfg["temperature"], seed=seed)
     ids, mask = roll.ids, roll.mask
     mb = Batch(ids=ids, mask=mask, old_logprobs=None, old_values=None, verifier=roll.rewards,
                sampler_logprobs=roll.old_logprobs, lengths=roll.lengths.float(), truncated=roll.truncated.float(),
                decode_time=roll.decode_time)
     mb.shows_work = torch.tensor([float(run.env.shows_work(t)) for t in roll.texts], device=ids.device)
-    mb.parse_error = torch.tensor([float(C.unparsed(run.env, t)) for t in roll.texts], device=ids.device)
+    mb.parse_error = torch.tensor([float(unparsed(run.env, t)) for t in roll.texts], device=ids.device)
     if cfg["reward_mode"] == "process":
-        mb.step_rewards = C.token_rewards(run, roll, run.env.step_rewards)[0]
+        mb.step_rewards = token_rewards(run, roll, run.env.step_rewards)[0]
     elif cfg["reward_mode"] in ("rlvp", "path"):
-        mb.path_rewards = C.token_rewards(run, roll, C.path_signals(run))[0]
+        mb.path_rewards = token_rewards(run, roll, path_signals(run))[0]
     with run.autocast:
         if run.old_logprobs_mode == "recompute":
             # π_old from the same forward the loss makes (not the KV-cache sampler's numbers, whose
@@ -343,7 +334,7 @@ def score_micro_batch(run, problems, seed):
             mb.old_logprobs = roll.old_logprobs
         if scores_reference(run):
             mb.ref_logprobs = sequence_logprobs(run.ref_model, ids, cfg["temperature"]) * mask
-        rm_score = C.score_responses(run.reward_model, ids, mask) if run.reward_model is not None else None
+        rm_score = score_responses(run.reward_model, ids, mask) if run.reward_model is not None else None
     mb.old_values, mb.score = values.float() * mask, rm_score if rm_score is not None else roll.rewards
     return mb
 
@@ -361,7 +352,7 @@ def global_sums(run, micro):
     figures["work"] = lambda mb: mb.shows_work
     figures["parse_errors"] = lambda mb: mb.parse_error
     local = {name: sum(float(f(mb).double().sum()) for mb in micro) for name, f in figures.items()}
-    return C.all_reduce_sum(local, run)
+    return all_reduce_sum(local, run)
 
 
 def batches(run, it):
@@ -373,11 +364,11 @@ def batches(run, it):
     accum, bs = cfg["gradient_accumulation_steps"], cfg["batch_size"]
     G, K = cfg["samples_per_prompt"], cfg["minibatches"]
     n_micro = K * accum  # this rank's micro-batches; step k uses micro-batches k·accum ... (k+1)·accum − 1
-    rng = C.seeded_rng(run, it)
+    rng = seeded_rng(run, it)
     picks = rng.integers(0, len(run.train_problems), run.world_size * n_micro * bs // G)
     seeds = rng.integers(0, 2**31, run.world_size * n_micro).tolist()
-    problems = C.shard([run.train_problems[i] for i in picks], run, n_micro, bs // G)
-    seeds = [s for [s] in C.shard(seeds, run, n_micro, 1)]
+    problems = shard([run.train_problems[i] for i in picks], run, n_micro, bs // G)
+    seeds = [s for [s] in shard(seeds, run, n_micro, 1)]
     micro = [score_micro_batch(run, p, s) for p, s in zip(problems, seeds)]
 
     for mb in micro:
@@ -409,7 +400,7 @@ def batches(run, it):
         run.kl_coef *= 1 + cfg["kl_adapt_rate"] * error
 
     steps = [micro[k * accum:(k + 1) * accum] for k in range(K)]
-    order = [k for epoch in range(cfg["ppo_epochs"]) for k in C.seeded_rng(run, it, epoch + 1).permutation(K)]
+    order = [k for epoch in range(cfg["ppo_epochs"]) for k in seeded_rng(run, it, epoch + 1).permutation(K)]
     taken = 0
     for k in order:
         step = yield steps[k]  # the loop trains on it, then sends its figures (None when iterated plainly)
@@ -440,7 +431,7 @@ def loss(run, model, batch):
 def evaluate(run, it):
     """The policy's greedy held-out and OOD accuracy (the true task metric, whatever the training
     reward); on sampled held-out answers their accuracy, pass@k and the KL to π_ref."""
-    return C.evaluate_policy(run, run.raw_model.policy, it, run.ref_model, run.cfg["temperature"])[0]
+    return evaluate_policy(run, run.raw_model.policy, it, run.ref_model, run.cfg["temperature"])[0]
 
 
 def state_dict(run):

@@ -21,11 +21,11 @@ prompts, where every candidate is right, from crowding out the hard ones in the 
 Logged per round: cand_acc (the candidates' verifier accuracy, a sample of the policy at the
 temperature), unique_frac (distinct verified responses / verified ones), kept_frac (kept / all
 candidates), prompt_cover (prompts with at least one kept answer) and pool (examples kept).
-Evaluation (common.evaluate_policy): greedy held-out and OOD accuracy, and on eval_samples = N
+Evaluation (evaluation.evaluate_policy): greedy held-out and OOD accuracy, and on eval_samples = N
 sampled answers per held-out problem pass@N, which is Best-of-N by the verifier: the accuracy of the
 best of N samples, an upper-bound estimate of what RL or RFT can reach by selection.
 
-The ranks share a round's sampling out (common.generate with spread=True: each samples some chunks,
+The ranks share a round's sampling out (rollouts.generate with spread=True: each samples some chunks,
 all gather them), so every rank holds the same pool, the one a single process samples, and trains
 on its shard of each global batch, as SFT does.
 """
@@ -34,7 +34,11 @@ import math
 
 import torch
 
-import common as C
+import sft
+from distributed import seeded_rng
+from evaluation import evaluate_policy
+from paperwork import unparsed, verification_text, verifier_check, write_passport
+from rollouts import response_text, rollouts
 
 starts_from = "sft"  # it filters what the policy already writes: a random start keeps nothing
 defaults = dict(
@@ -72,8 +76,8 @@ def round_length(cfg):
 def sample_pool(run, round_):
     """One round: candidates from the current policy, verified, selected -> (pool, figures)."""
     cfg, tok, k = run.cfg, run.tok, run.cfg["candidates"]
-    problems = run.env.problems("train", cfg["round_prompts"], seed=int(C.seeded_rng(run, round_).integers(2 ** 31)))
-    roll = C.rollouts(run, run.raw_model, problems, k, temperature=cfg["temperature"], seed=cfg["seed"] + round_,
+    problems = run.env.problems("train", cfg["round_prompts"], seed=int(seeded_rng(run, round_).integers(2 ** 31)))
+    roll = rollouts(run, run.raw_model, problems, k, temperature=cfg["temperature"], seed=cfg["seed"] + round_,
                       batch_size=cfg["eval_batch_size"], spread=True)
     groups, tokens, prompts = roll.group.tolist(), roll.responses, [tok.prompt_ids(p["prompt"]) for p in problems]
     # an answer cut off by the length limit would teach the model not to stop: not verified
@@ -84,10 +88,10 @@ def sample_pool(run, round_):
     pool = [(prompts[groups[i]] + tokens[i], [0] * len(prompts[groups[i]]) + masks[i]) for i in kept]
     verified = sum(r > 0 for r in rewards)
     distinct = len({(g, tuple(t)) for g, t, r in zip(groups, tokens, rewards) if r > 0})
-    unparsed = sum(C.unparsed(run.env, C.response_text(run, t)) for t in tokens)
+    n_unparsed = sum(unparsed(run.env, response_text(run, t)) for t in tokens)
     figures = dict(cand_acc=verified / len(tokens), unique_frac=distinct / max(verified, 1),
                    kept_frac=len(kept) / len(tokens), prompt_cover=len({groups[i] for i in kept}) / len(problems),
-                   pool=len(pool), parse_error_rate=unparsed / len(tokens),
+                   pool=len(pool), parse_error_rate=n_unparsed / len(tokens),
                    verifier_error_rate=run.verifier_check["verifier_error_rate"])
     return pool, figures
 
@@ -97,8 +101,8 @@ def setup(run):
     if cfg["rounds"] < 1 or cfg["candidates"] < 1 or cfg["per_prompt_cap"] < 1 or cfg["round_prompts"] < 1:
         raise ValueError("rounds, round_prompts, candidates and per_prompt_cap must be >= 1")
     run.pool, run.round_figures = None, {}
-    run.verifier_check = C.verifier_check(run.env, run.env.verify)
-    C.write_passport(run, passport(run))
+    run.verifier_check = verifier_check(run.env, run.env.verify)
+    write_passport(run, passport(run))
 
 
 def passport(run):
@@ -116,7 +120,7 @@ algorithm: `--algo rft` (rejection-sampling fine-tuning), started from `{c['init
 
 ## Reward and verification
 - the environment's rule verifier as a filter (1 keeps, 0 drops); an answer cut off by the length limit is dropped
-- {C.verification_text(run.verifier_check)}; parse_error_rate logged every round
+- {verification_text(run.verifier_check)}; parse_error_rate logged every round
 
 ## Optimisation
 - the SFT loss on the kept answers' own tokens (prompt and tool results masked); no reference, old policy,
@@ -140,15 +144,15 @@ def batches(run, it):
                              f"{cfg['candidates']}: start from a policy that solves some (--init_from=out/sft), "
                              f"or raise candidates")
     run.stats.update(run.round_figures)
-    return C.pool_batches(run, it, run.pool)
+    return sft.pool_batches(run, it, run.pool)
 
 
-loss = C.masked_nll_loss  # the loop calls loss(run, model, batch)
+loss = sft.loss  # SFT's masked next-token loss, on the kept answers
 
 
 def evaluate(run, it):
     """Greedy held-out and OOD accuracy; sampled held-out accuracy and pass@k, Best-of-k by the verifier."""
-    return C.evaluate_policy(run, run.raw_model, it, temperature=run.cfg["temperature"])[0]
+    return evaluate_policy(run, run.raw_model, it, temperature=run.cfg["temperature"])[0]
 
 
 def state_dict(run):

@@ -5,9 +5,9 @@ Reward model (Bradley–Terry). SPEC §3 "Reward model"; M14 §3–5.
     L_RM = −log σ(r_φ(x, y_w) − r_φ(x, y_l))            one term per pair, count = pairs
 
 r_φ is the language model with a scalar head (ScalarHeadGPT), read at the last response token (the
-end token), where causal attention has seen the whole prompt and answer (common.score_responses).
+end token), where causal attention has seen the whole prompt and answer (rollouts.score_responses).
 Only differences of r_φ are learnt: its offset is arbitrary. The checkpoint (kind "scalar") is
-what ppo.py loads as its reward model, through common.load_model.
+what ppo.py loads as its reward model, through checkpoints.load_model.
 
     python train.py --algo rm --init_from=out/sft
 
@@ -18,9 +18,12 @@ preference, or a file) come from pairs.py, which dpo.py shares.
 import torch
 import torch.nn.functional as F
 
-import common as C
 import pairs
+from distributed import all_reduce_sum, chunks
+from evaluation import write_samples
 from model import ScalarHeadGPT
+from paperwork import write_passport
+from rollouts import score_responses
 
 starts_from = "sft"  # scores answers of the SFT policy's kind: no random start (train.check_start)
 defaults = dict(pairs.PAIR_DEFAULTS, train_prompts=2048,  # more pairs: the RM overfits 512 prompts' pairs
@@ -42,7 +45,7 @@ def bradley_terry_margin(win_rate):
 
 def pair_rewards(model, batch):
     """(r_w, r_l) of a collated batch of pairs (pairs.collate), from one forward over chosen and rejected rows."""
-    rewards = C.score_responses(model, batch["ids"], batch["mask"])
+    rewards = score_responses(model, batch["ids"], batch["mask"])
     return rewards.chunk(2)
 
 
@@ -68,8 +71,8 @@ needs = ("reference",)  # built-in pairs are sampled by init_from's policy (run.
 
 def setup(run):
     run.train_pairs, run.heldout_pairs, transcripts = pairs.load_preferences(run)
-    C.write_samples(run, 0, transcripts)
-    C.write_passport(run, pairs.passport(run, "a Bradley–Terry reward model: −log σ(r(x, y_w) − r(x, y_l)) on a scalar "
+    write_samples(run, 0, transcripts)
+    write_passport(run, pairs.passport(run, "a Bradley–Terry reward model: −log σ(r(x, y_w) − r(x, y_l)) on a scalar "
                                               "head read at the last response token", references="none"))
 
 
@@ -83,14 +86,14 @@ def evaluate(run, it):
     model = run.raw_model
     sums = dict(correct=0.0, margin=0.0, loss=0.0, pairs=0.0)
     with run.autocast:
-        for chunk in C.chunks(run.heldout_pairs[run.rank::run.world_size], run.cfg["eval_batch_size"]):
+        for chunk in chunks(run.heldout_pairs[run.rank::run.world_size], run.cfg["eval_batch_size"]):
             r_w, r_l = pair_rewards(model, pairs.collate(run, chunk))
             margin = r_w - r_l
             sums["correct"] += float((margin > 0).sum())
             sums["margin"] += float(margin.sum())
             sums["loss"] += float(F.softplus(-margin).sum())
             sums["pairs"] += len(margin)
-    sums = C.all_reduce_sum(sums, run)
+    sums = all_reduce_sum(sums, run)
     n = sums["pairs"]
     return dict(val_pair_acc=sums["correct"] / n, val_margin=sums["margin"] / n, val_loss=sums["loss"] / n,
                 val_pairs=n)  # (the size of the accuracy's noise band)

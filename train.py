@@ -9,8 +9,9 @@ Configuration is plain Python values: DEFAULTS below plus the chosen algorithm m
 `defaults`. `--key=value` overrides (parsed as a Python literal), a `config/x.py` file is executed
 and its top-level names become overrides. An unknown key or a value of the wrong type is an error.
 
-The helpers every script shares (devices and DDP, data files, models and checkpoints, sampling,
-rollouts, evaluation, plots) live in common.py, which never imports this file or an algorithm.
+The helpers every script shares live in modules named for what they hold (distributed.py, data.py,
+checkpoints.py, rollouts.py, evaluation.py, paperwork.py, rewards.py), which never import this file
+or an algorithm.
 
 An algorithm module (ALGOS below) supplies only what is particular to it:
     defaults                     dict of its own config keys (it may also change common defaults, e.g. the lr)
@@ -20,7 +21,7 @@ An algorithm module (ALGOS below) supplies only what is particular to it:
     teacher_from                 optional: the --algo whose ladder stage is the default --teacher on the
                                     command line (train.after_the_ladder)
     needs                        optional: the frozen models it reads, a tuple or a function of the config
-                                    giving one; the loop builds each once per run (common.py's loaders):
+                                    giving one; the loop builds each once per run (checkpoints.py's loaders):
                                     "reference" π_ref, the starting policy (run.ref_model, before setup),
                                     "teacher" (run.teacher, before setup; --teacher=self is the trained
                                     model itself), "reward_model" (run.reward_model, before wrap_model:
@@ -42,7 +43,7 @@ An algorithm module (ALGOS below) supplies only what is particular to it:
                                     micro-batch's target tokens that carry loss weight, is summed (not
                                     averaged) and logged as the running total `train_tokens`.
     evaluate(run, it)            -> dict of held-out figures at iteration `it` (all ranks call it, the
-                                    model in eval mode); a policy's are common.evaluate_policy's
+                                    model in eval mode); a policy's are evaluation.evaluate_policy's
     state_dict(run) / load_state_dict(run, state)   optional: extra state to checkpoint
 
 The loop owns devices, DDP, gradient accumulation, loss normalisation, AdamW with warmup + cosine,
@@ -71,10 +72,32 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import common as C
+from checkpoints import (build_model, check_resumable, is_hf_checkpoint, load_reference, load_reward_model,
+                         load_sharded, load_teacher, read_checkpoint, restore_rng, save_checkpoint)
+from data import config_env
+from distributed import (all_reduce_sum, gathered, keep_gathered_through_backward, rank0_first, set_gathered,
+                         set_gradient_sync, setup_device, shard_model)
 from envs import ENVS
+from evaluation import plot_metrics
 from model import GPT, apply_lora, count_parameters
 from tokenizer import make_tokenizer
+
+# Optional packages: the features that need them import them lazily, and the scripts turn their
+# absence into one line naming the install command
+OPTIONAL = dict(transformers="pip install -r requirements-extra.txt", safetensors="pip install -r requirements-extra.txt",
+                trl="pip install -r experiments/peer_bench/peers/requirements.txt (in a second environment)")
+
+
+def optional_dependency(error):
+    """An ImportError of an optional package as one line: a missing module of OPTIONAL, or an error
+    that already names its install command; any other is raised again."""
+    package = (getattr(error, "name", None) or "").split(".")[0]
+    if package in OPTIONAL:
+        return f"this needs the optional package {package}: {OPTIONAL[package]}"
+    if "pip install" in str(error):
+        return str(error)
+    raise error
+
 
 READS_DATA = ("pretrain", "sft", "rm", "dpo")  # the algorithms that train on --data (RL reads its env)
 ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo", "grpo": "grpo", "opd": "opd", "rft": "rft"}
@@ -234,8 +257,8 @@ def make_config(overrides):
 def config_comments(module, name):
     """{key: its one-line description} for `name = dict(...)` in `module`'s source: the comment at
     the end of the key's line, else the comment lines right above it. Keys merged in from another
-    module's dict (`dict(pairs.PAIR_DEFAULTS, ...)`, `**X.KEYS`, `name.update(X.KEYS)`) take that
-    dict's comments."""
+    module's dict (`dict(pairs.PAIR_DEFAULTS, ...)`, `**X.KEYS`, `name.update(X.KEYS)`, or KEYS imported
+    by `from X import KEYS`) take that dict's comments."""
     source = open(module.__file__).read()
     comments = {}  # line -> (text, whether the comment stands alone on its line)
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -248,9 +271,13 @@ def config_comments(module, name):
                and ast.unparse(node.value.func) == f"{name}.update"]
     merged = call.args + [keyword.value for keyword in call.keywords if keyword.arg is None] + updates
     found = {}
+    imported = {alias.asname or alias.name: node.module for node in body if isinstance(node, ast.ImportFrom)
+                for alias in node.names}  # `from rewards import REWARD_KEYS`: REWARD_KEYS's module
     for other in merged:
         if isinstance(other, ast.Attribute) and isinstance(other.value, ast.Name):
             found.update(config_comments(getattr(module, other.value.id), other.attr))
+        elif isinstance(other, ast.Name) and other.id in imported:
+            found.update(config_comments(importlib.import_module(imported[other.id]), other.id))
     for keyword in (keyword for keyword in call.keywords if keyword.arg):
         text, alone = comments.get(keyword.value.end_lineno, ("", True))
         if alone:  # no comment at the end of its line: the comment lines right above
@@ -344,7 +371,7 @@ def check_start(overrides):
     cfg = make_config(overrides)
     init, needs = cfg["init_from"], getattr(algo_module(cfg["algo"]), "starts_from", None)
     if os.path.isfile(os.path.join(init, "ckpt.pt")) or (  # a checkpoint, or transformers weights
-            C.is_hf_checkpoint(init) and os.path.basename(os.path.normpath(init)) not in ALGOS):
+            is_hf_checkpoint(init) and os.path.basename(os.path.normpath(init)) not in ALGOS):
         return
     if init == "scratch" and needs:
         out = DEFAULTS["out_dir"].format(algo=needs)
@@ -403,8 +430,8 @@ def load_resume(overrides):
     out_dir = overrides.get("out_dir", DEFAULTS["out_dir"]).format(algo=overrides.get("algo", DEFAULTS["algo"]))
     if not os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
         raise FileNotFoundError(f"init_from=resume: no checkpoint at {os.path.join(out_dir, 'ckpt.pt')}")
-    ckpt = C.read_checkpoint(out_dir)
-    C.check_resumable(ckpt, out_dir)
+    ckpt = read_checkpoint(out_dir)
+    check_resumable(ckpt, out_dir)
     return ckpt, {**ckpt["config"], **{k: v for k, v in overrides.items() if k != "init_from"}}
 
 
@@ -412,11 +439,11 @@ def setup(overrides, ckpt, algo=None):
     """The run (config, device, tokenizer, environment, models) and its optimizer, seeded; the
     algorithm's setup done. The models an algorithm declares in `needs` are built here, once."""
     cfg = make_config(overrides)
-    run = C.setup_device(cfg)
+    run = setup_device(cfg)
     run.cfg, run.algo, run.stats, run.train_tokens = cfg, algo or algo_module(cfg["algo"]), {}, 0
-    with C.rank0_first():  # a download (tokenizer, dataset) by rank 0 alone; the others read its cache
+    with rank0_first():  # a download (tokenizer, dataset) by rank 0 alone; the others read its cache
         run.tok = make_tokenizer(cfg["tokenizer"])
-        run.env = C.config_env(cfg)
+        run.env = config_env(cfg)
     if run.master:
         os.makedirs(cfg["out_dir"], exist_ok=True)
     torch.manual_seed(cfg["seed"])
@@ -424,9 +451,9 @@ def setup(overrides, ckpt, algo=None):
     np.random.seed(cfg["seed"])
 
     needs = run.algo.needs(cfg) if callable(getattr(run.algo, "needs", None)) else getattr(run.algo, "needs", ())
-    with C.rank0_first():  # on resume too: the same construction, then the saved weights
-        model = C.build_model(cfg, run.tok)
-    run.reward_model = C.load_reward_model(run) if "reward_model" in needs else None  # frozen
+    with rank0_first():  # on resume too: the same construction, then the saved weights
+        model = build_model(cfg, run.tok)
+    run.reward_model = load_reward_model(run) if "reward_model" in needs else None  # frozen
     if hasattr(run.algo, "wrap_model"):
         model = run.algo.wrap_model(run, model)
     elif not isinstance(model, GPT):
@@ -437,22 +464,22 @@ def setup(overrides, ckpt, algo=None):
         model.load_state_dict(ckpt["train_model"] or ckpt["model"])
     model.to(run.device)
     run.raw_model = model
-    if run.fsdp:  # one training call per micro-batch, sharded (common.shard_model); no DDP
+    if run.fsdp:  # one training call per micro-batch, sharded (distributed.shard_model); no DDP
         if cfg["compile"]:
             raise ValueError("--fsdp with --compile is not supported yet: choose one")
         if run.lockstep and not getattr(run.algo, "sharded_rollouts", False):
             raise ValueError(f"--fsdp_rollouts=sharded is not supported for --algo {cfg['algo']} yet (its setup or "
                              f"scoring forwards differ in number between ranks): use gathered")
-        run.model = C.shard_model(run, model)
+        run.model = shard_model(run, model)
         if cfg.get("share_prompt"):  # (grpo, dpo) every block runs twice in one forward
-            C.keep_gathered_through_backward(run.model)
+            keep_gathered_through_backward(run.model)
     else:  # the sampler's decode steps change shape every token, so only the training calls (run.model) compile
         trained = torch.compile(model) if cfg["compile"] else model
         run.model = DDP(trained, device_ids=[run.device] if run.device.startswith("cuda") else None) if run.ddp else trained
     torch.manual_seed(cfg["seed"] + run.rank)  # same init on every rank (above), own dropout masks (below)
-    with C.gathered(run):  # --fsdp: setup's sampling and scoring on full weights (common.gathered)
-        run.ref_model = C.load_reference(run) if "reference" in needs else None  # π_ref: init_from, frozen
-        run.teacher = C.load_teacher(run) if "teacher" in needs else None
+    with gathered(run):  # --fsdp: setup's sampling and scoring on full weights (distributed.gathered)
+        run.ref_model = load_reference(run) if "reference" in needs else None  # π_ref: init_from, frozen
+        run.teacher = load_teacher(run) if "teacher" in needs else None
         run.algo.setup(run)
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -476,12 +503,12 @@ def resume(run, optimizer, ckpt, metrics_path):
             print(f"{cfg['algo']}: {n_train:,} trainable of {n_total:,} parameters on {run.device}"
                   f" x{run.world_size}, out_dir={cfg['out_dir']}")
         return 0
-    if ckpt.get("sharded"):  # --fsdp: the weights and AdamW state of every rank (common.save_sharded)
-        C.load_sharded(run, optimizer, os.path.join(cfg["out_dir"], ckpt["sharded"]))
+    if ckpt.get("sharded"):  # --fsdp: the weights and AdamW state of every rank (checkpoints.save_sharded)
+        load_sharded(run, optimizer, os.path.join(cfg["out_dir"], ckpt["sharded"]))
     else:
         optimizer.load_state_dict(ckpt["optimizer"])
     run.train_tokens = ckpt.get("train_tokens", 0)  # older checkpoints: uncounted
-    C.restore_rng(run, ckpt["rng"], ckpt["iter"])
+    restore_rng(run, ckpt["rng"], ckpt["iter"])
     if ckpt["algo_state"] is not None:
         run.algo.load_state_dict(run, ckpt["algo_state"])
     if run.master and os.path.exists(metrics_path):  # drop lines logged after the checkpoint
@@ -519,19 +546,19 @@ def optimizer_step(run, optimizer, micro_batches):
     for m, batch in enumerate(micro_batches):
         last = m == len(micro_batches) - 1
         if run.fsdp:  # gradients reduce-scattered after the last micro-batch only
-            C.set_gradient_sync(run.model, last)
+            set_gradient_sync(run.model, last)
         with run.model.no_sync() if isinstance(run.model, DDP) and not last else contextlib.nullcontext():
             with run.autocast:
                 loss_sum, n, extra = run.algo.loss(run, run.model, batch)
             loss_sum.backward()
         if run.fsdp:  # (shared prompts keep the weights gathered through the backward: free them)
-            C.set_gathered(run.model, False)
+            set_gathered(run.model, False)
         local["micro_batches"] += 1
         # figures stay tensors until the step's end: on a GPU, float() here would wait for
         # the backward pass at every micro-batch instead of once per step
         for k, v in {"count": n, "loss": loss_sum, **extra}.items():
             local[k] = local.get(k, 0.0) + (v.detach() if torch.is_tensor(v) else v)
-    step = C.all_reduce_sum(local, run)  # one all-reduce per step: the global count and figures
+    step = all_reduce_sum(local, run)  # one all-reduce per step: the global count and figures
     # DDP averaged the per-rank sums over ranks; turn that into the sum over the global count,
     # then clip: one pass to measure the gradient and one to scale it (rescale and clip together)
     # (--fsdp: each rank's shards, DTensor's local tensors, scaled in place; the norm sums over ranks)
@@ -555,13 +582,13 @@ def evaluate(run, it, metrics_path):
     """The algorithm's held-out figures at iteration `it` (dropout off), logged and plotted."""
     set_dropout(run, False)
     t0 = time.time()
-    with C.gathered(run):  # --fsdp: ranks may hold different numbers of problems
+    with gathered(run):  # --fsdp: ranks may hold different numbers of problems
         metrics = run.algo.evaluate(run, it)
     metrics["eval_time"] = time.time() - t0
     log(run, metrics_path, {"iter": it, **metrics})
     # a drawing costs about a second: a short run (a ladder stage) draws once, a long one every minute or so
     if run.master and run.cfg["plot"] and (it == run.cfg["max_iters"] or time.time() - run.plotted_at >= 60):
-        C.plot_metrics(run.cfg["out_dir"])
+        plot_metrics(run.cfg["out_dir"])
         run.plotted_at = time.time()
     return metrics
 
@@ -595,7 +622,7 @@ def train(overrides, algo=None):
             group["lr"] = lr
         run.stats, sums, grad_norm = {}, {}, None  # sums: over steps, micro-batches, ranks
         set_dropout(run, False)
-        with C.gathered(run):  # --fsdp: rollouts and scoring on full weights (common.gathered)
+        with gathered(run):  # --fsdp: rollouts and scoring on full weights (distributed.gathered)
             steps = iter(run.algo.batches(run, it))  # RL: the rollouts happen here
             micro_batches = next_step(run, steps, None)  # (a generator's: at its first step)
         t_update = time.time()
@@ -619,7 +646,7 @@ def train(overrides, algo=None):
             if run.master:
                 bar.write(f"iter {it + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
         if cfg["checkpoint"] and (at_eval or it + 1 == cfg["max_iters"]):  # (every rank: its RNG streams)
-            C.save_checkpoint(run, optimizer, it + 1)
+            save_checkpoint(run, optimizer, it + 1)
     bar.close()
     if run.ddp:
         dist.barrier()
@@ -644,4 +671,4 @@ if __name__ == "__main__":
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}" if first_process else 1)
     except ImportError as e:  # an optional package (transformers, ...) that is not installed
-        sys.exit(f"error: {C.optional_dependency(e)}" if first_process else 1)
+        sys.exit(f"error: {optional_dependency(e)}" if first_process else 1)

@@ -34,11 +34,13 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 import torch.nn.functional as F  # noqa: E402
 
-import common as C  # noqa: E402
 import sft  # noqa: E402
 import train as T  # noqa: E402
+from checkpoints import build_model  # noqa: E402
 from hf import to_transformers  # noqa: E402
+from rollouts import Rollout, shard_problems  # noqa: E402
 from sampler import draw, sample  # noqa: E402
+from sft import masked_nll  # noqa: E402
 from tokenizer import Tokenizer  # noqa: E402
 
 BENCHMARKS = {}  # name -> function(args) returning its summary rows; main() runs them in order
@@ -118,7 +120,7 @@ PROMPT_LEN, NEW_TOKENS, SAMPLER_BATCHES = 32, 128, (1, 8, 64)
 def default_model(device, block_size):
     """train.py's default (from-scratch) model, with block_size raised to at least `block_size`."""
     cfg = T.make_config(dict(block_size=max(T.DEFAULTS["block_size"], block_size)))
-    return C.build_model(cfg, Tokenizer(cfg["tokenizer"])).to(device).eval()
+    return build_model(cfg, Tokenizer(cfg["tokenizer"])).to(device).eval()
 
 
 @torch.no_grad()
@@ -249,7 +251,7 @@ def bare_step(model, optimizer, micro_batches, cfg, autocast):
     masked loss, PyTorch's default AdamW on every parameter, mean loss, clipping, no logging."""
     for ids, mask in micro_batches:
         with autocast:  # bf16 on CUDA, as in train.train
-            loss_sum, count = C.masked_nll(model, ids, mask)
+            loss_sum, count = masked_nll(model, ids, mask)
         (loss_sum / count / len(micro_batches)).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
     optimizer.step()
@@ -270,7 +272,7 @@ def interleaved_loop_times(overrides):
         start = clocks()
         if not bare:  # (torch's RNG forked: building it leaves the shared run's randomness alone)
             with torch.random.fork_rng(devices=[]):
-                bare["model"] = C.build_model(run.cfg, run.tok).to(run.device).train()
+                bare["model"] = build_model(run.cfg, run.tok).to(run.device).train()
             bare["optimizer"] = torch.optim.AdamW(bare["model"].parameters(), lr=run.cfg["learning_rate"],
                                                   betas=(run.cfg["beta1"], run.cfg["beta2"]),
                                                   weight_decay=run.cfg["weight_decay"])
@@ -329,7 +331,7 @@ def dpo_step(args):
                        max_iters=0, eval_interval=0, checkpoint=False, device=args["device"], out_dir=out_dir))
     batch = pairs.collate(run, run.train_examples[:DPO_PAIRS])
     sft_mask = F.pad(batch["mask"], (1, 0))  # masked_nll wants the mask aligned with ids, not ids[:, 1:]
-    model = C.build_model(run.cfg, run.tok).to(run.device).train()
+    model = build_model(run.cfg, run.tok).to(run.device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=run.device.startswith("cuda"))
 
     def step(loss_fn):
@@ -345,7 +347,7 @@ def dpo_step(args):
             step(lambda: dpo.loss(run, model, batch)[:2])
         return fn
 
-    sft_fn = lambda: step(lambda: C.masked_nll(model, batch["ids"], sft_mask))
+    sft_fn = lambda: step(lambda: masked_nll(model, batch["ids"], sft_mask))
     times = {"dpo": [], "dpo_shared": [], "sft": []}
     for _ in range(3):  # alternate, so a change in machine load hits all alike
         for name, fn in (("dpo", dpo_fn(False)), ("dpo_shared", dpo_fn(True)), ("sft", sft_fn)):
@@ -408,7 +410,7 @@ def rl_rollout(args):
         steps = grpo.batches(run, it)  # returns before the update: the rollout phase only
         sync(run.device)
         t_rollout = time.perf_counter() - t0
-        problems, seed = C.shard_problems(run, it, 0, 0)
+        problems, seed = shard_problems(run, it, 0, 0)
         prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(cfg["group_size"])]
         t0 = time.perf_counter()
         out = run.raw_model.generate(prompts, cfg["max_new_tokens"], temperature=cfg["temperature"],
@@ -453,7 +455,7 @@ def rl_shared_prompt(args):
     run = T.train(dict(algo="grpo", max_iters=0, eval_interval=0, checkpoint=False, device=args["device"],
                        out_dir=tempfile.mkdtemp(prefix="bench_shared_"), init_from=args["init_from"], **GRPO_SIZES))
     steps = grpo.batches(run, 0)
-    rows = C.Rollout.cat([mb for step in steps for mb in step], run.tok.pad)
+    rows = Rollout.cat([mb for step in steps for mb in step], run.tok.pad)
     start = {k: v.clone() for k, v in run.raw_model.state_dict().items()}
     optimizer = torch.optim.AdamW(run.raw_model.parameters(), lr=run.cfg["learning_rate"])
 

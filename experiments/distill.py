@@ -54,8 +54,10 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 import torch.nn.functional as F  # noqa: E402
 
-import common as C  # noqa: E402
 import train as T  # noqa: E402
+from distributed import chunks  # noqa: E402
+from evaluation import greedy_accuracy  # noqa: E402
+from rollouts import rollouts  # noqa: E402
 
 ARMS = dict(
     grpo=dict(T.parse_args([os.path.join(ROOT, "config", "grpo.py")]), algo="grpo", group_size=8),  # 16 × 8 = 128
@@ -99,7 +101,7 @@ def evaluate(run, model, n):
     """Greedy held-out accuracy, worked-answer share and answer length on the first n held-out problems."""
     was_training = model.training
     model.eval()
-    m = C.greedy_accuracy(run, model, "heldout", n)[0]
+    m = greedy_accuracy(run, model, "heldout", n)[0]
     model.train(was_training)
     return dict(acc=m["heldout_acc"], work=m["heldout_work"], len=m["heldout_len"])
 
@@ -178,10 +180,10 @@ def kl_profile(run, student, teacher, n, max_positions=48):
     same prompt): the mean KL at each answer position (and its token count), and per token role
     (ROLES; the first answer token is its own role) the share of the summed KL and the mean KL."""
     problems = run.env.problems("heldout", n, seed=3)
-    ro = C.rollouts(run, student, problems, 1, temperature=1.0, seed=5)
+    ro = rollouts(run, student, problems, 1, temperature=1.0, seed=5)
     ids, mask = ro.ids, ro.mask
     kl = torch.zeros_like(mask)
-    for rows in C.chunks(range(len(ids)), run.cfg["eval_batch_size"]):
+    for rows in chunks(range(len(ids)), run.cfg["eval_batch_size"]):
         s = F.log_softmax(student(ids[rows.start:rows.stop, :-1]).float(), dim=-1)
         t = F.log_softmax(teacher(ids[rows.start:rows.stop, :-1]).float(), dim=-1)
         kl[rows.start:rows.stop] = (s.exp() * (s - t)).sum(-1) * mask[rows.start:rows.stop]

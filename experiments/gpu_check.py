@@ -41,9 +41,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench.py besid
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
 import bench  # noqa: E402
-import common as C  # noqa: E402
 import envs  # noqa: E402
 import train as T  # noqa: E402
+from distributed import setup_device  # noqa: E402
 from hf import to_transformers  # noqa: E402
 from model import GPT, GPTConfig, token_logprobs  # noqa: E402
 from sampler import sample  # noqa: E402
@@ -135,7 +135,7 @@ def decode_rows(args):
     cfg = GPTConfig(block_size=128, vocab_size=320, **(TINY_BODY if args.quick else GPT2_BODY))
     torch.manual_seed(0)
     model = GPT(cfg).to(args.device).eval()
-    run = C.setup_device(dict(device=args.device))
+    run = setup_device(dict(device=args.device))
     g = torch.Generator().manual_seed(1)
     ragged = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (3, 17, 9, 30)]
     for name, prompts in (("ragged", ragged), ("shared", [ragged[1]] * 3 + [ragged[2]] * 2)):
@@ -164,7 +164,7 @@ def sampling_rows(args):
     except ImportError:
         hf = None
         print("transformers is not installed: the sampler runs alone (for the comparison: pip install -r requirements-extra.txt)")
-    autocast = C.setup_device(dict(device=args.device)).autocast
+    autocast = setup_device(dict(device=args.device)).autocast
     for batch in (1, 2) if args.quick else (1, 64):
         prompts = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
         ids = prompts.to(args.device)

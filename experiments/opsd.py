@@ -40,9 +40,9 @@ from distill import (ROOT, band, evaluate, parse_study, require_checkpoint, sche
                      study_parser, train_arm)
 
 sys.path.insert(0, ROOT)
-import common as C  # noqa: E402
 import opd  # noqa: E402
 import train as T  # noqa: E402
+from rollouts import generate, response_text  # noqa: E402
 
 ARMS = dict(answer=dict(privileged="answer", anchor=False), answer_anchor=dict(privileged="answer", anchor=True),
             solution=dict(privileged="solution", anchor=False), solution_anchor=dict(privileged="solution", anchor=True),
@@ -90,9 +90,9 @@ def privileged_answers(run, privileged, n):
     """What the teacher's context asks for: the starting model's greedy answers given the privileged
     prompt instead of the problem, on the n evaluation problems: accuracy and worked share."""
     problems = run.env.problems("heldout", n)
-    tokens = C.generate(run, run.raw_model, [run.tok.prompt_ids(opd.privileged_prompt(run.env, p, privileged))
+    tokens = generate(run, run.raw_model, [run.tok.prompt_ids(opd.privileged_prompt(run.env, p, privileged))
                                              for p in problems])[0]
-    texts = [C.response_text(run, t) for t in tokens]
+    texts = [response_text(run, t) for t in tokens]
     return dict(acc=sum(run.env.verify(p, t) for p, t in zip(problems, texts)) / n,
                 work=sum(map(run.env.shows_work, texts)) / n)
 

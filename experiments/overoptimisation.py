@@ -35,7 +35,8 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-import common as C  # noqa: E402
+from distributed import chunks  # noqa: E402
+from rollouts import rollouts, score_responses  # noqa: E402
 import train as T  # noqa: E402  (after the path: the script runs from anywhere)
 from experiments.generalpoints import run, save_study  # noqa: E402  (train.train with the keys of the run's algorithm)
 
@@ -67,11 +68,11 @@ def best_of_n(args, common, reward_model):
                  eval_interval=0, out_dir=os.path.join(args.out, "bon")))
     policy, problems, size = r.raw_model.policy.eval(), r.env.problems("heldout", args.bon_problems, seed=3), r.cfg["eval_batch_size"]
     proxy, gold = [], []
-    for k, chunk in enumerate(C.chunks(problems, max(1, size // args.bon_max))):
-        roll = C.rollouts(r, policy, chunk, args.bon_max, temperature=1.0, seed=k, batch_size=size)
+    for k, chunk in enumerate(chunks(problems, max(1, size // args.bon_max))):
+        roll = rollouts(r, policy, chunk, args.bon_max, temperature=1.0, seed=k, batch_size=size)
         with r.autocast:
-            proxy.append(torch.cat([C.score_responses(r.reward_model, ids, mask) for ids, mask in
-                                    zip(C.chunks(roll.ids, size), C.chunks(roll.mask, size))]).view(len(chunk), -1))
+            proxy.append(torch.cat([score_responses(r.reward_model, ids, mask) for ids, mask in
+                                    zip(chunks(roll.ids, size), chunks(roll.mask, size))]).view(len(chunk), -1))
         gold.append(roll.rewards.view(len(chunk), -1).cpu())
     proxy, gold = torch.cat(proxy).cpu(), torch.cat(gold)
     base = float(proxy.mean())

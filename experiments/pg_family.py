@@ -27,7 +27,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
-import common as C  # noqa: E402
 import train as T  # noqa: E402
 
 

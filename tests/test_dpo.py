@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 
-import common as C
 import dpo
 import pairs
 import train as T
+from checkpoints import build_model, load_model, load_reference
 from conftest import run_ddp
 from model import token_logprobs
 from sampler import SharedPrompts
@@ -143,7 +143,7 @@ def test_prompts_are_shared_only_where_that_runs_fewer_positions(tiny):
 def test_reference_cache_equals_recomputed_and_key_tracks_the_reference(tiny):
     overrides = dpo_config(tiny, max_iters=0, loss="dpo", train_prompts=6, heldout_prompts=3)
     run = T.train(overrides)
-    reference = C.load_reference(run)
+    reference = load_reference(run)
     recomputed = dpo.reference_logprobs(run, reference, run.train_examples)
     cached = torch.tensor([ex["ref"] for ex in run.train_examples])
     assert torch.allclose(cached, recomputed, atol=1e-6) and cached.shape == (len(run.train_examples), 2)
@@ -157,7 +157,7 @@ def test_reference_cache_equals_recomputed_and_key_tracks_the_reference(tiny):
     # the key changes with the reference weights, the token ids (template) and the tokenizer
     sets = [run.train_examples, run.heldout_examples]
     key = dpo.cache_key(run, reference, sets)
-    assert dpo.cache_key(run, C.load_reference(run), sets) == key
+    assert dpo.cache_key(run, load_reference(run), sets) == key
     with torch.no_grad():
         reference.transformer.h[0].mlp.c_fc.weight[0, 0] += 1e-3
     assert dpo.cache_key(run, reference, sets) != key
@@ -215,12 +215,12 @@ def test_kto_rows_and_their_errors(tiny, tmp_path):
 
 def test_dpo_with_lora(tiny, tmp_path):
     path = write_jsonl(tmp_path / "toy.jsonl", toy_rows())
-    before = C.build_model(T.make_config(dpo_config(tiny)), Tokenizer("byte"))
+    before = build_model(T.make_config(dpo_config(tiny)), Tokenizer("byte"))
     run = T.train(dpo_config(tiny, data=path, max_iters=4, batch_size=2, lora_rank=2))
     layer = run.raw_model.transformer.h[1].mlp.c_fc
     assert torch.equal(layer.base.weight, before.transformer.h[1].mlp.c_fc.weight)  # W frozen
     assert layer.lora_B.abs().sum() > 0                                              # B·A trained
-    loaded = C.load_model(run.cfg["out_dir"])  # merged: the same log-probs as the LoRA model
+    loaded = load_model(run.cfg["out_dir"])  # merged: the same log-probs as the LoRA model
     batch = pairs.collate(run, run.train_examples)
     with torch.no_grad():
         assert torch.allclose(torch.cat(dpo.sequence_sums(run, loaded, batch)[0]),

@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 
-import common as C
 import envs
 import train as T
-from tokenizer import make_tokenizer
+from checkpoints import build_model, load_model, read_checkpoint
 from conftest import SFT_DATA, TINY, free_ports, run_ddp
+from tokenizer import make_tokenizer
 
 SMALL_RL = dict(prompts_per_iter=4, rollout_prompts=2, group_size=2, batch_size=4, max_new_tokens=8, eval_problems=2, eval_batch_size=4)
 ALGOS = {
@@ -63,7 +63,7 @@ def _rows(out):
 
 
 def _weights(out):
-    return C.read_checkpoint(out)["model"]
+    return read_checkpoint(out)["model"]
 
 
 def check_fsdp(tmp_path, monkeypatch, algo, sharded_rollouts=False):
@@ -84,13 +84,13 @@ def check_fsdp(tmp_path, monkeypatch, algo, sharded_rollouts=False):
         assert [row == pytest.approx(want, rel=1e-5, abs=1e-6) for row, want in zip(_rows(sharded), _rows(first))] == [True]
         for k, v in _weights(first).items():
             assert torch.allclose(_weights(sharded)[k], v, atol=1e-6), k
-    ckpt = C.read_checkpoint(straight)
+    ckpt = read_checkpoint(straight)
     assert ckpt["sharded"] and ckpt["optimizer"] is None  # the trained state sharded; the export gathered
     assert sorted(n for n in os.listdir(half) if n.startswith("sharded_")) == ["sharded_0000004"]
     assert _losses(first) == pytest.approx(_losses(one), rel=1e-4, abs=5e-5)
     # Adam's first step is near sign(g)·lr: a gradient within float noise of 0 flips its step, so the
     # weights are compared in norm: the two runs' difference against the distance trained
-    start = C.build_model(T.make_config(dict(base, out_dir=one)), make_tokenizer("byte")).state_dict()
+    start = build_model(T.make_config(dict(base, out_dir=one)), make_tokenizer("byte")).state_dict()
     for k, v in _weights(one).items():
         moved = v - start.get(k.removeprefix("gpt."), torch.zeros_like(v))  # (a scalar head: from 0)
         assert (_weights(first)[k] - v).norm() <= 0.05 * moved.norm() + 1e-6, k
@@ -101,7 +101,7 @@ def check_fsdp(tmp_path, monkeypatch, algo, sharded_rollouts=False):
 
 def test_fsdp_sft_matches_and_resumes_exactly(tmp_path, monkeypatch):
     check_fsdp(tmp_path, monkeypatch, "sft")
-    model = C.load_model(str(tmp_path / "straight"))  # the gathered export loads as any checkpoint
+    model = load_model(str(tmp_path / "straight"))  # the gathered export loads as any checkpoint
     assert model.config.n_embd == TINY["n_embd"]
 
 

@@ -11,13 +11,14 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"  # a local save_pretrained directory must never touch the network
 transformers = pytest.importorskip("transformers")
 
-import common as C
 import export
 import train as T
+from checkpoints import build_model, load_tokenizer
+from conftest import SFT_DATA, TINY, random_ids
 from hf import from_pretrained, to_transformers
 from model import GPT
+from sft import masked_nll
 from tokenizer import Tokenizer, gpt2_byte_chars
-from conftest import SFT_DATA, TINY, random_ids
 
 VOCAB = 100  # smaller than the byte tokenizer's 266 ids: init_from must grow the embedding
 
@@ -88,7 +89,7 @@ def test_train_starts_from_hf_directory(hf_dir, tmp_path):
     cfg = T.make_config(dict(TINY, algo="sft", init_from=path, max_iters=2, checkpoint=False,
                              out_dir=str(tmp_path / "run")))
     tok = Tokenizer(cfg["tokenizer"])
-    start = C.build_model(cfg, tok).eval()
+    start = build_model(cfg, tok).eval()
     # the byte tokenizer's ids run past GPT-2's vocabulary: the embedding grew, the old logits stayed
     assert start.config.vocab_size == tok.n_vocab and start.config.block_size == 128
     ids = random_ids(VOCAB, 2, 40, seed=5)
@@ -103,7 +104,7 @@ def test_train_starts_from_hf_directory(hf_dir, tmp_path):
     # the first logged loss is the masked NLL of the GPT-2 weights on iteration 0's batch
     (ids0, mask0), = run.algo.batches(run, 0)[0]
     with torch.no_grad():
-        loss_sum, count = C.masked_nll(start, ids0, mask0)
+        loss_sum, count = masked_nll(start, ids0, mask0)
     assert rows[0]["loss"] == pytest.approx((loss_sum / count).item(), rel=1e-4)
     moved = max((p.detach() - q).abs().max().item()
                 for p, q in zip(trained.parameters(), start.parameters()))
@@ -227,7 +228,7 @@ def test_exported_checkpoints_give_transformers_the_same_logits_and_ids(tmp_path
         hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
         with torch.no_grad():
             torch.testing.assert_close(hf(ids).logits, trained.eval()(ids), atol=1e-4, rtol=0)
-        tok, hf_tok = C.load_tokenizer(str(tmp_path / name)), transformers.AutoTokenizer.from_pretrained(out)
+        tok, hf_tok = load_tokenizer(str(tmp_path / name)), transformers.AutoTokenizer.from_pretrained(out)
         assert hf_tok.encode(text, add_special_tokens=False) == tok.encode(text)
         assert [hf_tok.convert_tokens_to_ids(f"<|{s}|>") for s in tok.special] == list(tok.special.values())
         assert (hf_tok.eos_token_id, hf_tok.pad_token_id, hf.config.eos_token_id) == (tok.eos, tok.pad, tok.eos)

@@ -13,12 +13,13 @@ import zlib
 import pytest
 import torch
 
-import common as C
 import envs
 import grpo
 import train as T
+from checkpoints import build_model, load_reference
 from conftest import TINY, forward_calls, run_ddp
 from model import kl_estimate, sequence_logprobs
+from rollouts import Rollout
 from tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -278,7 +279,7 @@ def test_shared_prompts_give_the_same_scores_loss_and_gradients(run):
     one full row per response, on a micro-batch of three groups with prompts of different lengths,
     extra padding columns and off-policy π_old (so that some ratios are clipped)."""
     with patched(run, kl="k3_loss", kl_coef=0.1):
-        mb = C.Rollout.cat([row for mbs in grpo.batches(run, 0) for row in mbs][:3], run.tok.pad)
+        mb = Rollout.cat([row for mbs in grpo.batches(run, 0) for row in mbs][:3], run.tok.pad)
         full = sequence_logprobs(run.ref_model, mb.ids) * mb.mask
         assert torch.allclose(grpo.score(run, run.ref_model, mb.ids, mb.prompt_lens) * mb.mask, full, atol=1e-5)
     assert len(set(mb.prompt_lens.tolist())) > 1
@@ -380,7 +381,7 @@ def test_kl_off_trains_exactly_as_a_zero_kl_term_that_scores_the_reference(tmp_p
     common = dict(TINY, **SMALL, max_iters=2, learning_rate=1e-3, warmup_iters=0)
     off = T.train(dict(common, kl="off", out_dir=str(tmp_path / "off")))
     zero = T.train(dict(common, kl="k3_loss", kl_coef=0.0, out_dir=str(tmp_path / "zero")))
-    start = C.load_reference(off).state_dict()
+    start = load_reference(off).state_dict()
     weights = [r.raw_model.state_dict() for r in (off, zero)]
     assert any(not torch.equal(weights[0][k], start[k]) for k in start)  # it did train
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in start)
@@ -442,7 +443,7 @@ def test_ddp_two_ranks_equal_one_process_on_the_same_global_batch(tmp_path, stal
     assert shapes0 == shapes1 == [[2, 2, 2, 2]] * 2 and single_shapes == [[3, 3, 3, 3]] * 2
     assert all((w0[k] == w1[k]).all() for k in w0)
     cfg = T.make_config(DDP_RUN)
-    start = C.build_model(cfg, Tokenizer(cfg["tokenizer"])).state_dict()
+    start = build_model(cfg, Tokenizer(cfg["tokenizer"])).state_dict()
     assert any(not torch.allclose(torch.from_numpy(single[k]), start[k]) for k in single)  # it did train
     # equal up to rounding: the two summation orders differ in the last bits, and Adam's normalisation
     # turns that into ~1e-6 steps at lr 1e-3 (most on the attention key bias, whose true gradient is 0)

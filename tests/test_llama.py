@@ -12,10 +12,11 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"  # a local save_pretrained directory must never touch the network
 transformers = pytest.importorskip("transformers")
 
-import common as C
 import export
 import train as T
+from checkpoints import build_model, load_model
 from conftest import TINY, random_ids
+from data import config_env, dataset_splits
 from envs import GSM8K
 from hf import from_pretrained, to_transformers
 from model import GPT, GPTConfig, sequence_logprobs
@@ -160,10 +161,10 @@ def test_unsupported_architecture_is_an_error_naming_it(tmp_path):
         from_pretrained(str(tmp_path))
     cfg = dict(init_from=str(tmp_path), block_size=64, dropout=0.0)
     with pytest.raises(ValueError, match="MambaForCausalLM"):
-        C.build_model(cfg, None)
+        build_model(cfg, None)
     # a hub name that cannot be reached (offline here) is a one-line error too, for weights, tokenizer, dataset
     from tokenizer import make_tokenizer
-    for load in (from_pretrained, make_tokenizer, lambda name: C.dataset_splits(name, GSM8K.check_row)):
+    for load in (from_pretrained, make_tokenizer, lambda name: dataset_splits(name, GSM8K.check_row)):
         with pytest.raises(ValueError, match="nobody/nothing.*(no transformers checkpoint|cannot load it)"):
             load("nobody/nothing")
 
@@ -304,7 +305,7 @@ def test_gsm8k_verifier_and_splits(tmp_path):
     assert env.parses("so #### 7") and not env.parses("so 7") and env.shows_work("3+4=7 #### 7")
     path = write_jsonl(tmp_path / "bad.jsonl", gsm8k_rows(3)[:2] + [{"question": "Q?", "answer": "4"}])
     with pytest.raises(ValueError, match="bad.jsonl: row 3: field 'answer': no final number after '####'"):
-        C.config_env(dict(env="gsm8k", env_data=path))
+        config_env(dict(env="gsm8k", env_data=path))
     with pytest.raises(ValueError, match="--algo grpo takes its prompts from the environment, not --data"):
         T.make_config(dict(algo="grpo", data=path))
     T.check_start(dict(algo="grpo", init_from="Qwen/Qwen2.5-0.5B-Instruct"))  # a hub name: RL may start from it
@@ -359,7 +360,7 @@ def test_gsm8k_recipes_sft_then_grpo(chat_model_dir, tmp_path):
     # transformers (export.py): the same logits, and the tokenizer's chat template with it
     T.train(recipe("gsm8k_sft", chat_model_dir, chat_model_dir, tmp_path / "lora", env_data=data, train_problems=8,
                    val_examples=2, lora_rank=2, learning_rate=0.05, eval_interval=0))
-    merged, base = C.load_model(str(tmp_path / "lora")), from_pretrained(chat_model_dir)
+    merged, base = load_model(str(tmp_path / "lora")), from_pretrained(chat_model_dir)
     moved = (merged.transformer.h[0].attn.c_attn.weight - base.transformer.h[0].attn.c_attn.weight).abs().max()
     assert moved > 1e-3 and torch.equal(merged.transformer.wte.weight, base.transformer.wte.weight)
     export.export(str(tmp_path / "lora"), str(tmp_path / "hf"))

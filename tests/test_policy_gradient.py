@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-import common as C
 import envs
 import grpo
 import train as T
 from conftest import TINY, run_ddp
+from paperwork import unparsed, verification_text, verifier_check
 
 
 def cfg(**kw):
@@ -166,15 +166,15 @@ def test_edge_sampling_is_identical_on_two_ranks(tmp_path):
 
 def test_verifier_check_catches_a_broken_verifier():
     env = envs.make_env("arithmetic")
-    assert C.verifier_check(env, env.verify)["verifier_error_rate"] == 0
-    always = C.verifier_check(env, lambda p, r: 1.0)
+    assert verifier_check(env, env.verify)["verifier_error_rate"] == 0
+    always = verifier_check(env, lambda p, r: 1.0)
     assert always["verifier_false_positives"] == always["verifier_probes"] - 64 > 50
-    assert C.verifier_check(env, lambda p, r: 0.0)["verifier_false_negatives"] == 64
-    assert C.verifier_check(env, grpo.lax_verify)["verifier_false_positives"] > 0  # the format exploit
+    assert verifier_check(env, lambda p, r: 0.0)["verifier_false_negatives"] == 64
+    assert verifier_check(env, grpo.lax_verify)["verifier_false_positives"] > 0  # the format exploit
     assert env.parses("3+4=7. Answer: 7") and not env.parses("Answer: 7 8")
-    unsolved = C.verifier_check(types.SimpleNamespace(), env.verify)  # no solver: unknown, not 0
-    assert np.isnan(unsolved["verifier_error_rate"]) and "unchecked" in C.verification_text(unsolved)
-    assert not C.unparsed(types.SimpleNamespace(), "anything") and C.unparsed(env, "Answer: 7 8")
+    unsolved = verifier_check(types.SimpleNamespace(), env.verify)  # no solver: unknown, not 0
+    assert np.isnan(unsolved["verifier_error_rate"]) and "unchecked" in verification_text(unsolved)
+    assert not unparsed(types.SimpleNamespace(), "anything") and unparsed(env, "Answer: 7 8")
 
 
 def test_rollout_cost_example():

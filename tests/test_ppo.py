@@ -12,12 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-import common as C
+import checkpoints
 import envs
 import ppo
 import train as T
+from checkpoints import load_model
 from conftest import forward_calls, run_ddp
+from distributed import stage_memory_gib
 from model import GPT, GPTConfig, ScalarHeadGPT, kl_estimate, token_logprobs
+from rollouts import score_responses
 
 
 def ppo_config(tiny, **overrides):
@@ -35,24 +38,24 @@ def metrics_rows(out_dir):
 
 def test_stage_memory_gib_reproduces_the_worked_example():
     n = 8.03e9
-    trained, frozen = ppo.stage_memory_gib(n, ["train"]), ppo.stage_memory_gib(n, ["frozen_bf16"])
-    ppo_gib = ppo.stage_memory_gib(n, ["train", "train", "frozen_bf16", "frozen_bf16"])
-    dpo_gib = ppo.stage_memory_gib(n, ["train", "frozen_bf16"])
+    trained, frozen = stage_memory_gib(n, ["train"]), stage_memory_gib(n, ["frozen_bf16"])
+    ppo_gib = stage_memory_gib(n, ["train", "train", "frozen_bf16", "frozen_bf16"])
+    dpo_gib = stage_memory_gib(n, ["train", "frozen_bf16"])
     assert f"{trained:.1f} {frozen:.2f} {ppo_gib:.1f} {dpo_gib:.1f}" == "119.7 14.96 269.2 134.6"
     assert f"{ppo_gib / dpo_gib:.2f}" == "2.00"
     assert f"{trained / ppo_gib:.0%}" == "44%"  # the critic's share of the PPO budget
     assert trained == pytest.approx(16 * n / 2**30) and ppo_gib == pytest.approx(36 * n / 2**30)
     with pytest.raises(ValueError, match="positive"):
-        ppo.stage_memory_gib(float("nan"), ["train"])
+        stage_memory_gib(float("nan"), ["train"])
     with pytest.raises(ValueError, match="unknown model state"):
-        ppo.stage_memory_gib(n, ["train", "fp8"])
+        stage_memory_gib(n, ["train", "fp8"])
 
 
 # ----------------------------------------------------------------------------------------------
 # GAE and the reward shaping
 
 def random_rollout_layout(rng, n_rows=5, width=12):
-    """A (rows, width) mask like C.rollouts': prompt zeros, a contiguous response, padding zeros."""
+    """A (rows, width) mask like rollouts': prompt zeros, a contiguous response, padding zeros."""
     mask = torch.zeros(n_rows, width)
     for i in range(n_rows):
         start = int(rng.integers(1, 5))
@@ -266,16 +269,16 @@ def test_reward_model_path_scores_rollouts_with_rm_score(tiny, monkeypatch, caps
     T.train(dict(tiny, algo="rm", out_dir=rm_dir, max_iters=1, train_prompts=4, heldout_prompts=2,
                  samples_per_prompt=1, max_new_tokens=8))
     calls = []
-    real_score = C.score_responses
+    real_score = score_responses
 
     def recording_score(reward_model, ids, mask):
         out = real_score(reward_model, ids, mask)
         calls.append((reward_model, ids.clone(), mask.clone(), out.clone()))
         return out
 
-    monkeypatch.setattr(C, "score_responses", recording_score)
-    real_load, loaded = C.load_model, []
-    monkeypatch.setattr(C, "load_model", lambda ckpt_dir, *a: loaded.append(ckpt_dir) or real_load(ckpt_dir, *a))
+    monkeypatch.setattr(ppo, "score_responses", recording_score)
+    real_load, loaded = load_model, []
+    monkeypatch.setattr(checkpoints, "load_model", lambda ckpt_dir, *a: loaded.append(ckpt_dir) or real_load(ckpt_dir, *a))
     run = T.train(ppo_config(tiny, max_iters=1, reward="rm", reward_model=rm_dir, critic_init="reward_model"))
     assert loaded.count(rm_dir) == 1  # one load serves the reward and the critic's start
     reward_model = real_load(rm_dir)
@@ -293,10 +296,10 @@ def test_reward_model_path_scores_rollouts_with_rm_score(tiny, monkeypatch, caps
     # the memory anatomy printed at setup, for this run's four roles (two trained, two frozen)
     sizes = [sum(p.numel() for p in m.state_dict().values()) - m.config.n_embd * m.config.vocab_size
              for m in (run.raw_model.policy, run.raw_model.critic, run.ref_model, run.reward_model)]  # tied: once
-    expected = sum(ppo.stage_memory_gib(n, [kind]) for n, kind in zip(sizes, ["train", "train", "frozen_bf16",
+    expected = sum(stage_memory_gib(n, [kind]) for n, kind in zip(sizes, ["train", "train", "frozen_bf16",
                                                                             "frozen_bf16"]))
     printed = capsys.readouterr().out
-    assert f"= {expected:.4g} GiB; critic {ppo.stage_memory_gib(sizes[1], ['train']) / expected:.0%}" in printed
+    assert f"= {expected:.4g} GiB; critic {stage_memory_gib(sizes[1], ['train']) / expected:.0%}" in printed
 
 
 def test_bad_reward_settings_are_clear_errors(tiny):
@@ -317,7 +320,7 @@ def test_lora_trains_policy_and_critic_adapters_and_the_critic_head(tiny):
     assert any(n.startswith("critic.") and "lora_B" in n for n in trainable)
     assert {"critic.head.weight", "critic.head.bias"} <= trainable
     assert all("lora_" in n or n.startswith("critic.head") for n in trainable)
-    exported = C.load_model(run.cfg["out_dir"])  # the policy alone, LoRA merged
+    exported = load_model(run.cfg["out_dir"])  # the policy alone, LoRA merged
     assert isinstance(exported, GPT)
     ids = torch.randint(0, 256, (2, 12))
     assert torch.allclose(exported(ids), run.raw_model.policy(ids), atol=1e-5)

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import common as C
 import envs
 import grpo
 import ppo
 import train as T
 from conftest import TINY
+from rewards import check_reward_mode, token_rewards
 from tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,7 +38,7 @@ def test_step_rewards_land_on_the_last_token_of_each_step():
     env, run = envs.Arithmetic(), SimpleNamespace(tok=TOK)
     p = {"start": 7, "steps": [("+", 8), ("-", 3)], "answer": 12}
     text = "7+8=15. 15-3=11. Answer: 12"  # the second equation is wrong, the answer right
-    values, marked = C.token_rewards(run, fake_roll([p], [text]), env.step_rewards)
+    values, marked = token_rewards(run, fake_roll([p], [text]), env.step_rewards)
     response = TOK.assistant_ids(text)[0]
     columns = marked[0].nonzero().flatten().tolist()
     tokens = [response[c - 4] for c in columns]  # column c scores response token c − (prompt_len − 1)
@@ -48,7 +48,7 @@ def test_step_rewards_land_on_the_last_token_of_each_step():
     calc = envs.Calculator()
     q = {"start": 347, "steps": [("*", 28), ("+", 51)], "answer": 9767}
     demo = calc.solve(q)
-    values, marked = C.token_rewards(run, fake_roll([q], [demo]), calc.step_rewards)
+    values, marked = token_rewards(run, fake_roll([q], [demo]), calc.step_rewards)
     response = TOK.assistant_ids(demo)[0]
     tokens = [response[c - 4] for c in marked[0].nonzero().flatten().tolist()]
     assert tokens == [TOK.special["/tool_call"]] * 2 + [TOK.eos]  # each call's closing tag, never a tool token
@@ -102,7 +102,7 @@ def test_rlvp_channels_are_normalised_separately():
 
 
 def test_the_four_rlvp_rules_of_the_calculator_rule_engine():
-    """SPEC §3 RLVP's four rules, on envs.Calculator.path_signals and common.check_reward_mode."""
+    """SPEC §3 RLVP's four rules, on envs.Calculator.path_signals and rewards.check_reward_mode."""
     env = envs.Calculator()
     p = {"start": 347, "steps": [("*", 28), ("+", 51), ("-", 86)], "answer": 9681}
     call = lambda e: f"{envs.TOOL_CALL}{e}{envs.END_CALL}{envs.TOOL_RESULT}{envs.calculator(e)}{envs.END_RESULT}"
@@ -126,9 +126,9 @@ def test_the_four_rlvp_rules_of_the_calculator_rule_engine():
     # 2. the outcome stays the main driver: β ≤ 1 on channels of the same scale (test above), checked
     cfg = dict(reward_mode="rlvp", rlvp_beta=1.5, rlvp_penalty=1.0, rlvp_bonus=1.0)
     with pytest.raises(ValueError, match="main driver"):
-        C.check_reward_mode(cfg, env)
+        check_reward_mode(cfg, env)
     with pytest.raises(ValueError, match="step_rewards"):
-        C.check_reward_mode(dict(cfg, reward_mode="process", rlvp_beta=0.5), envs.GeneralPoints())
+        check_reward_mode(dict(cfg, reward_mode="process", rlvp_beta=0.5), envs.GeneralPoints())
 
 
 def small(tmp_path, algo, **cfg):

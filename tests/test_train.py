@@ -7,9 +7,11 @@ import os
 import pytest
 import torch
 
-import common as C
 import train as T
+from checkpoints import build_model, load_model
 from conftest import SFT_DATA, TINY, run_ddp
+from data import load_rows
+from sft import masked_nll
 from tokenizer import Tokenizer
 
 
@@ -59,7 +61,7 @@ def test_ddp_and_accumulation_equal_one_process(tmp_path):
         torch.testing.assert_close(one_by_one[k], one_by_four[k], atol=2e-5, rtol=0)
         torch.testing.assert_close(ranks[0][k], one_by_four[k], atol=2e-5, rtol=0)
         assert torch.equal(ranks[0][k], ranks[1][k]), f"ranks disagree on {k}"
-    assert any(not torch.equal(v, C.build_model(T.make_config(base), Tokenizer()).state_dict()[k])
+    assert any(not torch.equal(v, build_model(T.make_config(base), Tokenizer()).state_dict()[k])
                for k, v in one_by_four.items())  # training moved the weights
 
 
@@ -80,7 +82,7 @@ def test_checkpoint_is_atomic_and_loadable_with_lora(tmp_path):
     T.train(dict(TINY, **SFT_DATA, algo="sft", out_dir=str(out), lora_rank=2, max_iters=2, eval_interval=2, plot=True))
     # no .tmp left behind
     assert sorted(os.listdir(out)) == ["ckpt.pt", "config.json", "metrics.jsonl", "metrics.png", "passport.md", "samples.txt"]
-    model = C.load_model(str(out))
+    model = load_model(str(out))
     assert not any("lora" in k for k in model.state_dict())
     run = T.train(dict(TINY, **SFT_DATA, algo="sft", out_dir=str(tmp_path / "next"), init_from=str(out), max_iters=1))
     assert run.raw_model.config.n_embd == TINY["n_embd"]
@@ -167,7 +169,7 @@ def test_sft_loss_ignores_prompt_and_padding():
 
     def grads(i, m):
         model.zero_grad()
-        s, n = C.masked_nll(model, i, m)
+        s, n = masked_nll(model, i, m)
         (s / n).backward()
         return s.item(), [p.grad.clone() for p in model.parameters()]
 
@@ -232,13 +234,13 @@ def test_broken_json_line_names_its_line(tmp_path, tiny):
         T.train(dict(tiny, algo="sft", data=str(path)))
     path.write_text("\n".join([good, "[1, 2]"]))
     with pytest.raises(ValueError, match=r"d\.jsonl: line 2: expected a JSON object, got list"):
-        C.load_rows(str(path))
+        load_rows(str(path))
     array = tmp_path / "a.json"  # a .json file may also hold one array of rows
     array.write_text("[\n" + ",\n".join([good] * 3) + "\n]")
-    assert C.load_rows(str(array)) == [json.loads(good)] * 3
+    assert load_rows(str(array)) == [json.loads(good)] * 3
     array.write_text("[\n" + good + ",\n" + '{"prompt": q},' + "\n" + good + "\n]")
     with pytest.raises(ValueError, match=r"a\.json: line 3: invalid JSON"):
-        C.load_rows(str(array))
+        load_rows(str(array))
 
 
 @pytest.mark.parametrize("text", ["", "\n  \n"])

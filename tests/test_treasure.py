@@ -9,11 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-import common as C
 import envs
 import train as T
 from conftest import SFT_DATA, TINY
 from envs import END_CALL, END_RESULT, TOOL_CALL, TOOL_RESULT, Treasure
+from rewards import check_reward_mode
+from rollouts import tool_hook
 from tokenizer import Tokenizer
 
 ENV, TOK = Treasure(), Tokenizer()
@@ -64,7 +65,7 @@ def test_tool_hook_replays_a_transcript_from_its_ids():
     problems = ENV.problems("heldout", 2) + ENV.problems("ood", 1)
     prompts = [TOK.prompt_ids(p["prompt"]) for p in problems]
     run = SimpleNamespace(env=ENV, tok=TOK, cfg={"max_tool_calls": 16})
-    hook = C.tool_hook(run, prompts)
+    hook = tool_hook(run, prompts)
     for row in (2, 0, 1):  # rows in any order: the hook keeps no state
         ids, mask = TOK.assistant_ids(ENV.demonstration(problems[row]))
         answered = 0
@@ -75,11 +76,11 @@ def test_tool_hook_replays_a_transcript_from_its_ids():
             assert ids[k + 1:k + 1 + len(injected)] == injected and not any(mask[k + 1:k + 1 + len(injected)])
             answered += 1
         assert answered == 11
-    other = C.tool_hook(run, prompts[::-1])  # another map: the same calls meet other rooms
+    other = tool_hook(run, prompts[::-1])  # another map: the same calls meet other rooms
     ids = TOK.assistant_ids(ENV.demonstration(problems[0]))[0]
     second_call_end = [k for k, t in enumerate(ids) if t == TOK.special["/tool_call"]][1]
     assert TOK.decode(other(0, ids[:second_call_end + 1])).startswith("<|tool_result|>cannot go to")
-    short = C.tool_hook(SimpleNamespace(env=ENV, tok=TOK, cfg={"max_tool_calls": 3}), prompts)
+    short = tool_hook(SimpleNamespace(env=ENV, tok=TOK, cfg={"max_tool_calls": 3}), prompts)
     fourth_call_end = [k for k, t in enumerate(ids) if t == TOK.special["/tool_call"]][3]
     assert TOK.decode(short(0, ids[:fourth_call_end + 1])) == "<|tool_result|>error: at most 3 calls<|/tool_result|>"
 
@@ -144,8 +145,8 @@ def test_rule_engine_judges_each_call_of_hand_made_plays():
 
 def test_rlvp_and_process_modes_accept_the_treasure_hunt():
     cfg = T.make_config(dict(algo="grpo", env="treasure", reward_mode="rlvp"))
-    C.check_reward_mode(cfg, ENV)
-    C.check_reward_mode(dict(cfg, reward_mode="process"), ENV)
+    check_reward_mode(cfg, ENV)
+    check_reward_mode(dict(cfg, reward_mode="process"), ENV)
 
 
 @pytest.mark.slow
