@@ -26,7 +26,7 @@ import sys
 from checkpoints import load_model, load_tokenizer
 from hf import to_transformers
 from model import GPT
-from train import optional_dependency
+from options import optional_dependency
 
 
 def export(ckpt_dir, out_dir):
@@ -42,9 +42,14 @@ def export(ckpt_dir, out_dir):
     tok.save_pretrained(out_dir)
 
 
+USAGE = "usage: python export.py CKPT_DIR OUT_DIR"
+
 if __name__ == "__main__":
+    if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
+        print(USAGE + "\n" + __doc__)
+        sys.exit(0)
     if len(sys.argv) != 3:
-        sys.exit("usage: python export.py CKPT_DIR OUT_DIR")
+        sys.exit(USAGE)
     try:
         export(*sys.argv[1:])
     except (ValueError, FileNotFoundError) as e:

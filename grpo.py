@@ -202,7 +202,8 @@ defaults = dict(
     estimator="grpo",          # reinforce | rloo | grpo | dr_grpo
     adv_scale="auto",          # auto | group | batch | none: the advantage's divisor (auto: group for grpo, else none)
     loss_agg="seq_mean_token_mean",  # seq_mean_token_mean | token_mean | seq_mean_token_sum_norm
-    eps_low=0.2, eps_high=0.2,       # clip range [1 - eps_low, 1 + eps_high]
+    eps_low=0.2,               # ε_low: the clip range's lower side, 1 − eps_low
+    eps_high=0.2,              # ε_high: the clip range's upper side, 1 + eps_high (DAPO's Clip-Higher: eps_high > eps_low)
     ratio_level="token",       # token | sequence (GSPO: one ratio per response, exp of its mean token log-ratio)
     policy_loss="clip",        # clip (PPO's min) | cispo (capped, detached ratio times log π: every token keeps a gradient)
     inner_epochs=1,            # passes over each rollout batch
@@ -217,10 +218,11 @@ defaults = dict(
     tis_cap=0.0,               # truncated importance sampling: weight min(π_old/π_sampler, C) per token (needs recompute; 0 = off)
     prompt_sampling="uniform", # uniform (fresh problems) | edge (a fixed pool, prompts with success in the band first)
     prompt_pool=2048,          # edge: the pool's size (prompts come back once it is used up)
-    edge_low=0.2, edge_high=0.8,  # edge: the band of running success that is drawn
+    edge_low=0.2,              # edge: the lower end of the band of running success that is drawn first
+    edge_high=0.8,             # edge: the upper end of that band
     break_it="none",           # none | fp8_sampler | all_equal | length_bonus | format_exploit (a failure and its monitor)
     share_prompt=True,         # run each prompt once for its G responses, in scoring and in the loss
-    staleness=0,               # 0: synchronous; 1: the next rollouts are sampled during the update (see above)
+    staleness=0,               # 0: synchronous; 1: the next rollouts are sampled during the update (one-step-off rollouts)
     eval_samples=8,            # held-out answers per problem at the temperature: pass@8 is Best-of-8 by the verifier
     # common keys with RL values: 20x below SFT's lr, constant after a short warm-up (Adam's first
     # steps are sign steps). At 1e-4 the policy switches to worked answers within about 10

@@ -38,12 +38,12 @@ import time
 import torch
 
 import bands
-import train as T
 from checkpoints import load_model
 from data import config_env
 from distributed import setup_device
 from evaluation import evaluate_policy
 from model import ScalarHeadGPT
+from options import DEFAULTS, coerce, config_comments, make_config, parse_args, renamed
 from tokenizer import Tokenizer
 
 # The ladder, in order: (stage = its directory under OUT_ROOT, train.py arguments beyond the
@@ -96,8 +96,8 @@ TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 
 def parse_command_line(argv):
     """-> (ladder options, train.py arguments for every stage, {stage: its own arguments})."""
-    given = T.renamed(T.parse_args(argv))  # (eval_pass_k is now eval_samples)
-    options = {k: T._coerce(k, given.pop(k), v) if k in given else v for k, v in OPTIONS.items()}
+    given = renamed(parse_args(argv))  # old key names say their new one (eval_pass_k is now eval_samples)
+    options = {k: coerce(k, given.pop(k), v) if k in given else v for k, v in OPTIONS.items()}
     names = [name for name, _, _ in STAGES]
     wide, per_stage = {}, {name: {} for name in names}
     for key, value in given.items():
@@ -108,7 +108,7 @@ def parse_command_line(argv):
             per_stage[stage][stage_key] = value
         else:
             raise ValueError(f"--{key}: no stage {stage!r}; the stages are {', '.join(names)}")
-    return options, wide, per_stage
+    return options, wide, {name: renamed(keys) for name, keys in per_stage.items()}  # --grpo.OLD_KEY too
 
 
 def stage_names(text, what):
@@ -138,7 +138,7 @@ def stage_arguments(root, name, args, start, wide, own, k=1):
     here = seed_root(root, k)
     begin = dict(init_from=stage_path(root, start, k)) if start else {}
     args = {key: v.replace("{out_root}", here) if isinstance(v, str) else v for key, v in args.items()}
-    seed = dict(seed=wide.get("seed", T.DEFAULTS["seed"]) + k - 1) if k > 1 else {}
+    seed = dict(seed=wide.get("seed", DEFAULTS["seed"]) + k - 1) if k > 1 else {}
     return {**LADDER_DEFAULTS, **args, **begin, **wide, **seed, **own, "out_dir": os.path.join(here, name)}
 
 
@@ -469,7 +469,7 @@ def make_plan(options, wide, per_stage):
             label = name if k == 1 else f"{name} (seed {k})"
             args = stage_arguments(root, name, args, start, wide, per_stage[name], k)
             try:
-                T.make_config(args)
+                make_config(args)
             except ValueError as e:
                 raise ValueError(f"stage {label}: {e}") from None
             for need in prerequisites(name):
@@ -482,7 +482,7 @@ def make_plan(options, wide, per_stage):
 
 def help_text():
     """--help: the module's docstring, the ladder's own options and the stages."""
-    described = T.config_comments(sys.modules[__name__], "OPTIONS")
+    described = config_comments(sys.modules[__name__], "OPTIONS")
     options = [f"  --{key}={value!r}".ljust(28) + " " + described[key] for key, value in OPTIONS.items()]
     stages = [f"  {name:10s} python train.py --algo {args['algo']}" + (f" from {start}" if start else "")
               for name, args, start in STAGES]

@@ -77,7 +77,7 @@ starts_from = "sft"  # RL selects among what a trained policy does: no random st
 defaults = dict(
     reward="verifier",          # verifier (RLVR) | rm (RLHF: needs reward_model)
     reward_model="",            # checkpoint dir written by --algo rm (kind "scalar")
-    critic_init="policy",       # policy | reward_model (see the docstring)
+    critic_init="policy",       # the critic starts as: policy (the SFT backbone, a zero head) | reward_model (the RM, as InstructGPT)
     prompts_pool=20000,         # train-split problems the rollouts draw their prompts from
     samples_per_prompt=1,       # responses per prompt (batch_size must be a multiple)
     minibatches=2,              # optimizer steps per epoch; rollout batch = minibatches × ranks × accum × batch_size
@@ -86,7 +86,8 @@ defaults = dict(
     clip_eps=0.2,               # ε of the clipped surrogate
     value_clip=0.2,             # ε_v of the clipped value loss
     vf_coef=0.5,                # c_v
-    gamma=1.0, lam=0.95,        # GAE; γ = 1 is usual for LLMs (the return is the outcome, not its speed)
+    gamma=1.0,                  # GAE's discount γ; 1 is usual for LLMs (the return is the outcome, not its speed)
+    lam=0.95,                   # GAE's λ: bias (0, one-step TD) against variance (1, the Monte Carlo return)
     kl_coef=0.05,               # β (the initial β when adaptive)
     kl_estimator="k1",          # k1 | k3
     kl_target=0.0,              # > 0: adaptive β towards this KL per response (nats); 0: fixed β

@@ -34,6 +34,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 import torch.nn.functional as F  # noqa: E402
 
+import options  # noqa: E402
 import sft  # noqa: E402
 import train as T  # noqa: E402
 from checkpoints import build_model  # noqa: E402
@@ -119,7 +120,7 @@ PROMPT_LEN, NEW_TOKENS, SAMPLER_BATCHES = 32, 128, (1, 8, 64)
 
 def default_model(device, block_size):
     """train.py's default (from-scratch) model, with block_size raised to at least `block_size`."""
-    cfg = T.make_config(dict(block_size=max(T.DEFAULTS["block_size"], block_size)))
+    cfg = options.make_config(dict(block_size=max(options.DEFAULTS["block_size"], block_size)))
     return build_model(cfg, Tokenizer(cfg["tokenizer"])).to(device).eval()
 
 
@@ -201,7 +202,7 @@ def attention(args):
     from model import GPTConfig
     from sampler import KVCache
     device, B, max_len, repeats = args["device"], ATTENTION_BATCH, PROMPT_LEN + NEW_TOKENS, ATTENTION_REPEATS
-    cfg = GPTConfig(**{k: T.DEFAULTS[k] for k in ("n_layer", "n_head", "n_embd")})
+    cfg = GPTConfig(**{k: options.DEFAULTS[k] for k in ("n_layer", "n_head", "n_embd")})
     H, D = cfg.n_head, cfg.n_embd // cfg.n_head
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, 1, D, generator=gen).to(device) for _ in range(3))

@@ -54,13 +54,14 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 import torch.nn.functional as F  # noqa: E402
 
+import options  # noqa: E402
 import train as T  # noqa: E402
 from distributed import chunks  # noqa: E402
 from evaluation import greedy_accuracy  # noqa: E402
 from rollouts import rollouts  # noqa: E402
 
 ARMS = dict(
-    grpo=dict(T.parse_args([os.path.join(ROOT, "config", "grpo.py")]), algo="grpo", group_size=8),  # 16 × 8 = 128
+    grpo=dict(options.parse_args([os.path.join(ROOT, "config", "grpo.py")]), algo="grpo", group_size=8),  # 16 × 8 = 128
     opd_full=dict(algo="opd", kl_estimator="full"),
     opd_sampled=dict(algo="opd", kl_estimator="sampled"),
     offpolicy=dict(algo="opd", kl_estimator="teacher_samples"),
@@ -129,7 +130,7 @@ def train_arm(arm, student, out_dir, its, n, start, min_iters=None):
     for it in its:
         run = T.train(dict(arm, init_from=student if done == 0 else "resume", out_dir=out_dir, max_iters=it,
                            eval_interval=0, checkpoint=True, plot=False, lr_decay_iters=its[-1]))
-        cfg = T.make_config(dict(arm, init_from=student))
+        cfg = options.make_config(dict(arm, init_from=student))
         tokens, seconds = progress(out_dir, cfg)[it]
         points.append(dict(evaluate(run, run.raw_model, n), iter=it, tokens=tokens, seconds=seconds))
         print(f"[{os.path.basename(out_dir)}] iter {it}: held-out {points[-1]['acc']:.3f}, "
@@ -358,7 +359,7 @@ def parse(argv=None):
 
 def main(argv=None):
     args = parse(argv)
-    common = T.parse_args([f"--{kv}" for kv in args.set])
+    common = options.parse_args([f"--{kv}" for kv in args.set])
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     # one run holds the student (raw_model) and the teacher: both evaluated the way every arm is

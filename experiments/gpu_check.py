@@ -42,6 +42,7 @@ import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
 import bench  # noqa: E402
 import envs  # noqa: E402
+import options  # noqa: E402
 import train as T  # noqa: E402
 from distributed import setup_device  # noqa: E402
 from hf import to_transformers  # noqa: E402
@@ -91,7 +92,7 @@ def overrides(args, algo, out_dir, **extra):
     cfg = dict(algo=algo, device=args.device, out_dir=out_dir, eval_interval=1, eval_problems=8, log_interval=1,
                plot=False, block_size=128, **ALGO_KEYS[algo], **(TINY_BODY if args.quick else GPT2_BODY))
     if args.quick:
-        cfg.update({k: v for k, v in QUICK_KEYS.items() if k in T.make_config(dict(algo=algo))})
+        cfg.update({k: v for k, v in QUICK_KEYS.items() if k in options.make_config(dict(algo=algo))})
         cfg.update(QUICK_ALGO_KEYS.get(algo, {}))
     return {**cfg, **extra}
 

@@ -41,6 +41,7 @@ from distill import (ROOT, band, evaluate, parse_study, require_checkpoint, sche
 
 sys.path.insert(0, ROOT)
 import opd  # noqa: E402
+import options  # noqa: E402
 import train as T  # noqa: E402
 from rollouts import generate, response_text  # noqa: E402
 
@@ -74,7 +75,7 @@ def make_reader(base, args, common):
     with open(path, "w") as f:
         for row in reader_rows(base, max(READER["batch_size"] * args.reader_iters, 64)):
             f.write(json.dumps(row) + "\n")
-    shared = {k: v for k, v in common.items() if k in T.DEFAULTS}  # (--set keys of every algorithm: SFT's too)
+    shared = {k: v for k, v in common.items() if k in options.DEFAULTS}  # (--set keys of every algorithm: SFT's too)
     T.train(dict(shared, **READER, data=path, init_from=args.student, max_iters=args.reader_iters, plot=False,
                  out_dir=out_dir))
     return out_dir
@@ -132,7 +133,7 @@ def main(argv=None):
                         "student to read a reference solution")
     args = parse_study(parser, argv, QUICK)
     require_checkpoint("student", args.student, f"python train.py --algo sft --out_dir={args.student}")
-    common = T.parse_args([f"--{kv}" for kv in args.set])
+    common = options.parse_args([f"--{kv}" for kv in args.set])
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     base = start_run(common, args.student, os.path.join(args.out, "start"))

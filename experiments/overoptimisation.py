@@ -33,11 +33,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import torch  # noqa: E402
+import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
+import options  # noqa: E402
 from distributed import chunks  # noqa: E402
 from rollouts import rollouts, score_responses  # noqa: E402
-import train as T  # noqa: E402  (after the path: the script runs from anywhere)
 from experiments.generalpoints import run, save_study  # noqa: E402  (train.train with the keys of the run's algorithm)
 
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
@@ -189,7 +189,7 @@ def main():
     if not os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):
         parser.error(f"--init_from={args.init_from!r} holds no checkpoint: run the ladder's sft stage first")
     common = {**(QUICK if args.quick else {}), "eval_problems": args.eval_problems, "log_interval": 1,
-              "checkpoint": False, **T.parse_args([f"--{kv}" for kv in args.set])}
+              "checkpoint": False, **options.parse_args([f"--{kv}" for kv in args.set])}
     os.makedirs(args.out, exist_ok=True)
 
     reward_model = proxy_model(args, common)

@@ -87,6 +87,7 @@ class RandTextEnv:
 def worker(args):
     sys.path.insert(0, ROOT)
     import torch
+    import options
     import rollouts
     import train as T
     torch.set_num_threads(1)
@@ -121,7 +122,7 @@ def worker(args):
         rollouts.sample = exactly_l_tokens  # the sampler rollouts.generate calls
     else:
         sys.exit(f"unknown worker {args.worker!r}")
-    algo = T.algo_module(cfg["algo"])
+    algo = options.algo_module(cfg["algo"])
     stamps, batches = [], algo.batches
 
     def stamped(run, it):  # an iteration's period: from one batches() call to the next, as TRL's step period

@@ -6,6 +6,7 @@ import time
 import pytest
 
 import envs
+import options
 import train as T
 from conftest import SFT_DATA, TINY
 from envs import Calculator, calculator
@@ -72,7 +73,7 @@ def test_demonstration_tokens_results_masked_and_within_the_default_budget():
     hidden = [i for i, m in zip(ids, mask) if not m]
     assert hidden.count(tok.special["tool_result"]) == 3 and hidden.count(tok.special["/tool_result"]) == 3
     longest = max(len(tok.assistant_ids(env.solve(q))[0]) for q in env.problems("train", 2000))
-    assert longest <= T.DEFAULTS["max_new_tokens"]
+    assert longest <= options.DEFAULTS["max_new_tokens"]
     assert tok.assistant_ids("7+8=15. Answer: 15") == (tok.response_ids("7+8=15. Answer: 15"), [1] * 19)
 
 

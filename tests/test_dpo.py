@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dpo
+import options
 import pairs
 import train as T
 from checkpoints import build_model, load_model, load_reference
@@ -215,7 +216,7 @@ def test_kto_rows_and_their_errors(tiny, tmp_path):
 
 def test_dpo_with_lora(tiny, tmp_path):
     path = write_jsonl(tmp_path / "toy.jsonl", toy_rows())
-    before = build_model(T.make_config(dpo_config(tiny)), Tokenizer("byte"))
+    before = build_model(options.make_config(dpo_config(tiny)), Tokenizer("byte"))
     run = T.train(dpo_config(tiny, data=path, max_iters=4, batch_size=2, lora_rank=2))
     layer = run.raw_model.transformer.h[1].mlp.c_fc
     assert torch.equal(layer.base.weight, before.transformer.h[1].mlp.c_fc.weight)  # W frozen

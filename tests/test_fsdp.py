@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import envs
+import options
 import train as T
 from checkpoints import build_model, load_model, read_checkpoint
 from conftest import SFT_DATA, TINY, free_ports, run_ddp
@@ -90,7 +91,7 @@ def check_fsdp(tmp_path, monkeypatch, algo, sharded_rollouts=False):
     assert _losses(first) == pytest.approx(_losses(one), rel=1e-4, abs=5e-5)
     # Adam's first step is near sign(g)·lr: a gradient within float noise of 0 flips its step, so the
     # weights are compared in norm: the two runs' difference against the distance trained
-    start = build_model(T.make_config(dict(base, out_dir=one)), make_tokenizer("byte")).state_dict()
+    start = build_model(options.make_config(dict(base, out_dir=one)), make_tokenizer("byte")).state_dict()
     for k, v in _weights(one).items():
         moved = v - start.get(k.removeprefix("gpt."), torch.zeros_like(v))  # (a scalar head: from 0)
         assert (_weights(first)[k] - v).norm() <= 0.05 * moved.norm() + 1e-6, k

@@ -12,6 +12,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # a local save_pretrained directory must nev
 transformers = pytest.importorskip("transformers")
 
 import export
+import options
 import train as T
 from checkpoints import build_model, load_tokenizer
 from conftest import SFT_DATA, TINY, random_ids
@@ -86,7 +87,7 @@ def test_resize_vocab_keeps_old_logits(hf_dir):
 
 def test_train_starts_from_hf_directory(hf_dir, tmp_path):
     path, hf = hf_dir
-    cfg = T.make_config(dict(TINY, algo="sft", init_from=path, max_iters=2, checkpoint=False,
+    cfg = options.make_config(dict(TINY, algo="sft", init_from=path, max_iters=2, checkpoint=False,
                              out_dir=str(tmp_path / "run")))
     tok = Tokenizer(cfg["tokenizer"])
     start = build_model(cfg, tok).eval()
@@ -187,7 +188,7 @@ def test_gpt2_config_trains_offline_on_a_local_copy_of_its_dataset(hf_dir, tmp_p
                            dict(role="assistant", content="hello" + " world" * (i % 4 + 1))]) for i in range(40)]
     rows.append(dict(rows[0], messages=[dict(role="user", content="hi"), dict(role="assistant", content="world " * 200)]))
     (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    overrides = T.parse_args([os.path.join(os.path.dirname(os.path.dirname(__file__)), "config", "gpt2.py")])
+    overrides = options.parse_args([os.path.join(os.path.dirname(os.path.dirname(__file__)), "config", "gpt2.py")])
     assert (overrides["init_from"], overrides["tokenizer"], overrides["skip_bad_rows"]) == ("gpt2", "gpt2", True)
     cfg = dict(overrides, init_from=path, tokenizer=str(tmp_path / "tok"), data=str(data), block_size=128,
                batch_size=2, gradient_accumulation_steps=2, max_iters=2, eval_interval=2, eval_batch_size=4,

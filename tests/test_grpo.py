@@ -15,6 +15,7 @@ import torch
 
 import envs
 import grpo
+import options
 import train as T
 from checkpoints import build_model, load_reference
 from conftest import TINY, forward_calls, run_ddp
@@ -442,7 +443,7 @@ def test_ddp_two_ranks_equal_one_process_on_the_same_global_batch(tmp_path, stal
     single_shapes, single = train_and_report(dict(cfg, out_dir=str(tmp_path / "one")))
     assert shapes0 == shapes1 == [[2, 2, 2, 2]] * 2 and single_shapes == [[3, 3, 3, 3]] * 2
     assert all((w0[k] == w1[k]).all() for k in w0)
-    cfg = T.make_config(DDP_RUN)
+    cfg = options.make_config(DDP_RUN)
     start = build_model(cfg, Tokenizer(cfg["tokenizer"])).state_dict()
     assert any(not torch.allclose(torch.from_numpy(single[k]), start[k]) for k in single)  # it did train
     # equal up to rounding: the two summation orders differ in the last bits, and Adam's normalisation
@@ -538,7 +539,7 @@ def test_staleness_1_resumes_exactly_with_lora_and_enforces_its_bound(tmp_path, 
 @pytest.mark.parametrize("recipe", ["grpo", "dapo", "dr_grpo", "rloo", "gspo", "cispo"])
 def test_recipe_configs_train_and_evaluate(recipe, tmp_path, monkeypatch):
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
-    overrides = T.parse_args([os.path.join(ROOT, "config", f"{recipe}.py")])
+    overrides = options.parse_args([os.path.join(ROOT, "config", f"{recipe}.py")])
     overrides.update(TINY, **SMALL, max_iters=2, eval_interval=2, eval_problems=4, eval_samples=2,
                      out_dir=str(tmp_path / recipe))
     if recipe == "dapo":

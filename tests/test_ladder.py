@@ -8,6 +8,7 @@ import pytest
 
 import bands
 import ladder
+import options
 import sft
 import train as T
 from conftest import SFT_DATA, TINY
@@ -146,12 +147,12 @@ def test_a_stage_needs_its_start_and_teacher(tmp_path):
 def test_missing_start_checkpoint_names_the_command(tmp_path):
     """(The command line's one-line form of the error: the failing-stage test above.)"""
     with pytest.raises(ValueError, match="--algo grpo starts from a trained policy.*`python train.py --algo sft"):
-        T.check_start(dict(algo="grpo"))
-    T.check_start(dict(algo="sft"))  # SFT may start from scratch
+        options.check_start(dict(algo="grpo"))
+    options.check_start(dict(algo="sft"))  # SFT may start from scratch
     missing = str(tmp_path / "pretrain")
     with pytest.raises(ValueError, match=f"--init_from={missing} has no ckpt.pt; make it with "
                                          f"`python train.py --algo pretrain --out_dir={missing}`"):
-        T.check_start(dict(algo="sft", init_from=missing))
+        options.check_start(dict(algo="sft", init_from=missing))
 
 
 def test_train_tokens_sums_the_masked_targets(tiny):

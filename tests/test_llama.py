@@ -13,6 +13,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # a local save_pretrained directory must nev
 transformers = pytest.importorskip("transformers")
 
 import export
+import options
 import train as T
 from checkpoints import build_model, load_model
 from conftest import TINY, random_ids
@@ -307,10 +308,10 @@ def test_gsm8k_verifier_and_splits(tmp_path):
     with pytest.raises(ValueError, match="bad.jsonl: row 3: field 'answer': no final number after '####'"):
         config_env(dict(env="gsm8k", env_data=path))
     with pytest.raises(ValueError, match="--algo grpo takes its prompts from the environment, not --data"):
-        T.make_config(dict(algo="grpo", data=path))
-    T.check_start(dict(algo="grpo", init_from="Qwen/Qwen2.5-0.5B-Instruct"))  # a hub name: RL may start from it
+        options.make_config(dict(algo="grpo", data=path))
+    options.check_start(dict(algo="grpo", init_from="Qwen/Qwen2.5-0.5B-Instruct"))  # a hub name: RL may start from it
     with pytest.raises(ValueError, match="has no ckpt.pt; make it with `python train.py --algo sft"):
-        T.check_start(dict(algo="grpo", init_from="no_such_out/sft"))  # owner/name-shaped, but the ladder's path
+        options.check_start(dict(algo="grpo", init_from="no_such_out/sft"))  # owner/name-shaped, but the ladder's path
 
 
 def gsm8k_rows(n):
@@ -334,7 +335,7 @@ def chat_model_dir(tmp_path_factory):
 
 def recipe(name, init_from, tokenizer, out_dir, **overrides):
     """A config/ recipe as the command line reads it, pointed at the tiny local model, at a tiny size."""
-    cfg = T.parse_args([f"config/{name}.py"])
+    cfg = options.parse_args([f"config/{name}.py"])
     cfg.update(init_from=init_from, tokenizer=tokenizer, out_dir=str(out_dir), device="cpu", plot=False,
                block_size=256, max_iters=1, batch_size=2, gradient_accumulation_steps=1, eval_interval=1,
                eval_problems=2, eval_batch_size=4, max_new_tokens=6, log_interval=1, warmup_iters=0)

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+import options
 import pairs
 import rm
 import train as T
@@ -119,7 +120,7 @@ def test_rm_learns_a_separable_preference(tiny, tmp_path):
 
 def test_rm_with_lora(tiny, tmp_path):
     path = write_jsonl(tmp_path / "pairs.jsonl", separable_rows(40, seed=1))
-    before = build_model(T.make_config(rm_config(tiny)), Tokenizer("byte"))
+    before = build_model(options.make_config(rm_config(tiny)), Tokenizer("byte"))
     run = T.train(rm_config(tiny, data=path, max_iters=4, lora_rank=2))
     model = run.raw_model
     # frozen base weights unchanged, LoRA factors and the scalar head trained

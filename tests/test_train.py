@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+import options
 import train as T
 from checkpoints import build_model, load_model
 from conftest import SFT_DATA, TINY, run_ddp
@@ -18,16 +19,16 @@ from tokenizer import Tokenizer
 # -- configuration -----------------------------------------------------------------------------
 
 def test_config_overrides_and_types():
-    cfg = T.make_config(T.parse_args(["--algo", "sft", "--batch_size=8", "--learning_rate=1e-3",
+    cfg = options.make_config(options.parse_args(["--algo", "sft", "--batch_size=8", "--learning_rate=1e-3",
                                       "--out_dir=/tmp/x", "--bias=False", "--lora_alpha=4"]))
     assert (cfg["batch_size"], cfg["learning_rate"], cfg["bias"], cfg["lora_alpha"]) == (8, 1e-3, False, 4.0)
-    assert cfg["out_dir"] == "/tmp/x" and T.make_config({"algo": "pretrain"})["out_dir"] == "out/pretrain"
+    assert cfg["out_dir"] == "/tmp/x" and options.make_config({"algo": "pretrain"})["out_dir"] == "out/pretrain"
 
 
 def test_config_file(tmp_path):
     path = tmp_path / "x.py"
     path.write_text("batch_size = 3\nmax_iters = 7\n")
-    cfg = T.make_config(T.parse_args([str(path), "--max_iters=9"]))
+    cfg = options.make_config(options.parse_args([str(path), "--max_iters=9"]))
     assert (cfg["batch_size"], cfg["max_iters"]) == (3, 9)
 
 
@@ -40,7 +41,7 @@ def test_config_file(tmp_path):
 ])
 def test_config_errors_name_the_key(args, message):
     with pytest.raises(ValueError, match=message):
-        T.make_config(T.parse_args(args))
+        options.make_config(options.parse_args(args))
 
 
 # -- the loop: same global batch, same gradient ----------------------------------------------------
@@ -61,7 +62,7 @@ def test_ddp_and_accumulation_equal_one_process(tmp_path):
         torch.testing.assert_close(one_by_one[k], one_by_four[k], atol=2e-5, rtol=0)
         torch.testing.assert_close(ranks[0][k], one_by_four[k], atol=2e-5, rtol=0)
         assert torch.equal(ranks[0][k], ranks[1][k]), f"ranks disagree on {k}"
-    assert any(not torch.equal(v, build_model(T.make_config(base), Tokenizer()).state_dict()[k])
+    assert any(not torch.equal(v, build_model(options.make_config(base), Tokenizer()).state_dict()[k])
                for k, v in one_by_four.items())  # training moved the weights
 
 
@@ -129,7 +130,7 @@ def test_compiled_training_gives_the_eager_losses(tiny):
 
 
 def test_lr_schedule_warmup_then_cosine():
-    cfg = dict(T.DEFAULTS, max_iters=100, warmup_iters=10, learning_rate=1.0, min_lr=0.1)
+    cfg = dict(options.DEFAULTS, max_iters=100, warmup_iters=10, learning_rate=1.0, min_lr=0.1)
     assert T.lr_at(cfg, 0) == pytest.approx(0.1) and T.lr_at(cfg, 9) == pytest.approx(1.0)
     assert T.lr_at(cfg, 55) == pytest.approx(0.55) and T.lr_at(cfg, 100) == pytest.approx(0.1)
 
@@ -259,15 +260,15 @@ def test_empty_data_file_says_it_is_empty(tmp_path, tiny, text):
 def test_unknown_keys_suggest_common_aliases(algo, arg, suggestion):
     key = arg[2:].split("=")[0]
     with pytest.raises(ValueError, match=rf"unknown config key '{key}' for --algo {algo}; did you mean {suggestion}"):
-        T.make_config(T.parse_args([f"--algo={algo}", arg]))
+        options.make_config(options.parse_args([f"--algo={algo}", arg]))
 
 
 def test_unknown_algo_or_missing_module_lists_the_choices(monkeypatch):
-    monkeypatch.setitem(T.ALGOS, "ghost", "no_such_module")  # named in ALGOS, its file not written yet
+    monkeypatch.setitem(options.ALGOS, "ghost", "no_such_module")  # named in ALGOS, its file not written yet
     with pytest.raises(ValueError, match=r"^--algo ghost: its module no_such_module\.py does not exist yet; "
                                          r"choose from .*dpo, grpo, .*sft$"):
-        T.make_config({"algo": "ghost"})
-    choices = T.available_algos()
+        options.make_config({"algo": "ghost"})
+    choices = options.available_algos()
     assert "ghost" not in choices and {"sft", "pretrain", "rm", "dpo", "grpo", "ppo"} <= set(choices)
 
 
@@ -296,7 +297,8 @@ def test_config_comments_read_the_line_then_the_lines_above_then_merged_dicts(tm
     (tmp_path / "main_cfg.py").write_text(
         "import other_cfg\n"
         "defaults = dict(\n"
-        "    a=1,            # a's own comment\n"
+        "    a=1,            # a's own comment,\n"
+        "                    # continued below it\n"
         "    # b's comment,\n"
         "    # on two lines\n"
         "    b=2,\n"
@@ -305,15 +307,16 @@ def test_config_comments_read_the_line_then_the_lines_above_then_merged_dicts(tm
         ")\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import main_cfg
-    assert T.config_comments(main_cfg, "defaults") == {
-        "merged": "from the other file", "a": "a's own comment", "b": "b's comment, on two lines",
+    assert options.config_comments(main_cfg, "defaults") == {
+        "merged": "from the other file", "a": "a's own comment, continued below it", "b": "b's comment, on two lines",
         "c": "shared by c and d", "d": "shared by c and d"}
 
 
-@pytest.mark.parametrize("algo", T.available_algos())
+@pytest.mark.parametrize("algo", options.available_algos())
 def test_help_describes_every_option_with_its_default(algo):
-    cfg = T.make_config(dict(algo=algo))
-    lines = {line.split("=", 1)[0].strip(): line for line in T.help_text(algo).splitlines() if line.startswith("  --")}
+    cfg = options.make_config(options.after_the_ladder(dict(algo=algo))[0])
+    lines = {line.split("=", 1)[0].strip(): line for line in options.help_text(dict(algo=algo)).splitlines()
+             if line.startswith("  --")}
     assert set(lines) == {f"--{key}" for key in cfg}
     for key, value in cfg.items():
         shown, description = lines[f"--{key}"].split(None, 1)[0], lines[f"--{key}"][40:].strip()
@@ -324,6 +327,42 @@ def test_help_on_the_command_line():
     out = run_script("train.py", "--algo", "grpo", "--help")
     assert out.returncode == 0 and out.stderr == ""
     assert "--kl_coef=0.04" in out.stdout and "--learning_rate=0.0001*" in out.stdout and "usage: python train.py" in out.stdout
+    out = run_script("export.py", "--help")
+    assert out.returncode == 0 and out.stdout.startswith("usage: python export.py CKPT_DIR OUT_DIR")
+
+
+def help_lines(overrides):
+    """{key: its --help line's description}, and the keys in the order --help prints them."""
+    lines = [line for line in options.help_text(overrides).splitlines() if line.startswith("  --")]
+    return {line.split("=", 1)[0].strip()[2:]: line[40:].strip() for line in lines}, [line.split("=", 1)[0][4:] for line in lines]
+
+
+@pytest.mark.parametrize("algo", options.available_algos())
+def test_help_prints_whole_descriptions_and_the_algorithms_own_options_first(algo):
+    described, order = help_lines(dict(algo=algo))
+    own = [key for key in order if key not in options.DEFAULTS]
+    assert order == own + list(options.DEFAULTS)
+    assert not any("see above" in text or "see the docstring" in text for text in described.values())
+    if algo == "grpo":  # descriptions that run over two comment lines come whole
+        assert described["group_size"].endswith("still has a correct and a wrong answer in most groups")
+        assert described["minibatches"].endswith("more reuse each rollout batch, off-policy")
+        assert described["eval_samples"].endswith("0 = greedy only")
+    if algo == "ppo":  # keys that once shared a line have their own descriptions
+        assert described["gamma"] != described["lam"] and "λ" in described["lam"]
+
+
+def test_help_shows_the_defaults_after_the_ladder(tmp_path, monkeypatch):
+    """Once the ladder has run, --help shows what a run would take: its checkpoint, and out/my_ALGO."""
+    for name in ("sft", "grpo"):
+        os.makedirs(tmp_path / "out" / name)
+        for file in ("ckpt.pt", "ladder.json"):
+            (tmp_path / "out" / name / file).write_text("{}")
+        (tmp_path / "out" / name / "config.json").write_text(json.dumps(dict(algo=name, env="arithmetic")))
+    monkeypatch.chdir(tmp_path)
+    text = options.help_text(dict(algo="grpo"))
+    assert "--init_from='out/sft'*" in text and "--out_dir='out/my_grpo'" in text
+    assert "grpo: --init_from=out/sft (the ladder's sft stage)" in text
+    assert "--init_from='x'*" in options.help_text(dict(algo="grpo", init_from="x"))
 
 
 def test_after_the_ladder_a_run_starts_from_its_stages_and_writes_elsewhere(tmp_path, monkeypatch):
@@ -336,16 +375,16 @@ def test_after_the_ladder_a_run_starts_from_its_stages_and_writes_elsewhere(tmp_
             (tmp_path / "out" / name / file).write_text("{}")
         (tmp_path / "out" / name / "config.json").write_text(json.dumps(dict(algo=algo, env=env)))
     monkeypatch.chdir(tmp_path)
-    overrides, line = T.after_the_ladder(dict(algo="dpo"))
+    overrides, line = options.after_the_ladder(dict(algo="dpo"))
     assert overrides == dict(algo="dpo", init_from="out/sft", out_dir="out/my_dpo")
     assert line == ("dpo: --init_from=out/sft (the ladder's sft stage), --out_dir=out/my_dpo (out/dpo is a ladder "
                     "stage); pass these keys to choose others")
-    assert T.after_the_ladder(dict(algo="grpo", env="calculator"))[0]["init_from"] == "out/calc_sft"
-    assert T.after_the_ladder(dict(algo="opd"))[0] == dict(algo="opd", init_from="out/sft", teacher="out/grpo")
-    assert T.after_the_ladder(dict(algo="dpo", init_from="x", out_dir="y")) == (dict(algo="dpo", init_from="x", out_dir="y"), "")
-    assert T.after_the_ladder(dict(algo="dpo", init_from="resume"))[0] == dict(algo="dpo", init_from="resume", out_dir="out/my_dpo")
-    assert T.after_the_ladder(dict(algo="sft"))[0] == dict(algo="sft", out_dir="out/my_sft")  # from scratch, as always
-    assert T.after_the_ladder(dict(algo="ppo", env="generalpoints")) == (dict(algo="ppo", env="generalpoints"), "")
+    assert options.after_the_ladder(dict(algo="grpo", env="calculator"))[0]["init_from"] == "out/calc_sft"
+    assert options.after_the_ladder(dict(algo="opd"))[0] == dict(algo="opd", init_from="out/sft", teacher="out/grpo")
+    assert options.after_the_ladder(dict(algo="dpo", init_from="x", out_dir="y")) == (dict(algo="dpo", init_from="x", out_dir="y"), "")
+    assert options.after_the_ladder(dict(algo="dpo", init_from="resume"))[0] == dict(algo="dpo", init_from="resume", out_dir="out/my_dpo")
+    assert options.after_the_ladder(dict(algo="sft"))[0] == dict(algo="sft", out_dir="out/my_sft")  # from scratch, as always
+    assert options.after_the_ladder(dict(algo="ppo", env="generalpoints")) == (dict(algo="ppo", env="generalpoints"), "")
 
 
 def test_a_missing_optional_package_is_one_line(tmp_path, tiny):

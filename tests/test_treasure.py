@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 import envs
+import options
 import train as T
 from conftest import SFT_DATA, TINY
 from envs import END_CALL, END_RESULT, TOOL_CALL, TOOL_RESULT, Treasure
@@ -97,9 +98,9 @@ def test_heldout_and_ood_maps_differ_from_train():
 def test_sft_then_grpo_run_on_the_treasure_hunt(tmp_path):
     """train.py takes --env=treasure with the environment's own defaults (a longer block_size, 16
     calls), SFT learns from the tool-using demonstrations, GRPO starts from that checkpoint."""
-    cfg = T.make_config(dict(env="treasure"))
+    cfg = options.make_config(dict(env="treasure"))
     assert (cfg["block_size"], cfg["max_tool_calls"], cfg["env_direct_frac"]) == (576, 16, 0.0)
-    assert T.make_config(dict(env="treasure", block_size=640))["block_size"] == 640
+    assert options.make_config(dict(env="treasure", block_size=640))["block_size"] == 640
     tiny = {k: v for k, v in TINY.items() if k != "block_size"}
     sft = T.train(dict(tiny, **SFT_DATA, env="treasure", max_iters=2, eval_interval=2, eval_problems=2,
                        max_new_tokens=48, out_dir=str(tmp_path / "sft")))
@@ -144,7 +145,7 @@ def test_rule_engine_judges_each_call_of_hand_made_plays():
 
 
 def test_rlvp_and_process_modes_accept_the_treasure_hunt():
-    cfg = T.make_config(dict(algo="grpo", env="treasure", reward_mode="rlvp"))
+    cfg = options.make_config(dict(algo="grpo", env="treasure", reward_mode="rlvp"))
     check_reward_mode(cfg, ENV)
     check_reward_mode(dict(cfg, reward_mode="process"), ENV)
 
