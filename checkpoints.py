@@ -166,8 +166,9 @@ def load_teacher(run):
     return teacher
 
 
-def load_reward_model(run):
-    """The frozen Bradley–Terry reward model --reward_model names (a checkpoint of --algo rm)."""
+def read_reward_model(run):
+    """The Bradley–Terry reward model --reward_model names (a checkpoint of --algo rm), checked, as
+    it was trained (PPO's critic may start from it)."""
     cfg = run.cfg
     if not cfg["reward_model"]:
         raise ValueError("reward=rm and critic_init=reward_model need --reward_model=<checkpoint dir of --algo rm>")
@@ -178,12 +179,18 @@ def load_reward_model(run):
     if model.config.vocab_size < run.tok.n_vocab:
         raise ValueError(f"reward_model={cfg['reward_model']!r} has a vocabulary of {model.config.vocab_size}, "
                          f"fewer than the {run.tok.n_vocab} ids of tokenizer {run.tok.name!r}")
-    return place(run, frozen(model))
+    return model
 
 
-def save_checkpoint(run, optimizer, it):
+def load_reward_model(run):
+    """The frozen reward model --reward_model names, on the run's device."""
+    return place(run, frozen(read_reward_model(run)))
+
+
+def save_checkpoint(run, optimizer, it, train_tokens, algo_state):
     """Called by every rank (each adds its RNG streams); rank 0 writes. Atomic: a temporary file,
-    then a rename, so a crash never leaves a half-written ckpt.pt.
+    then a rename, so a crash never leaves a half-written ckpt.pt. algo_state: what the algorithm
+    keeps for a resume (its state_dict), or None.
 
     "model" is what load_model() gives later scripts: the trained module itself, or its `policy` when
     the algorithm trains several (PPO's policy + critic); "train_model" then holds all of them."""
@@ -204,8 +211,7 @@ def save_checkpoint(run, optimizer, it):
         optimizer=None if run.fsdp else optimizer.state_dict(), iter=it, config=run.cfg,
         model_args=dataclasses.asdict(gpt.config), kind="scalar" if isinstance(export, ScalarHeadGPT) else "lm",
         lora_rank=run.cfg["lora_rank"], lora_alpha=run.cfg["lora_alpha"], tokenizer=run.tok.name,
-        rng=rng, algo_state=run.algo.state_dict(run) if hasattr(run.algo, "state_dict") else None,
-        train_tokens=run.train_tokens,
+        rng=rng, algo_state=algo_state, train_tokens=train_tokens,
     )
     path = os.path.join(run.cfg["out_dir"], "ckpt.pt")
     torch.save(ckpt, path + ".tmp")

@@ -100,7 +100,7 @@ def dataset_splits(path, check):
 def encode_rows(run, path, rows, encode):
     """encode(row) -> example, raising RowError for a bad row. A bad row is an error naming the
     file, row (1-based: the line of a jsonl file without blank lines) and field, or, with
-    skip_bad_rows, skipped and counted (run.skipped_rows)."""
+    skip_bad_rows, skipped and counted. Returns (examples, the number skipped)."""
     examples, skipped = [], 0
     for i, row in enumerate(rows, start=1):
         try:
@@ -113,8 +113,7 @@ def encode_rows(run, path, rows, encode):
         raise ValueError(f"{path}: no usable rows ({skipped} skipped)")
     if skipped and run.master:
         print(f"{path}: skipped {skipped} malformed rows of {len(rows)}")
-    run.skipped_rows = skipped
-    return examples
+    return examples, skipped
 
 
 def require(row, field, kind):

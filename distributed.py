@@ -60,7 +60,8 @@ def setup_device(cfg):
                            lockstep=lockstep)
 
 
-# Memory anatomy [SPEC §5, M14 §10, §13]: persistent model states only (no activations, KV cache, buffers)
+# Memory anatomy [SPEC §5, M14 §10, §13]: persistent model states only (no activations, KV cache, buffers);
+# and the cost of rollouts against training (SPEC §7)
 BYTES_PER_PARAM = {"train": 16, "frozen_bf16": 2}  # bf16 w + bf16 grad + fp32 master + 2 fp32 Adam; bf16 w
 
 
@@ -97,6 +98,17 @@ def gpu_memory_gib(n_params, algo, gpus, fsdp, rollouts="gathered"):
         return states / gpus, states / gpus
     return states / gpus, states / gpus + stage_memory_gib(n_params, ["frozen_bf16"] * len(ALGO_MODELS[algo]))
 
+
+
+def rollout_cost(prompts, answers, tokens, gpus, tok_per_s_per_gpu, n_params, flops_per_gpu, mfu):
+    """Why rollouts dominate RL's cost (SPEC §7, seed M14 §11): decoding prompts·answers·tokens at
+    tok_per_s_per_gpu on each of `gpus` against one training pass over the same tokens by 6·N·D
+    FLOPs at flops_per_gpu·mfu. Returns dict(tokens, decode_s, decode_min, train_min, ratio)."""
+    n_tokens = prompts * answers * tokens
+    decode_s = n_tokens / (gpus * tok_per_s_per_gpu)
+    train_s = 6 * n_params * n_tokens / (gpus * flops_per_gpu * mfu)
+    return dict(tokens=n_tokens, decode_s=decode_s, decode_min=decode_s / 60, train_min=train_s / 60,
+                ratio=decode_s / train_s)
 
 
 def role_memory_gib(module, trained):

@@ -24,10 +24,10 @@ def greedy_accuracy(run, model, split, n):
         return {}, []  # (a dataset has no ood split: no figures for it)
     problems = run.env.problems(split, n, seed=0)[run.rank::run.world_size]
     roll = rollouts(run, model, problems, 1, temperature=0.0, seed=0, batch_size=run.cfg["eval_batch_size"])
-    sums = all_reduce_sum(dict(correct=float(roll.rewards.sum()), n=len(problems), tokens=float(roll.lengths.sum()),
+    sums = all_reduce_sum(dict(correct=float(roll.verified.sum()), n=len(problems), tokens=float(roll.lengths.sum()),
                                work=sum(map(run.env.shows_work, roll.texts))), run)
     transcripts = [f"[{split}] {p['prompt']}\n  -> {text!r}  (answer {p['answer']}, reward {r:.0f})"
-                   for p, text, r in zip(problems[:4], roll.texts, roll.rewards.tolist())]
+                   for p, text, r in zip(problems[:4], roll.texts, roll.verified.tolist())]
     return {f"{split}_acc": sums["correct"] / sums["n"], f"{split}_len": sums["tokens"] / sums["n"],
             f"{split}_work": sums["work"] / sums["n"]}, transcripts  # work: answers that write their steps
 
@@ -41,7 +41,7 @@ def sampled_accuracy(run, model, n, k, temperature, reference=None):
     problems = run.env.problems("heldout", n, seed=0)[run.rank::run.world_size]
     size = run.cfg["eval_batch_size"]
     roll = rollouts(run, model, problems, k, temperature=temperature, seed=1, batch_size=size)
-    correct = roll.rewards.view(len(problems), k)
+    correct = roll.verified.view(len(problems), k)
     sums = dict(correct=float(correct.sum()), passed=float(correct.amax(1).sum()), problems=len(problems),
                 tokens=float(roll.lengths.sum()), work=sum(map(run.env.shows_work, roll.texts)), kl=0.0)
     if reference is not None:
@@ -61,7 +61,7 @@ def sampled_accuracy(run, model, n, k, temperature, reference=None):
     if reference is not None:
         metrics["heldout_kl_ref"] = sums["kl"] / responses
     transcripts = [f"[heldout, T={temperature}] {p['prompt']}\n  -> {text!r}  (answer {p['answer']}, reward {r:.0f})"
-                   for p, text, r in list(zip(roll.problems, roll.texts, roll.rewards.tolist()))[:2 * k:k]]
+                   for p, text, r in list(zip(roll.problems, roll.texts, roll.verified.tolist()))[:2 * k:k]]
     return metrics, transcripts
 
 

@@ -91,7 +91,9 @@ ALIASES = dict(lr="learning_rate", bs="batch_size", batch="batch_size", micro_ba
 
 # Keys renamed in this version: the old name still works and says the new one (in a resumed run's
 # saved config too; where two old names meet, the later one counts)
-RENAMED = dict(eval_pass_k="eval_samples", eval_best_of_n="eval_samples", best_of_n="eval_samples")
+RENAMED = dict(eval_pass_k="eval_samples", eval_best_of_n="eval_samples", best_of_n="eval_samples",
+               # one name per idea: responses sampled per prompt in training, a pool of train prompts
+               samples_per_prompt="group_size", candidates="group_size", prompts_pool="prompt_pool")
 # Keys removed in this version: ignored, with a note saying why
 REMOVED = dict(eval_best_of_n_problems="Best-of-N by the verifier is pass@k, on the eval_problems held-out problems "
                                        "that every sampled figure uses")
@@ -290,13 +292,13 @@ def help_text(overrides):
 
 def check_start(overrides):
     """A missing input checkpoint is a one-line error naming the command that makes it: an algorithm
-    that declares `starts_from` (the algo whose checkpoint it usually starts from) never starts from
-    a random model, and --init_from=DIR needs DIR/ckpt.pt. Checked for the command line only: the
-    tests call train() on purpose with tiny random models for every algorithm."""
+    whose `starts_from` names an init_from (the algo whose checkpoint it usually starts from) never
+    starts from a random model, and --init_from=DIR needs DIR/ckpt.pt. Checked for the command line
+    only: the tests call train() on purpose with tiny random models for every algorithm."""
     if overrides.get("init_from") == "resume":
         return
     cfg = make_config(overrides)
-    init, needs = cfg["init_from"], getattr(algo_module(cfg["algo"]), "starts_from", None)
+    init, needs = cfg["init_from"], getattr(algo_module(cfg["algo"]), "starts_from", {}).get("init_from")
     if os.path.isfile(os.path.join(init, "ckpt.pt")) or (  # a checkpoint, or transformers weights
             is_hf_checkpoint(init) and os.path.basename(os.path.normpath(init)) not in ALGOS):
         return
@@ -328,18 +330,17 @@ def ladder_stage(root, algo, env):
 
 def after_the_ladder(overrides):
     """The command line's defaults once `python ladder.py` has run (train() itself keeps the plain
-    defaults): with no --init_from, an algorithm that starts from a trained policy (`starts_from`)
-    starts from the ladder's checkpoint for its task, and with no --teacher one that distils
-    (`teacher_from`) distils the ladder's stage of that algorithm; with no --out_dir, a run never
-    writes over a ladder stage (out/dpo is the ladder's: the run goes to out/my_dpo).
-    -> (overrides, a line saying what was chosen, or "")."""
+    defaults): each key of the algorithm's `starts_from` left at its default takes the ladder's
+    stage of the algo it names for the task (--init_from: the SFT checkpoint; OPD's --teacher: the
+    GRPO stage); with no --out_dir, a run never writes over a ladder stage (out/dpo is the ladder's:
+    the run goes to out/my_dpo). -> (overrides, a line saying what was chosen, or "")."""
     overrides, chosen = dict(overrides), []
     cfg = make_config(overrides)
     module, root = algo_module(cfg["algo"]), os.path.dirname(DEFAULTS["out_dir"])
     resuming = cfg["init_from"] == "resume"  # (its out_dir is chosen as the run's was)
-    for key, algo, given in (("init_from", getattr(module, "starts_from", None), cfg["init_from"] != "scratch"),
-                             ("teacher", getattr(module, "teacher_from", None), cfg.get("teacher"))):
-        stage = algo and not given and not resuming and ladder_stage(root, algo, cfg["env"])
+    for key, algo in getattr(module, "starts_from", {}).items():
+        given = cfg[key] != {**DEFAULTS, **module.defaults}[key]
+        stage = not given and not resuming and ladder_stage(root, algo, cfg["env"])
         if stage:
             overrides[key] = stage
             chosen.append(f"--{key}={stage} (the ladder's {os.path.basename(stage)} stage)")

@@ -4,7 +4,7 @@ KTO's single labelled examples, from a file or built from the environment, and t
 SPEC §3 "Reward model", "DPO"; M14 §3–5.
 
 - built in (--data=""): prompts of the environment's train split (held-out pairs: heldout split,
-  so the two never share an equation). The model named by init_from samples `samples_per_prompt`
+  so the two never share an equation). The model named by init_from samples `group_size`
   answers per prompt at `pair_temperature`, and --pairs picks the kind of preference:
     verifier  chosen = an answer the verifier accepts, rejected = one it refuses (when no sample is
               correct, the solver's demonstration, also verified, stands in as chosen);
@@ -40,7 +40,7 @@ PAIR_DEFAULTS = dict(
     pairs="verifier",       # built-in preference kind: verifier | style | both
     train_prompts=512,      # built-in training prompts (env train split)
     heldout_prompts=128,    # built-in held-out prompts (env heldout split); caps the file's held-out rows
-    samples_per_prompt=4,   # answers sampled per prompt to find a correct and a wrong one
+    group_size=4,           # answers sampled per prompt to find a correct and a wrong one
     pair_temperature=1.0,   # sampling temperature of those answers
 )
 
@@ -147,12 +147,12 @@ def builtin_pairs(run, sampler, split, n_prompts, seed):
         raise ValueError(f"pairs={cfg['pairs']!r}: choose from {PAIR_KINDS}")
     problems = env.problems(split, n_prompts, seed=seed)
     prompts = [tok.prompt_ids(p["prompt"]) for p in problems]
-    k = cfg["samples_per_prompt"]
+    k = cfg["group_size"]
     samples = [[]] * len(problems)
     if cfg["pairs"] in ("verifier", "both"):
         roll = rollouts(run, sampler, problems, k, temperature=cfg["pair_temperature"], seed=seed,
                           batch_size=cfg["eval_batch_size"], spread=True)
-        answers = list(zip(roll.responses, roll.response_masks(), roll.rewards.tolist()))  # (ids, loss mask, verdict)
+        answers = list(zip(roll.responses, roll.response_masks(), roll.verified.tolist()))  # (ids, loss mask, verdict)
         samples = [answers[i * k:(i + 1) * k] for i in range(len(problems))]
     rng = random.Random(seed)
     pairs, counts = [], dict(verifier=0, demo_chosen=0, all_correct=0, style=0, too_long=0)
@@ -185,7 +185,7 @@ def builtin_pairs(run, sampler, split, n_prompts, seed):
                 counts["too_long"] += 1
     if not pairs:
         raise ValueError(f"no {cfg['pairs']} pairs from {n_prompts} {split} prompts ({counts}): raise "
-                         f"samples_per_prompt or pair_temperature (all correct), or block_size (too long)")
+                         f"group_size or pair_temperature (all correct), or block_size (too long)")
     return pairs, counts
 
 
@@ -211,13 +211,14 @@ def add_mismatched(run, singles):
     return singles
 
 
-def load_preferences(run, singles=False):
-    """(train, heldout, transcripts): pairs, or with singles=True KTO's single labelled examples (a
-    pair file is split into singles; a singles file is only usable with singles=True), and a few
-    training examples as text for samples.txt."""
-    cfg = run.cfg
+def load_preferences(run, reference, singles=False):
+    """(train, heldout, transcripts, skipped rows): pairs, or with singles=True KTO's single labelled
+    examples (a pair file is split into singles; a singles file is only usable with singles=True), a
+    few training examples as text for samples.txt, and the file's malformed rows skipped. Built-in
+    pairs are sampled by `reference`, the model init_from names before any training."""
+    cfg, skipped = run.cfg, 0
     if cfg["data"]:
-        encoded = encode_rows(run, cfg["data"], load_rows(cfg["data"]), lambda row: encode_row(run, row))
+        encoded, skipped = encode_rows(run, cfg["data"], load_rows(cfg["data"]), lambda row: encode_row(run, row))
         kinds = {kind for kind, _ in encoded}
         if len(kinds) > 1:
             raise ValueError(f"{cfg['data']}: mixes pair rows (prompt, chosen, rejected) and single rows "
@@ -231,7 +232,7 @@ def load_preferences(run, singles=False):
         if kinds == {"pair"} and singles:
             train, heldout = to_singles(train), to_singles(heldout)
     else:
-        sampler = run.ref_model  # the model init_from names, before any training (built by the loop)
+        sampler = reference
         if not isinstance(sampler, GPT):
             raise ValueError(f"built-in pairs are sampled from init_from's language model, but "
                              f"init_from={cfg['init_from']!r} is a scalar model: pass --data=FILE")
@@ -243,7 +244,7 @@ def load_preferences(run, singles=False):
             train, heldout = to_singles(train), to_singles(heldout)
     if singles:
         train, heldout = add_mismatched(run, train), add_mismatched(run, heldout)
-    return train, heldout, [describe(run, ex, singles) for ex in train[:4]]
+    return train, heldout, [describe(run, ex, singles) for ex in train[:4]], skipped
 
 
 def describe(run, ex, single):
@@ -284,31 +285,3 @@ def step_batches(run, it, examples):
             orders[epoch] = seeded_rng(run, epoch).permutation(len(examples))
         picks.append(examples[orders[epoch][position]])
     return [[collate(run, mb) for mb in shard(picks, run, accum, bs)]]
-
-
-def passport(run, loss, references):
-    """The post-training passport (SPEC §6) of a run trained on preferences (rm.py, dpo.py)."""
-    c = run.cfg
-    source = (f"`{c['data']}`" if c["data"] else
-              f"built-in `{c['pairs']}` pairs: {c['samples_per_prompt']} answers per *train* prompt sampled once by "
-              f"`{c['init_from']}` at temperature {c['pair_temperature']} ({c['train_prompts']} prompts), labelled "
-              f"by {dict(verifier='the verifier', style='a style rule', both='the verifier or a style rule')[c['pairs']]}")
-    return f"""# Post-training passport: {c['out_dir']}
-
-algorithm: `--algo {c['algo']}`, started from `{c['init_from']}`
-
-## Data and mode
-- offline preferences: {source}; held-out pairs from *heldout* prompts (disjoint by equation)
-- the pairs are fixed for the run: drawn again every epoch for {c['max_iters']} iterations, never resampled
-
-## Reward and verification
-- the preference labels are the reward signal; no reward is computed in training
-
-## Optimisation
-- offline: {loss}
-- models: the trained one; references: {references}; no old policy, no critic, no sampling in training
-- units: one term per pair (per example for KTO), averaged over the batch
-
-## Infrastructure
-- {run.device} × {run.world_size}; generation only to build the built-in pairs and at evaluation
-"""

@@ -62,3 +62,15 @@ def token_rewards(run, roll, signals):
             values[i, start - 1 + k] += value
             marked[i, start - 1 + k] = True
     return values, marked
+
+
+def token_signals(run):
+    """The reward mode's per-token signals of a rollout, a function (rollout) -> (N, T-1): process,
+    each verifiable step's reward at its last token; rlvp and path, the rule engine's −λ | +μ at each
+    action it judges; outcome, none."""
+    mode = run.cfg["reward_mode"]
+    if mode == "process":
+        return lambda roll: token_rewards(run, roll, run.env.step_rewards)[0]
+    if mode in ("rlvp", "path"):
+        return lambda roll: token_rewards(run, roll, path_signals(run))[0]
+    return lambda roll: None

@@ -1,7 +1,8 @@
 """
 Rollouts: the one path from prompts to verified responses (rollouts -> a Rollout: generate with the
 KV-cache sampler and the environment's tool, decode, verify, lay out with masks), the tool hook,
-the shards RL samples in, and a reward model's read-out of whole responses (score_responses).
+the shards RL samples in, the scoring of a rollout's tokens by a model (score_tokens: π_old, π_ref)
+and a reward model's read-out of whole responses (score_responses).
 """
 
 import dataclasses
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from distributed import all_ranks_busy, chunks, lockstep_count, over_ranks, seeded_rng
+from model import sequence_logprobs
 from sampler import Samples, sample
 
 
@@ -96,7 +98,7 @@ class Rollout:
                                  #          prompt, tool tokens and padding
     forced: torch.Tensor         # (N, T-1) 1 on the tool's tokens (response tokens the model did not sample)
     old_logprobs: torch.Tensor   # (N, T-1) the sampler's log-probs (π_old), 0 where mask is 0
-    rewards: torch.Tensor        # (N,) the verifier's reward
+    verified: torch.Tensor       # (N,) the verifier's reward, 1 or 0
     lengths: torch.Tensor        # (N,) response lengths in tokens
     truncated: torch.Tensor      # (N,) bool: hit max_new_tokens without the end token
     group: torch.Tensor          # (N,) the index of the problem each row answers
@@ -113,10 +115,9 @@ class Rollout:
     ref_logprobs: torch.Tensor = None      # (N, T-1) π_ref's of the sampled tokens, or (N, T-1, V) its whole
                                            # distributions (opd's anchor)
     teacher_logprobs: torch.Tensor = None  # (N, T-1, V) a teacher's distributions (opd)
-    verified: torch.Tensor = None          # (N,) the verifier's reward where `rewards` is another
-    reward: torch.Tensor = None            # (N,) the shaped reward the advantages come from
-    advantages: torch.Tensor = None        # (N,) one per response
-    step_advantages: torch.Tensor = None   # (N, T-1) one per token (process rewards)
+    reward: torch.Tensor = None            # (N,) the training reward the advantages come from (grpo: the
+                                           #      verifier's, shaped by the family's options)
+    advantages: torch.Tensor = None        # (N,) one per response, or (N, T-1) one per token (process rewards)
     keep: torch.Tensor = None              # (N,) 1 on rows that train, 0 on rows kept only for shape
 
     def select(self, rows):
@@ -165,20 +166,20 @@ class Rollout:
         return Rollout(**out)
 
 
-def rollouts(run, model, problems, samples_per_prompt, temperature=1.0, max_new_tokens=None, seed=None,
+def rollouts(run, model, problems, group_size, temperature=1.0, max_new_tokens=None, seed=None,
              top_k=None, top_p=None, batch_size=None, spread=False):
-    """The one rollout path: sample `samples_per_prompt` responses per problem with the KV-cache
+    """The one rollout path: sample `group_size` responses per problem with the KV-cache
     sampler (on all prompts at once, or in chunks of `batch_size`), decode them, verify them with the
     environment's verifier and lay them out with their masks: a Rollout."""
-    prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(samples_per_prompt)]
-    rows = [p for p in problems for _ in range(samples_per_prompt)]
+    prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(group_size)]
+    rows = [p for p in problems for _ in range(group_size)]
     t0 = time.time()
     tokens, logprobs, forced = generate(run, model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                         seed=seed, batch_size=batch_size or len(prompts), top_k=top_k, top_p=top_p,
                                         spread=spread)  # spread: the sampling shared out over ranks (generate)
     t1 = time.time()
     texts = [response_text(run, t) for t in tokens]
-    rewards = torch.tensor([run.env.verify(p, text) for p, text in zip(rows, texts)], dtype=torch.float32)
+    verified = torch.tensor([run.env.verify(p, text) for p, text in zip(rows, texts)], dtype=torch.float32)
     t2 = time.time()
     # (a rank can hold no problem: evaluation shards of fewer problems than ranks)
     N, T = len(prompts), max((len(p) + len(t) for p, t in zip(prompts, tokens)), default=2)
@@ -192,12 +193,30 @@ def rollouts(run, model, problems, samples_per_prompt, temperature=1.0, max_new_
     device = run.device
     mask = mask.to(device)
     return Rollout(ids=ids.to(device), mask=mask, forced=tool.to(device), old_logprobs=old.to(device),
-                   rewards=rewards.to(device), lengths=torch.tensor([len(t) for t in tokens], device=device),
+                   verified=verified.to(device), lengths=torch.tensor([len(t) for t in tokens], device=device),
                    truncated=torch.tensor([run.tok.eos not in t for t in tokens], device=device),
-                   group=torch.arange(len(problems), device=device).repeat_interleave(samples_per_prompt),
+                   group=torch.arange(len(problems), device=device).repeat_interleave(group_size),
                    prompt_lens=torch.tensor([len(p) for p in prompts], device=device),
                    seq_len=last_response_column(mask) + 2, problems=rows, texts=texts, responses=tokens,
                    decode_time=t1 - t0, verify_time=t2 - t1)
+
+
+@torch.no_grad()
+def score_tokens(run, model, ids, prompt_lens):
+    """Per-token log-probs of ids[:, 1:] at the sampling temperature (π_old, π_ref of a rollout), no
+    gradient, in chunks of batch_size rows; with share_prompt each distinct prompt of a chunk runs
+    once (sampler.SharedPrompts)."""
+    size, share = run.cfg["batch_size"], run.cfg["share_prompt"]
+    with run.autocast:
+        return torch.cat([sequence_logprobs(model, chunk, run.cfg["temperature"], lens if share else None).float()
+                          for chunk, lens in zip(chunks(ids, size), chunks(prompt_lens, size))])
+
+
+def old_logprobs_mode(run):
+    """Where RL's π_old comes from, old_logprobs with auto resolved: recompute (a training forward)
+    under autocast on a GPU, whose bf16 sampler rounds differently; else the sampler's own log-probs."""
+    mode = run.cfg["old_logprobs"]
+    return mode if mode != "auto" else ("recompute" if run.device.startswith("cuda") else "sampler")
 
 
 def last_response_column(mask):

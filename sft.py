@@ -12,13 +12,15 @@ pre-training) or --data=FILE (data.load_rows), rows as {"text"}, {"prompt", "com
 {"messages": [{"role", "content"}, ...]}.
 """
 
+from types import SimpleNamespace
+
 import torch
 
 from data import RowError, collate, encode_rows, load_rows, render_messages, require
 from distributed import all_reduce_sum, chunks, seeded_rng, shard
 from evaluation import evaluate_policy
 from model import sequence_logprobs
-from paperwork import write_passport
+from paperwork import sft_passport, write_passport
 
 defaults = dict(
     train_problems=20000,  # built-in SFT pool (solver demonstrations of train-split problems)
@@ -36,7 +38,7 @@ def masked_nll(model, ids, mask):
     return -(sequence_logprobs(model, ids) * m).sum(), m.sum()
 
 
-def loss(run, model, batch):
+def loss(run, state, model, batch):
     """masked_nll of a collated (ids, mask) micro-batch, and its trained tokens (rft.py trains with it too)."""
     loss_sum, count = masked_nll(model, *batch)
     return loss_sum, count, {"tokens": count}  # tensors: the loop reads them once per step
@@ -90,56 +92,29 @@ def builtin_examples(run, split, n):
     return out
 
 
-def setup(run):
-    cfg = run.cfg
+def setup(run, saved):
+    """The demonstrations: (ids, loss mask) examples for training and for the validation loss; for
+    pre-training, the training documents packed into one stream of tokens."""
+    cfg, state = run.cfg, SimpleNamespace(skipped_rows=0, stream=None)
     if cfg["data"]:
-        examples = encode_rows(run, cfg["data"], load_rows(cfg["data"]), lambda row: encode_row(run, row))
+        examples, state.skipped_rows = encode_rows(run, cfg["data"], load_rows(cfg["data"]),
+                                                   lambda row: encode_row(run, row))
         n_val = max(1, min(cfg["val_examples"], len(examples) // 20))
-        run.train_examples, run.val_examples = examples[:-n_val] or examples, examples[-n_val:]
+        state.train_examples, state.val_examples = examples[:-n_val] or examples, examples[-n_val:]
     elif cfg["algo"] == "pretrain":
         docs = lambda split, n: [(ids, [1] * len(ids)) for ids in
                                  ([run.tok.bos] + run.tok.encode(t) + [run.tok.eos]
                                   for t in run.env.corpus(n, seed=0 if split == "train" else 1))]
-        run.train_examples, run.val_examples = docs("train", cfg["corpus_docs"]), docs("val", cfg["val_examples"])
+        state.train_examples, state.val_examples = docs("train", cfg["corpus_docs"]), docs("val", cfg["val_examples"])
     else:
-        run.train_examples = builtin_examples(run, "train", cfg["train_problems"])
-        run.val_examples = builtin_examples(run, "heldout", cfg["val_examples"])
+        state.train_examples = builtin_examples(run, "train", cfg["train_problems"])
+        state.val_examples = builtin_examples(run, "heldout", cfg["val_examples"])
     if cfg["algo"] == "pretrain":  # pack documents into one stream of tokens
-        run.stream = torch.tensor([t for ids, _ in run.train_examples for t in ids])
-        if len(run.stream) <= cfg["block_size"] + 1:
-            raise ValueError(f"pre-training corpus has {len(run.stream)} tokens, fewer than block_size+1")
-    write_passport(run, passport(run))
-
-
-def passport(run):
-    """The run's post-training passport (SPEC §6) as markdown."""
-    c = run.cfg
-    if c["data"]:
-        data = f"`{c['data']}`: {len(run.train_examples)} training rows, the last {len(run.val_examples)} held out for the loss"
-    elif c["algo"] == "pretrain":
-        data = f"{c['corpus_docs']} documents of the `{c['env']}` environment's worked equations, packed into {c['block_size']}-token windows"
-    else:
-        data = (f"the `{c['env']}` solver's demonstrations of {c['train_problems']} *train* problems (a {c['env_direct_frac']} "
-                f"share give only the answer); validation on *heldout* problems, disjoint by equation")
-    mask = "every token" if c["algo"] == "pretrain" else "the assistant's tokens only (prompt, template, tool output, padding masked)"
-    return f"""# Post-training passport: {c['out_dir']}
-
-algorithm: `--algo {c['algo']}`, started from `{c['init_from']}`
-
-## Data and mode
-- offline demonstrations: {data}
-- answers written by the data (not by the policy); rows drawn again every epoch for {c['max_iters']} iterations
-
-## Reward and verification
-- none in training: the loss is the likelihood of the demonstrations; the verifier scores held-out answers at evaluation
-
-## Optimisation
-- offline next-token cross-entropy on {mask}, averaged over those tokens
-- no reference, old policy, critic or reward model; no KL term
-
-## Infrastructure
-- {run.device} × {run.world_size}; no generation in training (evaluation samples with the KV-cache sampler)
-"""
+        state.stream = torch.tensor([t for ids, _ in state.train_examples for t in ids])
+        if len(state.stream) <= cfg["block_size"] + 1:
+            raise ValueError(f"pre-training corpus has {len(state.stream)} tokens, fewer than block_size+1")
+    write_passport(run, sft_passport(run, len(state.train_examples), len(state.val_examples)))
+    return state
 
 
 def pool_batches(run, it, examples):
@@ -151,25 +126,25 @@ def pool_batches(run, it, examples):
     return [[collate(mb, run.tok.pad, run.device) for mb in shard(picks, run, accum, bs)]]
 
 
-def batches(run, it):
+def batches(run, state, it):
     """One optimizer step of gradient_accumulation_steps micro-batches, cut from a global batch that
-    depends only on (seed, it)."""
+    depends only on (seed, it); no figures of its own."""
     cfg = run.cfg
     if cfg["algo"] != "pretrain":
-        return pool_batches(run, it, run.train_examples)
+        return pool_batches(run, it, state.train_examples), {}
     accum, bs = cfg["gradient_accumulation_steps"], cfg["batch_size"]
     L = cfg["block_size"] + 1
-    starts = seeded_rng(run, it).integers(0, len(run.stream) - L, run.world_size * accum * bs)
-    windows = [(run.stream[s:s + L].tolist(), [1] * L) for s in starts]
-    return [[collate(mb, run.tok.pad, run.device) for mb in shard(windows, run, accum, bs)]]
+    starts = seeded_rng(run, it).integers(0, len(state.stream) - L, run.world_size * accum * bs)
+    windows = [(state.stream[s:s + L].tolist(), [1] * L) for s in starts]
+    return [[collate(mb, run.tok.pad, run.device) for mb in shard(windows, run, accum, bs)]], {}
 
 
 @torch.no_grad()
-def evaluate(run, it):
+def evaluate(run, state, it):
     """The validation loss; with the built-in task (SFT, not pre-training) the policy's figures."""
     model = run.raw_model
     L = run.cfg["block_size"] + 1
-    examples = [(ids[:L], m[:L]) for ids, m in run.val_examples[run.rank::run.world_size]]
+    examples = [(ids[:L], m[:L]) for ids, m in state.val_examples[run.rank::run.world_size]]
     total, count = 0.0, 0.0
     with run.autocast:
         for chunk in chunks(examples, run.cfg["eval_batch_size"]):

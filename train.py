@@ -6,55 +6,39 @@ The one entry point: the shared training loop.
     torchrun --standalone --nproc_per_node=8 train.py --algo grpo
 
 Configuration is plain Python values (options.py): options.DEFAULTS plus the chosen algorithm
-module's own `defaults`. `--key=value` overrides (parsed as a Python literal), a `config/x.py` file
-is executed and its top-level names become overrides. An unknown key or a value of the wrong type is
-an error; `--help` lists every option.
+module's own `defaults`, overridden by `--key=value` (a Python literal) and `config/x.py` files;
+`--help` lists every option. The helpers every script shares live in modules named for what they
+hold (distributed, data, checkpoints, rollouts, evaluation, paperwork, rewards), which never import
+this file or an algorithm.
 
-The helpers every script shares live in modules named for what they hold (distributed.py, data.py,
-checkpoints.py, rollouts.py, evaluation.py, paperwork.py, rewards.py), which never import this file
-or an algorithm.
+The contract: an algorithm module (options.ALGOS) supplies plain values and functions.
+    defaults                         its own config keys (it may change shared defaults, e.g. the lr)
+    starts_from                      optional {key: --algo}: the ladder stage a key defaults to, e.g.
+                                       {"init_from": "sft"}; init_from=scratch is then an error naming its maker
+    on_policy                        optional True: its loss scores the very function that sampled (dropout
+                                       stays off in the loss) and every rank makes the same sampler and scoring
+                                       calls (so --fsdp_rollouts=sharded can run it)
+    wrap_model(run, model)           optional: the model it trains, made from the loaded one (a scalar head)
+    setup(run, saved) -> state       its checks, data and frozen models; `saved` is what state_dict gave the
+                                       checkpoint a run resumes from, else None
+    batches(run, state, it)          -> (steps, figures): optimizer steps, each a list of micro-batches, and
+                                       the iteration's figures for the log (rewards, lengths, ...)
+    loss(run, state, model, batch)   -> (loss_sum, count, metrics): the loop divides the sum by the count
+                                       summed over micro-batches and ranks; `model` is the DDP-wrapped module,
+                                       called once per micro-batch; metrics["tokens"] is summed, not averaged
+    stop_early(run, state, step, figures)  optional, after each optimizer step with its figures (means over
+                                       micro-batches and ranks): True skips the iteration's other steps
+    evaluate(run, state, it)         -> held-out figures (every rank calls it, dropout off)
+    state_dict(run, state)           optional: what of `state` a checkpoint keeps (setup's `saved`)
 
-An algorithm module (ALGOS below) supplies only what is particular to it:
-    defaults                     dict of its own config keys (it may also change common defaults, e.g. the lr)
-    starts_from                  optional: the --algo whose checkpoint it must start from (e.g. "sft"),
-                                    so init_from=scratch or a DIR without ckpt.pt is an error naming
-                                    the command that makes it
-    teacher_from                 optional: the --algo whose ladder stage is the default --teacher on the
-                                    command line (train.after_the_ladder)
-    needs                        optional: the frozen models it reads, a tuple or a function of the config
-                                    giving one; the loop builds each once per run (checkpoints.py's loaders):
-                                    "reference" π_ref, the starting policy (run.ref_model, before setup),
-                                    "teacher" (run.teacher, before setup; --teacher=self is the trained
-                                    model itself), "reward_model" (run.reward_model, before wrap_model:
-                                    PPO's critic may start from it)
-    sharded_rollouts             optional: True when every rank makes the same number of sampler calls
-                                    and scoring forwards (equal shards), so --fsdp_rollouts=sharded can run it
-    loss_dropout                 optional: False when its loss must see the function that sampled
-                                    (on-policy RL): the loop then keeps dropout off in the loss too
-    setup(run)                   build data, ... (store on `run`)
-    wrap_model(run, model)       optional: turn the loaded model into what it trains (e.g. a scalar head)
-    batches(run, it)             -> optimizer steps, each a list of micro-batches: a list, or a
-                                    generator that decides lazily; a generator is sent, after each
-                                    step, that step's figures ({"loss", and every metric of `loss`},
-                                    means over its micro-batches on all ranks), e.g. PPO's early stop
-                                    on its KL. May put per-iteration figures (rewards, ...) into run.stats
-    loss(run, model, batch)      -> (loss_sum, count, metrics): the loop divides the sum by the count
-                                    summed over all micro-batches and ranks. Call `model` once per
-                                    micro-batch: it is the DDP-wrapped module. metrics["tokens"], the
-                                    micro-batch's target tokens that carry loss weight, is summed (not
-                                    averaged) and logged as the running total `train_tokens`.
-    evaluate(run, it)            -> dict of held-out figures at iteration `it` (all ranks call it, the
-                                    model in eval mode); a policy's are evaluation.evaluate_policy's
-    state_dict(run) / load_state_dict(run, state)   optional: extra state to checkpoint
-
-The loop owns devices, DDP, gradient accumulation, loss normalisation, AdamW with warmup + cosine,
-clipping, train/eval mode (set_dropout: rollouts, scoring and evaluation never run dropout),
-evaluation, metrics.jsonl, plots and atomic checkpoints that resume exactly. train() below is the
-loop; setup, resume and the optimizer step are the functions above it.
+`run` is what the loop made: run.cfg, run.tok, run.env, run.raw_model (the model) and run.model (what
+the loss calls: DDP, FSDP2 or compiled), run.algo, and the device and ranks (distributed.setup_device).
+The loop owns them, gradient accumulation, loss normalisation, AdamW with warmup + cosine, clipping,
+train/eval mode (set_dropout), evaluation, metrics.jsonl, plots and atomic checkpoints that resume
+exactly. train() at the bottom is the loop; setup, resume and the optimizer step are above it.
 """
 
 import contextlib
-import inspect
 import json
 import math
 import os
@@ -67,8 +51,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoints import (build_model, check_resumable, load_reference, load_reward_model, load_sharded, load_teacher,
-                         read_checkpoint, restore_rng, save_checkpoint)
+from checkpoints import build_model, check_resumable, load_sharded, read_checkpoint, restore_rng, save_checkpoint
 from data import config_env
 from distributed import (all_reduce_sum, gathered, keep_gathered_through_backward, rank0_first, set_gathered,
                          set_gradient_sync, setup_device, shard_model)
@@ -78,8 +61,6 @@ from options import (DEFAULTS, after_the_ladder, algo_module, check_start, help_
                      parse_args)
 from tokenizer import make_tokenizer
 
-# ----------------------------------------------------------------------------------------------
-# The loop
 
 def lr_at(cfg, it):
     """Linear warmup, then cosine decay to min_lr."""
@@ -114,11 +95,11 @@ def load_resume(overrides):
 
 
 def setup(overrides, ckpt, algo=None):
-    """The run (config, device, tokenizer, environment, models) and its optimizer, seeded; the
-    algorithm's setup done. The models an algorithm declares in `needs` are built here, once."""
+    """The run (config, device, tokenizer, environment, the model it trains), seeded; its optimizer;
+    and the algorithm's state (its setup, given the checkpoint's saved state when resuming)."""
     cfg = make_config(overrides)
     run = setup_device(cfg)
-    run.cfg, run.algo, run.stats, run.train_tokens = cfg, algo or algo_module(cfg["algo"]), {}, 0
+    run.cfg, run.algo = cfg, algo or algo_module(cfg["algo"])
     with rank0_first():  # a download (tokenizer, dataset) by rank 0 alone; the others read its cache
         run.tok = make_tokenizer(cfg["tokenizer"])
         run.env = config_env(cfg)
@@ -128,10 +109,8 @@ def setup(overrides, ckpt, algo=None):
     random.seed(cfg["seed"])
     np.random.seed(cfg["seed"])
 
-    needs = run.algo.needs(cfg) if callable(getattr(run.algo, "needs", None)) else getattr(run.algo, "needs", ())
     with rank0_first():  # on resume too: the same construction, then the saved weights
         model = build_model(cfg, run.tok)
-    run.reward_model = load_reward_model(run) if "reward_model" in needs else None  # frozen
     if hasattr(run.algo, "wrap_model"):
         model = run.algo.wrap_model(run, model)
     elif not isinstance(model, GPT):
@@ -145,7 +124,7 @@ def setup(overrides, ckpt, algo=None):
     if run.fsdp:  # one training call per micro-batch, sharded (distributed.shard_model); no DDP
         if cfg["compile"]:
             raise ValueError("--fsdp with --compile is not supported yet: choose one")
-        if run.lockstep and not getattr(run.algo, "sharded_rollouts", False):
+        if run.lockstep and not getattr(run.algo, "on_policy", False):
             raise ValueError(f"--fsdp_rollouts=sharded is not supported for --algo {cfg['algo']} yet (its setup or "
                              f"scoring forwards differ in number between ranks): use gathered")
         run.model = shard_model(run, model)
@@ -156,21 +135,20 @@ def setup(overrides, ckpt, algo=None):
         run.model = DDP(trained, device_ids=[run.device] if run.device.startswith("cuda") else None) if run.ddp else trained
     torch.manual_seed(cfg["seed"] + run.rank)  # same init on every rank (above), own dropout masks (below)
     with gathered(run):  # --fsdp: setup's sampling and scoring on full weights (distributed.gathered)
-        run.ref_model = load_reference(run) if "reference" in needs else None  # π_ref: init_from, frozen
-        run.teacher = load_teacher(run) if "teacher" in needs else None
-        run.algo.setup(run)
+        state = run.algo.setup(run, ckpt["algo_state"] if ckpt is not None else None)
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg["weight_decay"]},
                                    {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                                   lr=cfg["learning_rate"], betas=(cfg["beta1"], cfg["beta2"]),
                                   fused=True)  # one kernel for all tensors (CUDA, and CPU: 3× faster there)
-    return run, optimizer
+    return run, optimizer, state
 
 
 def resume(run, optimizer, ckpt, metrics_path):
-    """The iteration to start from: the checkpoint's, with the optimizer, RNG and algorithm state
-    restored and metrics.jsonl cut back to it; or 0, with a fresh metrics.jsonl and config.json."""
+    """(the iteration to start from, the tokens trained so far): the checkpoint's, with the optimizer
+    and RNG restored and metrics.jsonl cut back to it; or (0, 0), with a fresh metrics.jsonl and
+    config.json."""
     cfg = run.cfg
     if ckpt is None:
         if run.master:
@@ -180,40 +158,27 @@ def resume(run, optimizer, ckpt, metrics_path):
             n_train, n_total = count_parameters(run.raw_model)
             print(f"{cfg['algo']}: {n_train:,} trainable of {n_total:,} parameters on {run.device}"
                   f" x{run.world_size}, out_dir={cfg['out_dir']}")
-        return 0
+        return 0, 0
     if ckpt.get("sharded"):  # --fsdp: the weights and AdamW state of every rank (checkpoints.save_sharded)
         load_sharded(run, optimizer, os.path.join(cfg["out_dir"], ckpt["sharded"]))
     else:
         optimizer.load_state_dict(ckpt["optimizer"])
-    run.train_tokens = ckpt.get("train_tokens", 0)  # older checkpoints: uncounted
     restore_rng(run, ckpt["rng"], ckpt["iter"])
-    if ckpt["algo_state"] is not None:
-        run.algo.load_state_dict(run, ckpt["algo_state"])
     if run.master and os.path.exists(metrics_path):  # drop lines logged after the checkpoint
         rows = [line for line in open(metrics_path) if json.loads(line)["iter"] <= ckpt["iter"]]
         open(metrics_path, "w").writelines(rows)
-    return ckpt["iter"]
+    return ckpt["iter"], ckpt.get("train_tokens", 0)  # (older checkpoints: uncounted)
 
 
 def set_dropout(run, in_loss):
     """The one place that sets train/eval mode. Dropout is on only inside the loss, and there only
-    for an algorithm that does not declare `loss_dropout = False` (on-policy RL: its loss must score
-    the very function that sampled, or the ratio π_θ/π_old is off from the first step). Rollouts,
-    scoring and evaluation always run with dropout off."""
-    run.raw_model.train(in_loss and getattr(run.algo, "loss_dropout", True))
+    for an algorithm that is not `on_policy` (on-policy RL: its loss must score the very function
+    that sampled, or the ratio π_θ/π_old is off from the first step). Rollouts, scoring and
+    evaluation always run with dropout off."""
+    run.raw_model.train(in_loss and not getattr(run.algo, "on_policy", False))
 
 
-def next_step(run, steps, figures):
-    """The next optimizer step's micro-batches from the algorithm's `batches`, or None when done. A
-    generator is sent the previous step's figures (PPO's early stop on its KL)."""
-    set_dropout(run, False)
-    try:
-        return steps.send(figures) if inspect.isgenerator(steps) else next(steps)
-    except StopIteration:
-        return None
-
-
-def optimizer_step(run, optimizer, micro_batches):
+def optimizer_step(run, state, optimizer, micro_batches):
     """Backward through every micro-batch (DDP syncs on the last), then the gradient rescaled to the
     loss summed over the global count, clipped, and applied. Returns (the step's figures summed over
     micro-batches and ranks, the gradient norm before clipping or None)."""
@@ -227,7 +192,7 @@ def optimizer_step(run, optimizer, micro_batches):
             set_gradient_sync(run.model, last)
         with run.model.no_sync() if isinstance(run.model, DDP) and not last else contextlib.nullcontext():
             with run.autocast:
-                loss_sum, n, extra = run.algo.loss(run, run.model, batch)
+                loss_sum, n, extra = run.algo.loss(run, state, run.model, batch)
             loss_sum.backward()
         if run.fsdp:  # (shared prompts keep the weights gathered through the backward: free them)
             set_gathered(run.model, False)
@@ -256,19 +221,21 @@ def optimizer_step(run, optimizer, micro_batches):
     return step, grad_norm
 
 
-def evaluate(run, it, metrics_path):
-    """The algorithm's held-out figures at iteration `it` (dropout off), logged and plotted."""
+def evaluate(run, state, it, metrics_path, drawn_at):
+    """The algorithm's held-out figures at iteration `it` (dropout off), logged; metrics.png redrawn
+    at the last evaluation, and at others a minute or more after the last drawing (drawn_at: when).
+    Returns (the figures, when metrics.png was last drawn)."""
     set_dropout(run, False)
     t0 = time.time()
     with gathered(run):  # --fsdp: ranks may hold different numbers of problems
-        metrics = run.algo.evaluate(run, it)
+        metrics = run.algo.evaluate(run, state, it)
     metrics["eval_time"] = time.time() - t0
     log(run, metrics_path, {"iter": it, **metrics})
     # a drawing costs about a second: a short run (a ladder stage) draws once, a long one every minute or so
-    if run.master and run.cfg["plot"] and (it == run.cfg["max_iters"] or time.time() - run.plotted_at >= 60):
+    if run.master and run.cfg["plot"] and (it == run.cfg["max_iters"] or time.time() - drawn_at >= 60):
         plot_metrics(run.cfg["out_dir"])
-        run.plotted_at = time.time()
-    return metrics
+        drawn_at = time.time()
+    return metrics, drawn_at
 
 
 def log(run, metrics_path, row):
@@ -277,59 +244,62 @@ def log(run, metrics_path, row):
             f.write(json.dumps(row) + "\n")
 
 
-def train(overrides, algo=None):
-    """Run one training job; returns the run (run.raw_model, run.metrics: the last evaluation).
-    algo: an object with the algorithm interface to run in place of the --algo module (experiments/bench.py
-    times the loop around sft's batches wrapped in its own)."""
-    ckpt, overrides = load_resume(dict(overrides))
-    run, optimizer = setup(overrides, ckpt, algo)
-    cfg, metrics_path = run.cfg, os.path.join(run.cfg["out_dir"], "metrics.jsonl")
-    start_iter = resume(run, optimizer, ckpt, metrics_path)
-    run.plotted_at = time.time()  # (evaluate draws metrics.png a minute after this, and at the end)
+def progress_bar(run, start_iter):
+    """In a terminal the bar redraws 10 times a second; into a file or a pipe (a log, the ladder) every
+    30 s, so that a log holds a few lines per run rather than thousands of carriage returns."""
     from tqdm import tqdm
-    # in a terminal the bar redraws 10 times a second; into a file or a pipe (a log, the ladder) every
-    # 30 s, so that a log holds a few lines per run rather than thousands of carriage returns
-    bar = tqdm(range(start_iter, cfg["max_iters"]), initial=start_iter, total=cfg["max_iters"],
-               disable=not run.master, dynamic_ncols=True, desc=cfg["algo"],
-               mininterval=0.1 if sys.stderr.isatty() else 30)
-    metrics = evaluate(run, 0, metrics_path) if start_iter == 0 and cfg["eval_interval"] > 0 and cfg["eval_at_start"] else {}
+    return tqdm(range(start_iter, run.cfg["max_iters"]), initial=start_iter, total=run.cfg["max_iters"],
+                disable=not run.master, dynamic_ncols=True, desc=run.cfg["algo"],
+                mininterval=0.1 if sys.stderr.isatty() else 30)
+
+
+def train(overrides, algo=None):
+    """Run one training job. Returns the run, with run.state (what the algorithm's setup made) and
+    run.metrics (the last evaluation). algo: an object with the algorithm interface to run in place
+    of the --algo module (experiments/bench.py times the loop around sft's batches wrapped in its own)."""
+    ckpt, overrides = load_resume(dict(overrides))
+    run, optimizer, state = setup(overrides, ckpt, algo)
+    cfg, metrics_path = run.cfg, os.path.join(run.cfg["out_dir"], "metrics.jsonl")
+    start_iter, train_tokens = resume(run, optimizer, ckpt, metrics_path)
+    stop_early, state_dict = getattr(run.algo, "stop_early", None), getattr(run.algo, "state_dict", None)
+    evaluating, bar, metrics, drawn_at = cfg["eval_interval"] > 0, progress_bar(run, start_iter), {}, time.time()
+    if start_iter == 0 and evaluating and cfg["eval_at_start"]:
+        metrics, drawn_at = evaluate(run, state, 0, metrics_path, drawn_at)
     for it in bar:
-        t0 = time.time()
-        lr = lr_at(cfg, it)
+        t0, lr = time.time(), lr_at(cfg, it)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        run.stats, sums, grad_norm = {}, {}, None  # sums: over steps, micro-batches, ranks
         set_dropout(run, False)
         with gathered(run):  # --fsdp: rollouts and scoring on full weights (distributed.gathered)
-            steps = iter(run.algo.batches(run, it))  # RL: the rollouts happen here
-            micro_batches = next_step(run, steps, None)  # (a generator's: at its first step)
-        t_update = time.time()
-        while micro_batches is not None:
-            step, grad_norm = optimizer_step(run, optimizer, micro_batches)
+            steps, figures = run.algo.batches(run, state, it)  # RL: the rollouts happen here
+        t_update, sums, grad_norm = time.time(), {}, None  # sums: over steps, micro-batches and ranks
+        for micro_batches in steps:
+            step, grad_norm = optimizer_step(run, state, optimizer, micro_batches)
             for k, v in step.items():
                 sums[k] = sums.get(k, 0.0) + v
-            run.train_tokens += step.get("tokens", 0.0)
-            micro_batches = next_step(run, steps, as_means(step))
-        run.stats["time_update"] = time.time() - t_update  # forward, backward and optimizer of the iteration
+            train_tokens += step.get("tokens", 0.0)
+            if stop_early and stop_early(run, state, as_means(step), figures):  # (PPO's early stop on its KL)
+                break
+        figures["time_update"] = time.time() - t_update  # forward, backward and optimizer of the iteration
         if (it + 1) % cfg["log_interval"] == 0 or it + 1 == cfg["max_iters"]:
             row = {**as_means(sums), "iter": it + 1, "lr": lr, "iter_time": time.time() - t0,
-                   "train_tokens": run.train_tokens, **run.stats}
+                   "train_tokens": train_tokens, **figures}
             if grad_norm is not None:
                 row["grad_norm"] = float(grad_norm)
             log(run, metrics_path, row)
             bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)  # shown at the next redraw
-        at_eval = cfg["eval_interval"] > 0 and (it + 1) % cfg["eval_interval"] == 0
-        if at_eval or (cfg["eval_interval"] > 0 and it + 1 == cfg["max_iters"]):
-            metrics = evaluate(run, it + 1, metrics_path)
+        at_eval = evaluating and ((it + 1) % cfg["eval_interval"] == 0 or it + 1 == cfg["max_iters"])
+        if at_eval:
+            metrics, drawn_at = evaluate(run, state, it + 1, metrics_path, drawn_at)
             if run.master:
                 bar.write(f"iter {it + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
         if cfg["checkpoint"] and (at_eval or it + 1 == cfg["max_iters"]):  # (every rank: its RNG streams)
-            save_checkpoint(run, optimizer, it + 1)
+            save_checkpoint(run, optimizer, it + 1, train_tokens, state_dict(run, state) if state_dict else None)
     bar.close()
     if run.ddp:
         dist.barrier()
         dist.destroy_process_group()
-    run.metrics = metrics
+    run.state, run.metrics = state, metrics  # for the caller (tests, experiments); the loop is done with them
     return run
 
 

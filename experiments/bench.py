@@ -39,7 +39,7 @@ import sft  # noqa: E402
 import train as T  # noqa: E402
 from checkpoints import build_model  # noqa: E402
 from hf import to_transformers  # noqa: E402
-from rollouts import Rollout, shard_problems  # noqa: E402
+from rollouts import Rollout, score_tokens, shard_problems  # noqa: E402
 from sampler import draw, sample  # noqa: E402
 from sft import masked_nll  # noqa: E402
 from tokenizer import Tokenizer  # noqa: E402
@@ -268,7 +268,7 @@ def interleaved_loop_times(overrides):
     progress bar) is inside. Also returns the mean model input tokens of an iteration, and the run."""
     marks, bare_times, tokens, bare = [], [], [], {}
 
-    def interleaved_batches(run, it):
+    def interleaved_batches(run, state, it):
         sync(run.device)
         start = clocks()
         if not bare:  # (torch's RNG forked: building it leaves the shared run's randomness alone)
@@ -277,7 +277,7 @@ def interleaved_loop_times(overrides):
             bare["optimizer"] = torch.optim.AdamW(bare["model"].parameters(), lr=run.cfg["learning_rate"],
                                                   betas=(run.cfg["beta1"], run.cfg["beta2"]),
                                                   weight_decay=run.cfg["weight_decay"])
-        micro_batches = sft.batches(run, it)[0]  # this iteration's batches (they depend only on seed and it)
+        micro_batches = sft.batches(run, state, it)[0][0]  # this iteration's batches (they depend only on seed and it)
         tokens.append(sum(ids[:, :-1].numel() for ids, _ in micro_batches))  # model input tokens
         sync(run.device)
         bare_start = clocks()
@@ -286,7 +286,7 @@ def interleaved_loop_times(overrides):
         end = clocks()
         bare_times.append((end[0] - bare_start[0], end[1] - bare_start[1]))
         marks.append((start, end))
-        return sft.batches(run, it)
+        return sft.batches(run, state, it)
 
     # sft as the loop sees it, its batches wrapped: passed to train, nothing patched
     run = T.train(overrides, algo=types.SimpleNamespace(**{**vars(sft), "batches": interleaved_batches}))
@@ -330,7 +330,7 @@ def dpo_step(args):
     # style pairs need no sampling: setup is just the pairs and their cached reference log-probs
     run = T.train(dict(algo="dpo", loss="dpo", pairs="style", train_prompts=DPO_PAIRS, heldout_prompts=2,
                        max_iters=0, eval_interval=0, checkpoint=False, device=args["device"], out_dir=out_dir))
-    batch = pairs.collate(run, run.train_examples[:DPO_PAIRS])
+    batch = pairs.collate(run, run.state.train_examples[:DPO_PAIRS])
     sft_mask = F.pad(batch["mask"], (1, 0))  # masked_nll wants the mask aligned with ids, not ids[:, 1:]
     model = build_model(run.cfg, run.tok).to(run.device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=run.device.startswith("cuda"))
@@ -345,7 +345,7 @@ def dpo_step(args):
     def dpo_fn(share):
         def fn():
             run.cfg["share_prompt"] = share
-            step(lambda: dpo.loss(run, model, batch)[:2])
+            step(lambda: dpo.loss(run, run.state, model, batch)[:2])
         return fn
 
     sft_fn = lambda: step(lambda: masked_nll(model, batch["ids"], sft_mask))
@@ -383,7 +383,7 @@ def rl_update(run, optimizer, steps):
     for micro_batches in steps:
         optimizer.zero_grad(set_to_none=True)
         with run.autocast:  # bf16 on CUDA, as in train.train
-            losses = [grpo.loss(run, run.model, mb)[:2] for mb in micro_batches]
+            losses = [grpo.loss(run, run.state, run.model, mb)[:2] for mb in micro_batches]
         (sum(s for s, _ in losses) / max(sum(float(n) for _, n in losses), 1e-8)).backward()
         torch.nn.utils.clip_grad_norm_(params, run.cfg["grad_clip"])
         optimizer.step()
@@ -408,7 +408,7 @@ def rl_rollout(args):
     for it in range(RL_ITERS):  # one shard, one round: the problems and seed are grpo.sample_round's
         sync(run.device)
         t0 = time.perf_counter()
-        steps = grpo.batches(run, it)  # returns before the update: the rollout phase only
+        steps, figures = grpo.batches(run, run.state, it)  # returns before the update: the rollout phase only
         sync(run.device)
         t_rollout = time.perf_counter() - t0
         problems, seed = shard_problems(run, it, 0, 0)
@@ -419,16 +419,16 @@ def rl_rollout(args):
         sync(run.device)
         t_bare = time.perf_counter() - t0
         n = sum(len(t) for t in out)
-        if n != run.stats["len_mean"] * len(prompts):
+        if n != figures["len_mean"] * len(prompts):
             raise RuntimeError("the bare sampler did not reproduce the step's tokens: not the same work")
         t0 = time.perf_counter()
         rl_update(run, optimizer, steps)
         sync(run.device)
         t_update = time.perf_counter() - t0
         if it >= RL_WARMUP:
-            in_step.append(n / run.stats["time_decode"]), phase.append(n / t_rollout), bare.append(n / t_bare)
+            in_step.append(n / figures["time_decode"]), phase.append(n / t_rollout), bare.append(n / t_bare)
             tokens.append(n)
-            seconds = dict(update=t_update, **{k: run.stats[f"time_{k}"] for k in RL_PHASES[:3]})
+            seconds = dict(update=t_update, **{k: figures[f"time_{k}"] for k in RL_PHASES[:3]})
             split.append({k: v / (t_rollout + t_update) for k, v in seconds.items()})
     step_tok_s, phase_tok_s, bare_tok_s = (statistics.median(x) for x in (in_step, phase, bare))
     split_pct = {k: 100 * statistics.mean(s[k] for s in split) for k in RL_PHASES}
@@ -455,16 +455,17 @@ def rl_shared_prompt(args):
     import grpo
     run = T.train(dict(algo="grpo", max_iters=0, eval_interval=0, checkpoint=False, device=args["device"],
                        out_dir=tempfile.mkdtemp(prefix="bench_shared_"), init_from=args["init_from"], **GRPO_SIZES))
-    steps = grpo.batches(run, 0)
+    steps, _ = grpo.batches(run, run.state, 0)
     rows = Rollout.cat([mb for step in steps for mb in step], run.tok.pad)
     start = {k: v.clone() for k, v in run.raw_model.state_dict().items()}
     optimizer = torch.optim.AdamW(run.raw_model.parameters(), lr=run.cfg["learning_rate"])
 
     def iteration(share):
         def fn():
-            run.cfg["share_prompt"] = share
+            run.cfg["share_prompt"] = share  # (π_ref's scoring reads it; the loss, the function setup chose for it)
+            run.state.logprobs = grpo.shared_prompt_logprobs if share else grpo.policy_logprobs
             run.raw_model.load_state_dict(start)
-            grpo.score(run, run.ref_model, rows.ids, rows.prompt_lens)
+            score_tokens(run, run.state.reference, rows.ids, rows.prompt_lens)
             rl_update(run, optimizer, steps)
         return fn
 

@@ -366,9 +366,9 @@ def main(argv=None):
     base = T.train(dict(common, algo="opd", init_from=args.student, teacher=args.teacher, max_iters=0, eval_interval=0,
                         checkpoint=False, plot=False, out_dir=os.path.join(args.out, "start")))
     start = evaluate(base, base.raw_model, args.eval_problems)
-    teacher_eval = evaluate(base, base.teacher, args.eval_problems)
+    teacher_eval = evaluate(base, base.state.teacher, args.eval_problems)
     print(f"student {start['acc']:.3f} (work {start['work']:.2f}), teacher {teacher_eval['acc']:.3f}", flush=True)
-    profiles = {"student": kl_profile(base, base.raw_model, base.teacher, args.kl_problems)}
+    profiles = {"student": kl_profile(base, base.raw_model, base.state.teacher, args.kl_problems)}
     results = {name: [] for name in args.arms.split(",")}
     for k, seed in enumerate(int(s) for s in args.seeds.split(",")):  # every arm of a seed, then the next seed
         for name in results:
@@ -380,7 +380,7 @@ def main(argv=None):
             results[name].append(dict(seed=seed, points=points, summary=summarise(
                 points, start["acc"], teacher_eval["acc"], args.eval_problems)))
             if k == 0:
-                profiles[name] = kl_profile(base, run.raw_model.eval(), base.teacher, args.kl_problems)
+                profiles[name] = kl_profile(base, run.raw_model.eval(), base.state.teacher, args.kl_problems)
             # written after every run: a study stopped early keeps what finished
             goals = goal({n: r for n, r in results.items() if r}, args.eval_problems)
             with open(os.path.join(args.out, "results.json"), "w") as f:

@@ -55,13 +55,13 @@ ALGOS = ("sft", "rm", "dpo", "grpo", "ppo", "opd", "rft")
 # each algorithm small at setup (pools, pair sets), its step at its own default size; rm and dpo
 # use style pairs (no sampling at setup), opd the policy itself as teacher (OPSD)
 ALGO_KEYS = dict(sft=dict(train_problems=4000, val_examples=16), rm=dict(pairs="style", train_prompts=512),
-                 dpo=dict(pairs="style", train_prompts=512), grpo=dict(), ppo=dict(prompts_pool=2000),
+                 dpo=dict(pairs="style", train_prompts=512), grpo=dict(), ppo=dict(prompt_pool=2000),
                  opd=dict(teacher="self"), rft=dict(round_prompts=64))
 QUICK_KEYS = dict(batch_size=4, prompts_per_iter=2, group_size=2, max_new_tokens=8, train_problems=64,
-                  train_prompts=8, heldout_prompts=4, prompts_pool=64, eval_batch_size=8, round_prompts=4,
-                  candidates=2, samples_per_prompt=2, eval_problems=2, eval_best_of_n=2)
+                  train_prompts=8, heldout_prompts=4, prompt_pool=64, eval_batch_size=8, round_prompts=4,
+                  eval_problems=2)
 # RFT keeps only answers that end (a random model rarely writes the end token): room for one
-QUICK_ALGO_KEYS = dict(rft=dict(round_prompts=8, candidates=8, max_new_tokens=64))
+QUICK_ALGO_KEYS = dict(rft=dict(round_prompts=8, group_size=8, max_new_tokens=64))
 BOUNDS = dict(ratio_dev=1e-6, sampler_gap=0.02, greedy_agreement=0.99, decode_gap=0.1)
 
 

@@ -42,7 +42,7 @@ from experiments.generalpoints import run, save_study  # noqa: E402  (train.trai
 
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, eval_batch_size=8, max_new_tokens=16, train_problems=64,
-             val_examples=8, prompts_pool=64, heldout_prompts=8, device="cpu", plot=False)
+             val_examples=8, prompt_pool=64, heldout_prompts=8, device="cpu", plot=False)
 
 
 def last_eval(out_dir, key):
@@ -71,9 +71,9 @@ def best_of_n(args, common, reward_model):
     for k, chunk in enumerate(chunks(problems, max(1, size // args.bon_max))):
         roll = rollouts(r, policy, chunk, args.bon_max, temperature=1.0, seed=k, batch_size=size)
         with r.autocast:
-            proxy.append(torch.cat([score_responses(r.reward_model, ids, mask) for ids, mask in
+            proxy.append(torch.cat([score_responses(r.state.reward_model, ids, mask) for ids, mask in
                                     zip(chunks(roll.ids, size), chunks(roll.mask, size))]).view(len(chunk), -1))
-        gold.append(roll.rewards.view(len(chunk), -1).cpu())
+        gold.append(roll.verified.view(len(chunk), -1).cpu())
     proxy, gold = torch.cat(proxy).cpu(), torch.cat(gold)
     base = float(proxy.mean())
     points, N = [], 1

@@ -125,9 +125,9 @@ def worker(args):
     algo = options.algo_module(cfg["algo"])
     stamps, batches = [], algo.batches
 
-    def stamped(run, it):  # an iteration's period: from one batches() call to the next, as TRL's step period
+    def stamped(run, state, it):  # an iteration's period: from one batches() call to the next, as TRL's step period
         stamps.append(time.perf_counter())
-        return batches(run, it)
+        return batches(run, state, it)
     algo.batches = stamped
     run = T.train(cfg)
     periods = [b - a for a, b in zip(stamps, stamps[1:])][skip:]
@@ -137,7 +137,7 @@ def worker(args):
     if name == "dpo":
         result["pairs_per_s"] = 16 / seconds
     elif name == "sft":
-        ids = batches(run, 0)[0][0][0]
+        ids = batches(run, run.state, 0)[0][0][0][0]
         result["tokens_per_s"] = ids[:, :-1].numel() / seconds
     else:
         rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]

@@ -81,7 +81,7 @@ def test_sft_on_calculator_masks_results_and_evaluates_with_the_tool(tmp_path):
     run = T.train(dict(TINY, **SFT_DATA, env="calculator", env_direct_frac=0.0, max_iters=2, eval_interval=2,
                        out_dir=str(tmp_path / "sft")))
     special = run.tok.special
-    for ids, mask in run.train_examples[:20]:
+    for ids, mask in run.state.train_examples[:20]:
         inside = False
         for i, m in zip(ids, mask):
             inside = inside or i == special["tool_result"]

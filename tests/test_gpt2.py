@@ -103,7 +103,7 @@ def test_train_starts_from_hf_directory(hf_dir, tmp_path):
     rows = [json.loads(line) for line in open(os.path.join(cfg["out_dir"], "metrics.jsonl"))]
     assert [r["iter"] for r in rows if "loss" in r] == [1, 2]
     # the first logged loss is the masked NLL of the GPT-2 weights on iteration 0's batch
-    (ids0, mask0), = run.algo.batches(run, 0)[0]
+    (ids0, mask0), = run.algo.batches(run, run.state, 0)[0][0]
     with torch.no_grad():
         loss_sum, count = masked_nll(start, ids0, mask0)
     assert rows[0]["loss"] == pytest.approx((loss_sum / count).item(), rel=1e-4)
@@ -194,7 +194,7 @@ def test_gpt2_config_trains_offline_on_a_local_copy_of_its_dataset(hf_dir, tmp_p
                batch_size=2, gradient_accumulation_steps=2, max_iters=2, eval_interval=2, eval_batch_size=4,
                val_examples=4, compile=False, device="cpu", plot=False, out_dir=str(tmp_path / "run"))
     run = T.train(cfg)
-    assert run.skipped_rows == 1 and run.raw_model.config.vocab_size == run.tok.n_vocab
+    assert run.state.skipped_rows == 1 and run.raw_model.config.vocab_size == run.tok.n_vocab
     assert 0 < run.metrics["val_loss"] < 20
 
 

@@ -347,7 +347,7 @@ def test_gsm8k_recipes_sft_then_grpo(chat_model_dir, tmp_path):
     data = write_jsonl(tmp_path / "gsm8k.jsonl", gsm8k_rows(12))
     run = T.train(recipe("gsm8k_sft", chat_model_dir, chat_model_dir, tmp_path / "sft", env_data=data, train_problems=8, val_examples=2))
     tok = run.tok
-    ids, mask = run.train_examples[0]
+    ids, mask = run.state.train_examples[0]
     problem = run.env.problems("train", 8, seed=0)[0]
     prompt = tok.prompt_ids(problem["prompt"])
     assert ids[:len(prompt)] == prompt and not any(mask[:len(prompt)])
@@ -373,7 +373,7 @@ def test_gsm8k_recipes_sft_then_grpo(chat_model_dir, tmp_path):
                                                          add_generation_prompt=True, tokenize=True, return_dict=False)
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, merged(ids), atol=1e-4, rtol=0)
-    ppo = T.train(recipe("gsm8k_ppo", sft_dir, chat_model_dir, tmp_path / "ppo", env_data=data, prompts_pool=8,
+    ppo = T.train(recipe("gsm8k_ppo", sft_dir, chat_model_dir, tmp_path / "ppo", env_data=data, prompt_pool=8,
                          minibatches=1, ppo_epochs=1))
     assert "heldout_acc" in ppo.metrics
     # OPD (the SFT model as its teacher) takes the dataset's prompts through the same environment
@@ -407,7 +407,7 @@ def test_preference_recipes_rm_then_dpo_on_implicit_prompts(chat_model_dir, tmp_
     messages = write_jsonl(tmp_path / "messages.jsonl", [{"messages": row["chosen"]} for row in rows])
     sft = T.train(recipe("gsm8k_sft", chat_model_dir, chat_model_dir, tmp_path / "sft", env="arithmetic", data=messages,
                          eval_interval=0))
-    assert sorted(sft.train_examples + sft.val_examples) == sorted(
+    assert sorted(sft.state.train_examples + sft.state.val_examples) == sorted(
         tuple(sft.tok.render_chat(row["chosen"])) for row in rows)
     dpo = T.train(recipe("pref_dpo", chat_model_dir, chat_model_dir, tmp_path / "dpo", data=data, heldout_prompts=2))
     assert dpo.raw_model.config.qkv_bias and dpo.metrics

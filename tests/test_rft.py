@@ -28,8 +28,8 @@ def test_tiny_rft_run_completes(tiny, tmp_path, monkeypatch):
     # the tiny model solves nothing: let every finished answer pass, so the pool is not empty
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(lambda problem, response: 1.0))
     run = T.train(dict(tiny, algo="rft", init_from=sft["out_dir"], max_iters=4, rounds=2, round_prompts=4,
-                       candidates=4, per_prompt_cap=2, eval_interval=4, eval_samples=2, max_new_tokens=32))
-    assert 0 < len(run.pool) <= 4 * 2
+                       group_size=4, per_prompt_cap=2, eval_interval=4, eval_samples=2, max_new_tokens=32))
+    assert 0 < len(run.state.pool) <= 4 * 2
     assert set(run.metrics) >= {"heldout_acc", "ood_acc", "heldout_pass@2"}
     assert run.metrics["heldout_pass@2"] == 1.0
 

@@ -71,15 +71,15 @@ def test_score_of_rollouts_is_the_scalar_at_the_end_token(tiny):
 def test_builtin_pairs_verifier_style_both(tiny):
     for kind in ("verifier", "style", "both"):
         run = T.train(rm_config(tiny, max_iters=0, pairs=kind, train_prompts=12, heldout_prompts=6,
-                                samples_per_prompt=3, out_dir=tiny["out_dir"] + kind))
+                                group_size=3, out_dir=tiny["out_dir"] + kind))
         problems = {run.tok.decode(p["prompt"]): p for split in ("train", "heldout")
                     for p in [dict(q, prompt=run.tok.prompt_ids(q["prompt"])) for q in
                               run.env.problems(split, 12 if split == "train" else 6, seed=1)]}
-        train_prompts = {run.tok.decode(ex["prompt"]) for ex in run.train_pairs}
-        heldout_prompts = {run.tok.decode(ex["prompt"]) for ex in run.heldout_pairs}
+        train_prompts = {run.tok.decode(ex["prompt"]) for ex in run.state.train_pairs}
+        heldout_prompts = {run.tok.decode(ex["prompt"]) for ex in run.state.heldout_pairs}
         assert train_prompts and heldout_prompts and not train_prompts & heldout_prompts
         n_style = 0
-        for ex in run.train_pairs + run.heldout_pairs:
+        for ex in run.state.train_pairs + run.state.heldout_pairs:
             problem = problems[run.tok.decode(ex["prompt"])]
             chosen, rejected = (response_text(run, r) for r in ex["responses"])
             assert run.env.verify(problem, chosen) == 1.0  # chosen is always verified correct
@@ -88,7 +88,7 @@ def test_builtin_pairs_verifier_style_both(tiny):
                 assert parse_answer(rejected) == parse_answer(chosen) and len(rejected) > len(chosen) + 15
                 n_style += 1
             assert len(ex["prompt"]) + max(map(len, ex["responses"])) <= run.cfg["block_size"]
-        n = len(run.train_pairs) + len(run.heldout_pairs)
+        n = len(run.state.train_pairs) + len(run.state.heldout_pairs)
         assert n_style == {"verifier": 0, "style": n, "both": n_style}[kind]
         if kind == "both":  # one style pair per prompt, plus the verifier pairs
             assert n_style == 18 and n > n_style
@@ -112,7 +112,7 @@ def test_rm_learns_a_separable_preference(tiny, tmp_path):
     assert run.metrics["val_loss"] < 0.1 < math.log(2)  # log 2: the loss at margin 0
     # the checkpoint is a scalar model that T.load_model gives back with the same scores
     loaded = load_model(run.cfg["out_dir"])
-    batch = pairs.collate(run, run.heldout_pairs)
+    batch = pairs.collate(run, run.state.heldout_pairs)
     with torch.no_grad():
         assert torch.allclose(score_responses(loaded, batch["ids"], batch["mask"]),
                               score_responses(run.raw_model, batch["ids"], batch["mask"]), atol=1e-5)
@@ -129,7 +129,7 @@ def test_rm_with_lora(tiny, tmp_path):
     assert model.gpt.transformer.h[0].attn.c_attn.lora_B.abs().sum() > 0
     assert model.head.weight.requires_grad
     loaded = load_model(run.cfg["out_dir"])  # LoRA merged into W
-    batch = pairs.collate(run, run.heldout_pairs)
+    batch = pairs.collate(run, run.state.heldout_pairs)
     with torch.no_grad():
         assert torch.allclose(score_responses(loaded, batch["ids"], batch["mask"]),
                               score_responses(model, batch["ids"], batch["mask"]), atol=1e-5)
@@ -162,8 +162,8 @@ def test_skip_bad_rows_counts_them(tiny, tmp_path):
                     "chosen": [{"role": "assistant", "content": "Hello"}], "rejected": "Go"})  # messages: fine
     path = write_jsonl(tmp_path / "mixed.jsonl", rows)
     run = T.train(rm_config(tiny, data=path, max_iters=1, skip_bad_rows=True))
-    assert run.skipped_rows == len(MALFORMED)
-    assert len(run.train_pairs) + len(run.heldout_pairs) == 13
+    assert run.state.skipped_rows == len(MALFORMED)
+    assert len(run.state.train_pairs) + len(run.state.heldout_pairs) == 13
 
 
 def test_rm_refuses_single_examples(tiny, tmp_path):

@@ -141,7 +141,7 @@ def test_heads_are_fp32_under_bf16_autocast():
 
 def _eval_or_pairs(run):
     """GRPO's evaluation figures; DPO's setup products: sampled pairs and their reference log-probs."""
-    return {k: v for k, v in run.metrics.items() if k != "eval_time"} if run.cfg["algo"] == "grpo" else [(ex["responses"], ex["ref"]) for ex in run.train_examples]
+    return {k: v for k, v in run.metrics.items() if k != "eval_time"} if run.cfg["algo"] == "grpo" else [(ex["responses"], ex["ref"]) for ex in run.state.train_examples]
 
 
 @pytest.mark.slow  # (two processes, three runs: ~15 s of CPU)
@@ -152,7 +152,7 @@ def test_more_ranks_than_eval_problems_and_setup_work_shared_out(tmp_path):
     runs = [dict(TINY, algo="grpo", out_dir=str(tmp_path / "grpo"), max_iters=1, eval_interval=1, eval_problems=1,
                  prompts_per_iter=2, group_size=2, batch_size=2, max_new_tokens=8, eval_best_of_n=2, eval_pass_k=2),
             dict(TINY, algo="dpo", out_dir=str(tmp_path / "dpo"), max_iters=0, train_prompts=12, heldout_prompts=4,
-                 samples_per_prompt=2, eval_batch_size=4, max_new_tokens=8),
+                 group_size=2, eval_batch_size=4, max_new_tokens=8),
 ]
     one = _in_turn([dict(r, out_dir=r["out_dir"] + "1") for r in runs], _eval_or_pairs)
     ranks = run_ddp(_in_turn, runs, _eval_or_pairs)

@@ -198,10 +198,10 @@ def test_sft_from_files_in_every_layout(tmp_path, tiny):
     for name, layout in rows.items():
         data = _write_jsonl(tmp_path / f"{name}.jsonl", layout)
         run = T.train(dict(tiny, algo="sft", data=data, out_dir=str(tmp_path / name), max_iters=2))
-        assert run.skipped_rows == 0 and len(run.train_examples) == 38
+        assert run.state.skipped_rows == 0 and len(run.state.train_examples) == 38
     run = T.train(dict(tiny, algo="pretrain", data=str(tmp_path / "text.jsonl"), out_dir=str(tmp_path / "pt"),
                        max_iters=2))
-    assert len(run.stream) > 64
+    assert len(run.state.stream) > 64
 
 
 @pytest.mark.parametrize("bad,field,why", [
@@ -219,7 +219,7 @@ def test_malformed_rows_name_file_row_and_field(tmp_path, tiny, bad, field, why)
     with pytest.raises(ValueError, match=rf"d\.jsonl: row 3: field '{field}'.*{why}"):
         T.train(dict(tiny, algo="sft", data=data))
     run = T.train(dict(tiny, algo="sft", data=data, skip_bad_rows=True, max_iters=1))
-    assert run.skipped_rows == 1
+    assert run.state.skipped_rows == 1
 
 
 def test_missing_data_file_is_a_clear_error(tiny):

@@ -105,7 +105,7 @@ def test_sft_then_grpo_run_on_the_treasure_hunt(tmp_path):
     sft = T.train(dict(tiny, **SFT_DATA, env="treasure", max_iters=2, eval_interval=2, eval_problems=2,
                        max_new_tokens=48, out_dir=str(tmp_path / "sft")))
     assert sft.metrics["heldout_acc"] == 0.0 and "ood_acc" in sft.metrics
-    ids, mask = sft.train_examples[0]
+    ids, mask = sft.state.train_examples[0]
     assert sum(mask) < len(ids) - len(TOK.prompt_ids(ENV.problems("train", 1)[0]["prompt"]))  # results masked
     run = T.train(dict(tiny, algo="grpo", env="treasure", init_from=str(tmp_path / "sft"), prompts_per_iter=2,
                        group_size=2, max_iters=1, max_new_tokens=48, eval_samples=0, out_dir=str(tmp_path / "grpo")))
