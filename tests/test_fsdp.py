@@ -1,6 +1,6 @@
 """--fsdp (FSDP2) on two gloo processes: the same training as one process, and exact resume, for
 every algorithm (SFT and GRPO in the default suite, the rest marked slow); sharded (lockstep)
-rollouts against gathered ones (GRPO)."""
+rollouts against gathered ones (GRPO, PPO, OPD: the on_policy algorithms)."""
 
 import json
 import os
@@ -117,7 +117,7 @@ def test_fsdp_other_algorithms(tmp_path, monkeypatch, algo):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+@pytest.mark.parametrize("algo", ["grpo", "ppo", "opd"])
 def test_fsdp_sharded_rollouts_match_gathered(tmp_path, monkeypatch, algo):
     """--fsdp_rollouts=sharded (every sampling and scoring forward a collective, ranks in lockstep)
     samples the same tokens and trains the same as gathered weights: 2 iterations with evaluations
@@ -129,7 +129,8 @@ def test_fsdp_sharded_rollouts_match_gathered(tmp_path, monkeypatch, algo):
     in_turn([dict(base, out_dir=gathered), dict(base, out_dir=sharded, fsdp_rollouts="sharded")])
     assert open(os.path.join(sharded, "samples.txt")).read() == open(os.path.join(gathered, "samples.txt")).read()
     rows, expected = _rows(sharded), _rows(gathered)
-    assert [sorted(r) for r in rows] == [sorted(r) for r in expected] and "heldout_kl_ref" in rows[-1]
+    assert [sorted(r) for r in rows] == [sorted(r) for r in expected]
+    assert "heldout_kl_ref" in rows[-1] or algo == "opd"  # (OPD's evaluation has no reference to measure)
     for row, want in zip(rows, expected):
         assert row == pytest.approx(want, rel=1e-5, abs=1e-6)
     for k, v in _weights(gathered).items():

@@ -404,3 +404,25 @@ def test_progress_bar_does_not_flood_a_log(tiny, capsys):
     """Into a pipe or a file (pytest's capture) the bar redraws every 30 s, not 10 times a second."""
     T.train(dict(tiny, max_iters=40, log_interval=10))
     assert capsys.readouterr().err.count("\r") <= 3
+
+
+def test_old_key_names_work_for_one_release_and_say_the_new_one(tmp_path, tiny, capsys):
+    """One name per idea: responses per prompt is group_size (was samples_per_prompt, candidates), a
+    pool of train prompts is prompt_pool (was prompts_pool). The old names still work, each with a
+    one-line note: on the command line, in a ladder stage's keys and in a resumed run's saved config."""
+    cfg = options.make_config(dict(algo="ppo", prompts_pool=64, samples_per_prompt=2))
+    assert (cfg["prompt_pool"], cfg["group_size"]) == (64, 2) and "prompts_pool" not in cfg
+    assert options.make_config(dict(algo="rft", candidates=5))["group_size"] == 5
+    out = capsys.readouterr().out
+    assert "note: config key 'prompts_pool' is now 'prompt_pool'" in out and "'candidates' is now 'group_size'" in out
+    import ladder
+    _, wide, per_stage = ladder.parse_command_line(["--ppo.prompts_pool=64", "--samples_per_prompt=2"])
+    assert per_stage["ppo"] == dict(prompt_pool=64) and wide == dict(group_size=2)
+    # a checkpoint whose saved config has the old names resumes, under the new ones
+    T.train(dict(tiny, algo="ppo", prompt_pool=16, batch_size=4, minibatches=1, max_new_tokens=8, max_iters=1))
+    path = os.path.join(tiny["out_dir"], "ckpt.pt")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["config"]["prompts_pool"] = ckpt["config"].pop("prompt_pool")
+    torch.save(ckpt, path)
+    resumed = T.train(dict(algo="ppo", init_from="resume", out_dir=tiny["out_dir"], max_iters=2))
+    assert resumed.cfg["prompt_pool"] == 16 and "'prompts_pool' is now 'prompt_pool'" in capsys.readouterr().out
