@@ -8,8 +8,8 @@ The one entry point: the shared training loop.
 Configuration is plain Python values (options.py): options.DEFAULTS plus the chosen algorithm
 module's own `defaults`, overridden by `--key=value` (a Python literal) and `config/x.py` files;
 `--help` lists every option. The helpers every script shares live in modules named for what they
-hold (distributed, data, checkpoints, rollouts, evaluation, paperwork, rewards), which never import
-this file or an algorithm.
+hold (distributed, data, checkpoints, rollouts, evaluation, rewards, paperwork, monitors), which
+never import this file or an algorithm.
 
 The contract: an algorithm module (options.ALGOS) supplies plain values and functions.
     defaults                         its own config keys (it may change shared defaults, e.g. the lr)
@@ -27,7 +27,8 @@ The contract: an algorithm module (options.ALGOS) supplies plain values and func
                                        summed over micro-batches and ranks; `model` is the DDP-wrapped module,
                                        called once per micro-batch; metrics["tokens"] is summed, not averaged
     stop_early(run, state, step, figures)  optional, after each optimizer step with its figures (means over
-                                       micro-batches and ranks): True skips the iteration's other steps
+                                       micro-batches and ranks) and the iteration's (to add to): True skips
+                                       the iteration's other steps (PPO's stop on its KL)
     evaluate(run, state, it)         -> held-out figures (every rank calls it, dropout off)
     state_dict(run, state)           optional: what of `state` a checkpoint keeps (setup's `saved`)
 
