@@ -25,18 +25,23 @@ import hashlib
 import math
 import os
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
 
-import common as C
 import pairs
+from checkpoints import load_reference
+from distributed import all_reduce_sum, chunks, over_ranks
+from evaluation import evaluate_policy, write_samples
 from model import sequence_logprobs
+from paperwork import preference_passport, write_passport
 from sampler import SharedPrompts
 
 LOSSES = ("dpo", "ipo", "kto", "simpo", "orpo")
 USES_REFERENCE = ("dpo", "ipo", "kto")
 
-starts_from = "sft"  # its pairs are sampled from the starting policy: no random start (train.check_start)
+starts_from = {"init_from": "sft"}  # its pairs are sampled from the starting policy: no random start (options.check_start)
 defaults = dict(
     loss="dpo",                  # dpo | ipo | kto | simpo | orpo
     beta=0.1,                    # DPO / IPO / KTO: strength of the anchor to π_ref
@@ -142,13 +147,13 @@ def reference_logprobs(run, reference, examples):
         with run.autocast:
             (a, b), _ = sequence_sums(run, reference, pairs.collate(run, chunk))
         return torch.stack([a, b], 1).float().cpu()
-    return torch.cat(C.over_ranks(run, examples, run.cfg["eval_batch_size"], chunk_sums))
+    return torch.cat(over_ranks(run, examples, run.cfg["eval_batch_size"], chunk_sums))
 
 
-def attach_reference(run, example_sets):
+def attach_reference(run, reference, example_sets):
     """Put ex["ref"] = (log π_ref(resp 0), log π_ref(resp 1)) on every example, from the cache file
-    when its key matches, else computed once (each rank some chunks, gathered; rank 0 writes)."""
-    reference = run.ref_model
+    when its key matches, else computed once (each rank some chunks, gathered; rank 0 writes).
+    Returns the cache file's path."""
     key = cache_key(run, reference, example_sets)
     path = os.path.join(run.cfg["out_dir"], f"ref_logprobs_{key[:16]}.pt")
     cached = torch.load(path, weights_only=True) if os.path.isfile(path) else None
@@ -162,7 +167,7 @@ def attach_reference(run, example_sets):
     for examples, v in zip(example_sets, values):
         for ex, ref in zip(examples, v.tolist()):
             ex["ref"] = tuple(ref)
-    run.ref_cache_path = path
+    return path
 
 
 # ----------------------------------------------------------------------------------------------
@@ -230,34 +235,35 @@ def as_means(sums):
 # ----------------------------------------------------------------------------------------------
 # The algorithm
 
-needs = ("reference",)  # the loop builds π_ref once (run.ref_model): pairs, the reference log-probs, the KL
+def setup(run, saved):
+    """π_ref (the frozen starting policy), the pairs (KTO: single labelled examples) and, for the
+    losses that read π_ref, its log-probs of every response, once."""
+    cfg = run.cfg
+    if cfg["loss"] not in LOSSES:
+        raise ValueError(f"loss={cfg['loss']!r}: choose from {LOSSES}")
+    reference = load_reference(run)  # the pairs' sampler, the reference log-probs, the KL at evaluation
+    kto = cfg["loss"] == "kto"  # KTO learns from single labelled examples, the others from pairs
+    train_examples, heldout_examples, transcripts, skipped = pairs.load_preferences(run, reference, singles=kto)
+    uses_ref = cfg["loss"] in USES_REFERENCE
+    cache = attach_reference(run, reference, [train_examples, heldout_examples]) if uses_ref else None
+    write_samples(run, 0, transcripts)
+    write_passport(run, preference_passport(
+        run, f"the {cfg['loss']} loss (SPEC §3), β = {cfg['beta']}" + ("; the reference's log-probs computed once and "
+                                                                     "cached" if uses_ref else "; no reference model"),
+        references=f"π_ref = `{cfg['init_from']}` frozen" if uses_ref else "none"))
+    return SimpleNamespace(reference=reference, train_examples=train_examples, heldout_examples=heldout_examples,
+                           skipped_rows=skipped, ref_cache_path=cache)
 
 
-def setup(run):
-    if run.cfg["loss"] not in LOSSES:
-        raise ValueError(f"loss={run.cfg['loss']!r}: choose from {LOSSES}")
-    kto = run.cfg["loss"] == "kto"  # KTO learns from single labelled examples, the others from pairs
-    run.train_examples, run.heldout_examples, transcripts = pairs.load_preferences(run, singles=kto)
-    if run.cfg["loss"] in USES_REFERENCE:
-        attach_reference(run, [run.train_examples, run.heldout_examples])
-    C.write_samples(run, 0, transcripts)
-    c = run.cfg
-    uses_ref = c["loss"] in USES_REFERENCE
-    C.write_passport(run, pairs.passport(
-        run, f"the {c['loss']} loss (SPEC §3), β = {c['beta']}" + ("; the reference's log-probs computed once and cached"
-                                                                 if uses_ref else "; no reference model"),
-        references=f"π_ref = `{c['init_from']}` frozen" if uses_ref else "none"))
+def batches(run, state, it):
+    return pairs.step_batches(run, it, state.train_examples), {}
 
 
-def batches(run, it):
-    return pairs.step_batches(run, it, run.train_examples)
-
-
-def loss(run, model, batch):
+def loss(run, state, model, batch):
     sums, lengths = sequence_sums(run, model, batch)
     z_ref = None
     if run.cfg["loss"] == "kto":  # the KL estimate of the whole step batch, over all ranks
-        kl_sum, kl_count = C.all_reduce_sum(mismatched_kl(batch, sums), run)
+        kl_sum, kl_count = all_reduce_sum(mismatched_kl(batch, sums), run)
         z_ref = max(kl_sum / kl_count, 0.0)
     losses, reward_a, reward_b = preference_terms(run, batch, sums, lengths, z_ref)
     with torch.no_grad():
@@ -269,13 +275,13 @@ def loss(run, model, batch):
 
 
 @torch.no_grad()
-def evaluate(run, it):
+def evaluate(run, state, it):
     """Held-out preference figures (val_*), and on the built-in task the policy's figures: greedy
     held-out and OOD accuracy and length, and on sampled answers (T = 1) the KL drift to π_ref."""
     model = run.raw_model
     totals = {}
     with run.autocast:
-        for chunk in C.chunks(run.heldout_examples[run.rank::run.world_size], run.cfg["eval_batch_size"]):
+        for chunk in chunks(state.heldout_examples[run.rank::run.world_size], run.cfg["eval_batch_size"]):
             batch = pairs.collate(run, chunk)
             sums, lengths = sequence_sums(run, model, batch)
             z_ref = None
@@ -288,8 +294,8 @@ def evaluate(run, it):
     keys = ["n", "loss", "pref_acc", "margin", "reward_chosen", "reward_rejected", "len_chosen", "len_rejected",
             "logp_chosen", "logp_rejected"] if run.cfg["loss"] != "kto" else \
         ["n", "n_desirable", "loss", "reward_desirable", "reward_undesirable", "logp", "length"]
-    reduced = C.all_reduce_sum({k: totals.get(k, 0.0) for k in keys}, run)  # every key, on ranks without examples too
+    reduced = all_reduce_sum({k: totals.get(k, 0.0) for k in keys}, run)  # every key, on ranks without examples too
     metrics = {f"val_{k}": v for k, v in as_means(reduced).items()}
     if not run.cfg["data"]:
-        metrics.update(C.evaluate_policy(run, model, it, run.ref_model)[0])
+        metrics.update(evaluate_policy(run, model, it, state.reference)[0])
     return metrics

@@ -1,13 +1,13 @@
 """
 Write a trained checkpoint as a transformers directory: GPT2LMHeadModel for GPT-2's block, and for
 the Llama family's the class it was imported from (LlamaForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM: model.hf_family_of reads it off the config's options).
+Qwen3ForCausalLM: hf.hf_family_of reads it off the config's options).
 
     python export.py out/sft out/sft-hf        # any algorithm that trains a language model
     python export.py out/ppo out/ppo-hf        # PPO: the policy (the critic stays behind)
 
 The directory holds config.json and model.safetensors (LoRA merged: the checkpoint's model as
-common.load_model gives it) and the tokenizer's files, so that
+checkpoints.load_model gives it) and the tokenizer's files, so that
 
     AutoModelForCausalLM.from_pretrained(OUT_DIR)   gives the checkpoint's logits, and
     AutoTokenizer.from_pretrained(OUT_DIR)          gives the same token ids (chat specials included)
@@ -23,15 +23,17 @@ tokenizer's are never produced by it. To train on from the export: --init_from=O
 
 import sys
 
-import common as C
+from checkpoints import load_model, load_tokenizer
+from hf import to_transformers
 from model import GPT
+from options import optional_dependency
 
 
 def export(ckpt_dir, out_dir):
-    model, tok = C.load_model(ckpt_dir), C.load_tokenizer(ckpt_dir)
+    model, tok = load_model(ckpt_dir), load_tokenizer(ckpt_dir)
     if not isinstance(model, GPT):
         raise ValueError(f"{ckpt_dir} holds a scalar model (a reward model): only a language model exports")
-    hf = model.to_transformers()
+    hf = to_transformers(model)
     # transformers' generate stops at the end token (<|eos|>, or the chat template's end of turn) and pads with pad
     hf.config.bos_token_id, hf.config.eos_token_id, hf.config.pad_token_id = tok.bos, tok.eos, tok.pad
     hf.generation_config.bos_token_id, hf.generation_config.eos_token_id = tok.bos, tok.eos
@@ -40,13 +42,18 @@ def export(ckpt_dir, out_dir):
     tok.save_pretrained(out_dir)
 
 
+USAGE = "usage: python export.py CKPT_DIR OUT_DIR"
+
 if __name__ == "__main__":
+    if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
+        print(USAGE + "\n" + __doc__)
+        sys.exit(0)
     if len(sys.argv) != 3:
-        sys.exit("usage: python export.py CKPT_DIR OUT_DIR")
+        sys.exit(USAGE)
     try:
         export(*sys.argv[1:])
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
     except ImportError as e:  # transformers, which the export needs, is optional
-        sys.exit(f"error: {C.optional_dependency(e)}")
+        sys.exit(f"error: {optional_dependency(e)}")
     print(f"wrote {sys.argv[2]}: load it with transformers.AutoModelForCausalLM.from_pretrained({sys.argv[2]!r})")

@@ -20,7 +20,7 @@ A stage that fails stops the ladder with its error; every finished stage is kept
 
 Every language-model stage is evaluated on the environment after the runs (cached in
 OUT_ROOT/STAGE/ladder_eval.json until the stage or the SFT stage is redone or the settings change):
-(common.evaluate_policy) greedy and sampled (T = 1) held-out accuracy, pass@k (Best-of-k by the verifier), OOD accuracy,
+(evaluation.evaluate_policy) greedy and sampled (T = 1) held-out accuracy, pass@k (Best-of-k by the verifier), OOD accuracy,
 sampled length, the share of answers that show their work, and the KL to the SFT model of the
 stage's task (sft, or calc_sft for the calculator branch) on the stage's own samples. The reward
 model reports its held-out pair accuracy from its metrics.jsonl.
@@ -38,9 +38,12 @@ import time
 import torch
 
 import bands
-import common as C
-import train as T
+from checkpoints import load_model
+from data import config_env
+from distributed import setup_device
+from evaluation import evaluate_policy
 from model import ScalarHeadGPT
+from options import DEFAULTS, coerce, config_comments, make_config, parse_args, renamed
 from tokenizer import Tokenizer
 
 # The ladder, in order: (stage = its directory under OUT_ROOT, train.py arguments beyond the
@@ -93,8 +96,8 @@ TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
 
 def parse_command_line(argv):
     """-> (ladder options, train.py arguments for every stage, {stage: its own arguments})."""
-    given = T.renamed(T.parse_args(argv))  # (eval_pass_k is now eval_samples)
-    options = {k: T._coerce(k, given.pop(k), v) if k in given else v for k, v in OPTIONS.items()}
+    given = renamed(parse_args(argv))  # old key names say their new one (eval_pass_k is now eval_samples)
+    options = {k: coerce(k, given.pop(k), v) if k in given else v for k, v in OPTIONS.items()}
     names = [name for name, _, _ in STAGES]
     wide, per_stage = {}, {name: {} for name in names}
     for key, value in given.items():
@@ -105,7 +108,7 @@ def parse_command_line(argv):
             per_stage[stage][stage_key] = value
         else:
             raise ValueError(f"--{key}: no stage {stage!r}; the stages are {', '.join(names)}")
-    return options, wide, per_stage
+    return options, wide, {name: renamed(keys) for name, keys in per_stage.items()}  # --grpo.OLD_KEY too
 
 
 def stage_names(text, what):
@@ -135,7 +138,7 @@ def stage_arguments(root, name, args, start, wide, own, k=1):
     here = seed_root(root, k)
     begin = dict(init_from=stage_path(root, start, k)) if start else {}
     args = {key: v.replace("{out_root}", here) if isinstance(v, str) else v for key, v in args.items()}
-    seed = dict(seed=wide.get("seed", T.DEFAULTS["seed"]) + k - 1) if k > 1 else {}
+    seed = dict(seed=wide.get("seed", DEFAULTS["seed"]) + k - 1) if k > 1 else {}
     return {**LADDER_DEFAULTS, **args, **begin, **wide, **seed, **own, "out_dir": os.path.join(here, name)}
 
 
@@ -248,15 +251,15 @@ def last_logged(stage_dir, key):
 def evaluate_stage(stage_dir, reference_dir, options, device):
     """The report's figures of one stage's checkpoint (see the module docstring)."""
     cfg = read_json(os.path.join(stage_dir, "config.json"))
-    run = C.setup_device(dict(device=device))
+    run = setup_device(dict(device=device))
     run.cfg = cfg
-    run.tok, run.env = Tokenizer(cfg["tokenizer"]), C.config_env(cfg)
-    model = C.load_model(stage_dir, run.device)
+    run.tok, run.env = Tokenizer(cfg["tokenizer"]), config_env(cfg)
+    model = load_model(stage_dir, run.device)
     if isinstance(model, ScalarHeadGPT):  # a reward model: no answers to grade, its pairs instead
         return dict(kind="reward_model", pair_acc=last_logged(stage_dir, "val_pair_acc"),
                     pairs=last_logged(stage_dir, "val_pairs"))
-    reference = C.load_model(reference_dir, run.device) if reference_dir else None
-    figures, transcripts = C.evaluate_policy(run, model, reference=reference, temperature=1.0, problems=options["eval_n"],
+    reference = load_model(reference_dir, run.device) if reference_dir else None
+    figures, transcripts = evaluate_policy(run, model, reference=reference, temperature=1.0, problems=options["eval_n"],
                                              ood_problems=options["eval_ood_n"], sampled_problems=options["eval_pass_n"],
                                              samples=options["eval_samples"])
     k = options["eval_samples"]
@@ -466,7 +469,7 @@ def make_plan(options, wide, per_stage):
             label = name if k == 1 else f"{name} (seed {k})"
             args = stage_arguments(root, name, args, start, wide, per_stage[name], k)
             try:
-                T.make_config(args)
+                make_config(args)
             except ValueError as e:
                 raise ValueError(f"stage {label}: {e}") from None
             for need in prerequisites(name):
@@ -479,7 +482,7 @@ def make_plan(options, wide, per_stage):
 
 def help_text():
     """--help: the module's docstring, the ladder's own options and the stages."""
-    described = T.config_comments(sys.modules[__name__], "OPTIONS")
+    described = config_comments(sys.modules[__name__], "OPTIONS")
     options = [f"  --{key}={value!r}".ljust(28) + " " + described[key] for key, value in OPTIONS.items()]
     stages = [f"  {name:10s} python train.py --algo {args['algo']}" + (f" from {start}" if start else "")
               for name, args, start in STAGES]

@@ -4,7 +4,7 @@ KTO's single labelled examples, from a file or built from the environment, and t
 SPEC §3 "Reward model", "DPO"; M14 §3–5.
 
 - built in (--data=""): prompts of the environment's train split (held-out pairs: heldout split,
-  so the two never share an equation). The model named by init_from samples `samples_per_prompt`
+  so the two never share an equation). The model named by init_from samples `group_size`
   answers per prompt at `pair_temperature`, and --pairs picks the kind of preference:
     verifier  chosen = an answer the verifier accepts, rejected = one it refuses (when no sample is
               correct, the solver's demonstration, also verified, stands in as chosen);
@@ -12,7 +12,7 @@ SPEC §3 "Reward model", "DPO"; M14 §3–5.
               with filler sentences, so that length effects can be seen;
     both      one pair of each kind per prompt.
   Sampled answers stay token ids (they are never decoded and re-encoded for training).
-- --data=FILE (json / jsonl / parquet, through common.load_rows): rows {"prompt", "chosen",
+- --data=FILE (json / jsonl / parquet, through data.load_rows): rows {"prompt", "chosen",
   "rejected"} for pairs, or {"prompt", "completion", "label": bool} for KTO's single labelled
   examples. A prompt is a string or a list of {"role", "content"} messages; a response is a string
   or a one-message list [{"role": "assistant", "content": ...}]. TRL's conversational form with an
@@ -30,14 +30,17 @@ import random
 
 import torch
 
-import common as C
+import data
+from data import RowError, encode_rows, load_rows, render_messages, require
+from distributed import seeded_rng, shard
 from model import GPT
+from rollouts import response_text, rollouts
 
 PAIR_DEFAULTS = dict(
     pairs="verifier",       # built-in preference kind: verifier | style | both
     train_prompts=512,      # built-in training prompts (env train split)
     heldout_prompts=128,    # built-in held-out prompts (env heldout split); caps the file's held-out rows
-    samples_per_prompt=4,   # answers sampled per prompt to find a correct and a wrong one
+    group_size=4,           # answers sampled per prompt to find a correct and a wrong one
     pair_temperature=1.0,   # sampling temperature of those answers
 )
 
@@ -53,8 +56,8 @@ FILLER = ["Let me see.", "Step by step.", "Simple sums.", "Let me check.", "Look
 
 def _prompt_ids(run, row):
     if isinstance(row.get("prompt"), list):
-        return C.render_messages(run, row["prompt"], "prompt", add_generation_prompt=True)[0]
-    return run.tok.prompt_ids(C.require(row, "prompt", str))
+        return render_messages(run, row["prompt"], "prompt", add_generation_prompt=True)[0]
+    return run.tok.prompt_ids(require(row, "prompt", str))
 
 
 def _response_text(row, field):
@@ -62,19 +65,19 @@ def _response_text(row, field):
     if isinstance(value, list):  # the conversational layout: one assistant message
         if len(value) != 1 or not isinstance(value[0], dict) or value[0].get("role") != "assistant" \
                 or not isinstance(value[0].get("content"), str):
-            raise C.RowError(field, "a message list must be exactly [{'role': 'assistant', 'content': str}]")
+            raise RowError(field, "a message list must be exactly [{'role': 'assistant', 'content': str}]")
         value = value[0]["content"]
     else:
-        value = C.require(row, field, str)
+        value = require(row, field, str)
     if not value.strip():
-        raise C.RowError(field, "empty response")
+        raise RowError(field, "empty response")
     return value
 
 
 def _check_length(run, prompt, response, field):
     # the reward model reads the scalar at the last token, so the whole sequence must be an input
     if len(prompt) + len(response) > run.cfg["block_size"]:
-        raise C.RowError(field, f"prompt + response is {len(prompt) + len(response)} tokens, longer than "
+        raise RowError(field, f"prompt + response is {len(prompt) + len(response)} tokens, longer than "
                                 f"block_size={run.cfg['block_size']}")
 
 
@@ -84,25 +87,25 @@ def implicit_prompt_pair(run, row):
     reply. Each conversation goes through the chat template whole, so the reply's tokens and loss
     mask are exactly the template's; the prompt is the shared messages with the generation prompt,
     which must be where both conversations' ids begin."""
-    chosen, rejected = C.require(row, "chosen", list), C.require(row, "rejected", list)
+    chosen, rejected = require(row, "chosen", list), require(row, "rejected", list)
     shared = 0
     while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
         shared += 1
     if shared == 0:
-        raise C.RowError("rejected", "shares no prompt message with chosen (an implicit prompt is the messages both begin with)")
-    prompt = C.render_messages(run, chosen[:shared], "chosen", add_generation_prompt=True)[0]
+        raise RowError("rejected", "shares no prompt message with chosen (an implicit prompt is the messages both begin with)")
+    prompt = render_messages(run, chosen[:shared], "chosen", add_generation_prompt=True)[0]
     responses, masks = [], []
     for field, messages in (("chosen", chosen), ("rejected", rejected)):
         if not isinstance(messages[shared], dict) or messages[shared].get("role") != "assistant":
-            raise C.RowError(f"{field}[{shared}]", "the reply after the shared prompt must be an assistant message")
-        ids, mask = C.render_messages(run, messages, field)
+            raise RowError(f"{field}[{shared}]", "the reply after the shared prompt must be an assistant message")
+        ids, mask = render_messages(run, messages, field)
         if ids[:len(prompt)] != prompt:
-            raise C.RowError(field, "the chat template renders the shared prompt differently inside the conversation")
+            raise RowError(field, "the chat template renders the shared prompt differently inside the conversation")
         _check_length(run, prompt, ids[len(prompt):], field)
         responses.append(ids[len(prompt):])
         masks.append(mask[len(prompt):])
     if responses[0] == responses[1]:
-        raise C.RowError("rejected", "identical to chosen")
+        raise RowError("rejected", "identical to chosen")
     return dict(prompt=prompt, responses=tuple(responses), masks=tuple(masks), label=1.0)
 
 
@@ -114,12 +117,12 @@ def encode_row(run, row):
     prompt = _prompt_ids(run, row)
     if "completion" in row or "label" in row:  # KTO's single labelled example
         completion, mask = run.tok.assistant_ids(_response_text(row, "completion"))
-        label = C.require(row, "label", bool)
+        label = require(row, "label", bool)
         _check_length(run, prompt, completion, "completion")
         return "single", dict(prompt=prompt, responses=(completion, None), masks=(mask, None), label=float(label))
     chosen_text, rejected_text = _response_text(row, "chosen"), _response_text(row, "rejected")
     if chosen_text == rejected_text:
-        raise C.RowError("rejected", "identical to chosen")
+        raise RowError("rejected", "identical to chosen")
     (chosen, chosen_mask), (rejected, rejected_mask) = map(run.tok.assistant_ids, (chosen_text, rejected_text))
     _check_length(run, prompt, chosen, "chosen")
     _check_length(run, prompt, rejected, "rejected")
@@ -144,12 +147,12 @@ def builtin_pairs(run, sampler, split, n_prompts, seed):
         raise ValueError(f"pairs={cfg['pairs']!r}: choose from {PAIR_KINDS}")
     problems = env.problems(split, n_prompts, seed=seed)
     prompts = [tok.prompt_ids(p["prompt"]) for p in problems]
-    k = cfg["samples_per_prompt"]
+    k = cfg["group_size"]
     samples = [[]] * len(problems)
     if cfg["pairs"] in ("verifier", "both"):
-        roll = C.rollouts(run, sampler, problems, k, temperature=cfg["pair_temperature"], seed=seed,
+        roll = rollouts(run, sampler, problems, k, temperature=cfg["pair_temperature"], seed=seed,
                           batch_size=cfg["eval_batch_size"], spread=True)
-        answers = list(zip(roll.responses, roll.response_masks(), roll.rewards.tolist()))  # (ids, loss mask, verdict)
+        answers = list(zip(roll.responses, roll.response_masks(), roll.verified.tolist()))  # (ids, loss mask, verdict)
         samples = [answers[i * k:(i + 1) * k] for i in range(len(problems))]
     rng = random.Random(seed)
     pairs, counts = [], dict(verifier=0, demo_chosen=0, all_correct=0, style=0, too_long=0)
@@ -182,7 +185,7 @@ def builtin_pairs(run, sampler, split, n_prompts, seed):
                 counts["too_long"] += 1
     if not pairs:
         raise ValueError(f"no {cfg['pairs']} pairs from {n_prompts} {split} prompts ({counts}): raise "
-                         f"samples_per_prompt or pair_temperature (all correct), or block_size (too long)")
+                         f"group_size or pair_temperature (all correct), or block_size (too long)")
     return pairs, counts
 
 
@@ -208,13 +211,14 @@ def add_mismatched(run, singles):
     return singles
 
 
-def load_preferences(run, singles=False):
-    """(train, heldout, transcripts): pairs, or with singles=True KTO's single labelled examples (a
-    pair file is split into singles; a singles file is only usable with singles=True), and a few
-    training examples as text for samples.txt."""
-    cfg = run.cfg
+def load_preferences(run, reference, singles=False):
+    """(train, heldout, transcripts, skipped rows): pairs, or with singles=True KTO's single labelled
+    examples (a pair file is split into singles; a singles file is only usable with singles=True), a
+    few training examples as text for samples.txt, and the file's malformed rows skipped. Built-in
+    pairs are sampled by `reference`, the model init_from names before any training."""
+    cfg, skipped = run.cfg, 0
     if cfg["data"]:
-        encoded = C.encode_rows(run, cfg["data"], C.load_rows(cfg["data"]), lambda row: encode_row(run, row))
+        encoded, skipped = encode_rows(run, cfg["data"], load_rows(cfg["data"]), lambda row: encode_row(run, row))
         kinds = {kind for kind, _ in encoded}
         if len(kinds) > 1:
             raise ValueError(f"{cfg['data']}: mixes pair rows (prompt, chosen, rejected) and single rows "
@@ -228,7 +232,7 @@ def load_preferences(run, singles=False):
         if kinds == {"pair"} and singles:
             train, heldout = to_singles(train), to_singles(heldout)
     else:
-        sampler = run.ref_model  # the model init_from names, before any training (built by the loop)
+        sampler = reference
         if not isinstance(sampler, GPT):
             raise ValueError(f"built-in pairs are sampled from init_from's language model, but "
                              f"init_from={cfg['init_from']!r} is a scalar model: pass --data=FILE")
@@ -240,12 +244,12 @@ def load_preferences(run, singles=False):
             train, heldout = to_singles(train), to_singles(heldout)
     if singles:
         train, heldout = add_mismatched(run, train), add_mismatched(run, heldout)
-    return train, heldout, [describe(run, ex, singles) for ex in train[:4]]
+    return train, heldout, [describe(run, ex, singles) for ex in train[:4]], skipped
 
 
 def describe(run, ex, single):
     """An example as text, for samples.txt."""
-    first, second = (C.response_text(run, r) for r in ex["responses"])
+    first, second = (response_text(run, r) for r in ex["responses"])
     if single:
         return f"[single] {run.tok.decode(ex['prompt'])}\n  {'desirable' if ex['label'] else 'undesirable'}: {first!r}"
     return f"[pair] {run.tok.decode(ex['prompt'])}\n  chosen: {first!r}\n  rejected: {second!r}"
@@ -259,7 +263,7 @@ def collate(run, examples):
     examples carry cached reference log-probs, ref (B, 2)."""
     rows = [(ex["prompt"] + ex["responses"][j], [0] * len(ex["prompt"]) + ex["masks"][j])
             for j in (0, 1) for ex in examples]
-    ids, mask = C.collate(rows, run.tok.pad, run.device)
+    ids, mask = data.collate(rows, run.tok.pad, run.device)
     batch = dict(ids=ids, mask=mask[:, 1:], label=torch.tensor([ex["label"] for ex in examples], device=run.device),
                  prompt_lens=torch.tensor([len(ex["prompt"]) for _ in (0, 1) for ex in examples], device=run.device))
     if "ref" in examples[0]:
@@ -278,34 +282,6 @@ def step_batches(run, it, examples):
     for k in range(it * n, (it + 1) * n):
         epoch, position = divmod(k, len(examples))
         if epoch not in orders:
-            orders[epoch] = C.seeded_rng(run, epoch).permutation(len(examples))
+            orders[epoch] = seeded_rng(run, epoch).permutation(len(examples))
         picks.append(examples[orders[epoch][position]])
-    return [[collate(run, mb) for mb in C.shard(picks, run, accum, bs)]]
-
-
-def passport(run, loss, references):
-    """The post-training passport (SPEC §6) of a run trained on preferences (rm.py, dpo.py)."""
-    c = run.cfg
-    source = (f"`{c['data']}`" if c["data"] else
-              f"built-in `{c['pairs']}` pairs: {c['samples_per_prompt']} answers per *train* prompt sampled once by "
-              f"`{c['init_from']}` at temperature {c['pair_temperature']} ({c['train_prompts']} prompts), labelled "
-              f"by {dict(verifier='the verifier', style='a style rule', both='the verifier or a style rule')[c['pairs']]}")
-    return f"""# Post-training passport: {c['out_dir']}
-
-algorithm: `--algo {c['algo']}`, started from `{c['init_from']}`
-
-## Data and mode
-- offline preferences: {source}; held-out pairs from *heldout* prompts (disjoint by equation)
-- the pairs are fixed for the run: drawn again every epoch for {c['max_iters']} iterations, never resampled
-
-## Reward and verification
-- the preference labels are the reward signal; no reward is computed in training
-
-## Optimisation
-- offline: {loss}
-- models: the trained one; references: {references}; no old policy, no critic, no sampling in training
-- units: one term per pair (per example for KTO), averaged over the batch
-
-## Infrastructure
-- {run.device} × {run.world_size}; generation only to build the built-in pairs and at evaluation
-"""
+    return [[collate(run, mb) for mb in shard(picks, run, accum, bs)]]

@@ -6,7 +6,7 @@ SPEC §3 "Pre-training / SFT" (rejection-sampling fine-tuning) and "Best-of-N"; 
     python train.py --algo rft --init_from=out/sft --env=generalpoints
 
 Each of `rounds` rounds, at the first iteration of its share of max_iters:
-  1. sample `candidates` (k, 4–16) responses per prompt for `round_prompts` fresh train prompts with
+  1. sample `group_size` candidates (k, 4–16) per prompt for `round_prompts` fresh train prompts with
      the KV-cache sampler, at `temperature`;
   2. keep the candidates the verifier accepts (reward 1, ended with the end token), drop repeats
      of the same response to the same prompt, keep at most `per_prompt_cap` per prompt;
@@ -21,26 +21,31 @@ prompts, where every candidate is right, from crowding out the hard ones in the 
 Logged per round: cand_acc (the candidates' verifier accuracy, a sample of the policy at the
 temperature), unique_frac (distinct verified responses / verified ones), kept_frac (kept / all
 candidates), prompt_cover (prompts with at least one kept answer) and pool (examples kept).
-Evaluation (common.evaluate_policy): greedy held-out and OOD accuracy, and on eval_samples = N
+Evaluation (evaluation.evaluate_policy): greedy held-out and OOD accuracy, and on eval_samples = N
 sampled answers per held-out problem pass@N, which is Best-of-N by the verifier: the accuracy of the
 best of N samples, an upper-bound estimate of what RL or RFT can reach by selection.
 
-The ranks share a round's sampling out (common.generate with spread=True: each samples some chunks,
+The ranks share a round's sampling out (rollouts.generate with spread=True: each samples some chunks,
 all gather them), so every rank holds the same pool, the one a single process samples, and trains
 on its shard of each global batch, as SFT does.
 """
 
 import math
+from types import SimpleNamespace
 
 import torch
 
-import common as C
+import sft
+from distributed import seeded_rng
+from evaluation import evaluate_policy
+from paperwork import rft_passport, unparsed, verifier_check, write_passport
+from rollouts import response_text, rollouts
 
-starts_from = "sft"  # it filters what the policy already writes: a random start keeps nothing
+starts_from = {"init_from": "sft"}  # it filters what the policy already writes: a random start keeps nothing
 defaults = dict(
     rounds=3,              # R: sampling rounds, spread evenly over max_iters
     round_prompts=256,     # train prompts sampled per round
-    candidates=8,          # k: responses sampled per prompt (4–16)
+    group_size=8,          # k: responses sampled per prompt (4–16)
     per_prompt_cap=2,      # at most this many distinct verified responses per prompt enter the pool
     temperature=1.0,       # sampling temperature of the candidates
     eval_samples=8,        # held-out answers per problem at the temperature: pass@8 is Best-of-8 by the verifier
@@ -69,92 +74,65 @@ def round_length(cfg):
 
 
 @torch.no_grad()
-def sample_pool(run, round_):
+def sample_pool(run, state, round_):
     """One round: candidates from the current policy, verified, selected -> (pool, figures)."""
-    cfg, tok, k = run.cfg, run.tok, run.cfg["candidates"]
-    problems = run.env.problems("train", cfg["round_prompts"], seed=int(C.seeded_rng(run, round_).integers(2 ** 31)))
-    roll = C.rollouts(run, run.raw_model, problems, k, temperature=cfg["temperature"], seed=cfg["seed"] + round_,
+    cfg, tok, k = run.cfg, run.tok, run.cfg["group_size"]
+    problems = run.env.problems("train", cfg["round_prompts"], seed=int(seeded_rng(run, round_).integers(2 ** 31)))
+    roll = rollouts(run, run.raw_model, problems, k, temperature=cfg["temperature"], seed=cfg["seed"] + round_,
                       batch_size=cfg["eval_batch_size"], spread=True)
     groups, tokens, prompts = roll.group.tolist(), roll.responses, [tok.prompt_ids(p["prompt"]) for p in problems]
     # an answer cut off by the length limit would teach the model not to stop: not verified
-    rewards = (roll.rewards * ~roll.truncated).tolist()
+    rewards = (roll.verified * ~roll.truncated).tolist()
     kept = select_candidates(groups, [tuple(t) for t in tokens], rewards, cfg["per_prompt_cap"])
     # mask 1 on the answer's own tokens; 0 on the prompt and on tool results (the environment's text)
     masks = roll.response_masks()
     pool = [(prompts[groups[i]] + tokens[i], [0] * len(prompts[groups[i]]) + masks[i]) for i in kept]
     verified = sum(r > 0 for r in rewards)
     distinct = len({(g, tuple(t)) for g, t, r in zip(groups, tokens, rewards) if r > 0})
-    unparsed = sum(C.unparsed(run.env, C.response_text(run, t)) for t in tokens)
+    n_unparsed = sum(unparsed(run.env, response_text(run, t)) for t in tokens)
     figures = dict(cand_acc=verified / len(tokens), unique_frac=distinct / max(verified, 1),
                    kept_frac=len(kept) / len(tokens), prompt_cover=len({groups[i] for i in kept}) / len(problems),
-                   pool=len(pool), parse_error_rate=unparsed / len(tokens),
-                   verifier_error_rate=run.verifier_check["verifier_error_rate"])
+                   pool=len(pool), parse_error_rate=n_unparsed / len(tokens),
+                   verifier_error_rate=state.verifier_check["verifier_error_rate"])
     return pool, figures
 
 
-def setup(run):
+def setup(run, saved):
+    """The checks and the verifier's own error rate; the pool comes at the first iteration of a round
+    (resuming: the interrupted run's pool, saved)."""
     cfg = run.cfg
-    if cfg["rounds"] < 1 or cfg["candidates"] < 1 or cfg["per_prompt_cap"] < 1 or cfg["round_prompts"] < 1:
-        raise ValueError("rounds, round_prompts, candidates and per_prompt_cap must be >= 1")
-    run.pool, run.round_figures = None, {}
-    run.verifier_check = C.verifier_check(run.env, run.env.verify)
-    C.write_passport(run, passport(run))
+    if cfg["rounds"] < 1 or cfg["group_size"] < 1 or cfg["per_prompt_cap"] < 1 or cfg["round_prompts"] < 1:
+        raise ValueError("rounds, round_prompts, group_size and per_prompt_cap must be >= 1")
+    state = SimpleNamespace(pool=None, round_figures={}, verifier_check=verifier_check(run.env, run.env.verify))
+    if saved is not None:
+        state.pool, state.round_figures = saved["pool"], saved["round_figures"]
+    write_passport(run, rft_passport(run, state.verifier_check))
+    return state
 
 
-def passport(run):
-    """The run's post-training passport (SPEC §6) as markdown."""
-    c = run.cfg
-    return f"""# Post-training passport: {c['out_dir']}
-
-algorithm: `--algo rft` (rejection-sampling fine-tuning), started from `{c['init_from']}`
-
-## Data and mode
-- online in rounds, offline within one: {c['rounds']} rounds over {c['max_iters']} iterations; each samples {c['candidates']}
-  answers to each of {c['round_prompts']} fresh `{c['env']}` *train* prompts with the current policy (temperature
-  {c['temperature']}), keeps the verified ones, de-duplicated, at most {c['per_prompt_cap']} per prompt, and trains SFT
-  steps on that pool until the next round; evaluation on *heldout* and *ood*
-
-## Reward and verification
-- the environment's rule verifier as a filter (1 keeps, 0 drops); an answer cut off by the length limit is dropped
-- {C.verification_text(run.verifier_check)}; parse_error_rate logged every round
-
-## Optimisation
-- the SFT loss on the kept answers' own tokens (prompt and tool results masked); no reference, old policy,
-  critic or reward model; no KL term; token-level loss
-
-## Infrastructure
-- sampling and training on the same device(s): {run.device} × {run.world_size}, synchronous
-"""
-
-
-def batches(run, it):
+def batches(run, state, it):
     """A new pool at the first iteration of every round, then one SFT step on it (as sft.py)."""
     cfg = run.cfg
-    if it % round_length(cfg) == 0 or run.pool is None:
+    if it % round_length(cfg) == 0 or state.pool is None:
         round_ = it // round_length(cfg)
-        run.pool, run.round_figures = sample_pool(run, round_)
+        state.pool, state.round_figures = sample_pool(run, state, round_)
         if run.master:
-            print(f"rft round {round_}: " + ", ".join(f"{k} {v:.4g}" for k, v in run.round_figures.items()))
-        if not run.pool:
+            print(f"rft round {round_}: " + ", ".join(f"{k} {v:.4g}" for k, v in state.round_figures.items()))
+        if not state.pool:
             raise ValueError(f"rft round {round_}: no verified candidate among {cfg['round_prompts']} prompts x "
-                             f"{cfg['candidates']}: start from a policy that solves some (--init_from=out/sft), "
-                             f"or raise candidates")
-    run.stats.update(run.round_figures)
-    return C.pool_batches(run, it, run.pool)
+                             f"{cfg['group_size']}: start from a policy that solves some (--init_from=out/sft), "
+                             f"or raise group_size")
+    return sft.pool_batches(run, it, state.pool), dict(state.round_figures)  # (logged every iteration of the round)
 
 
-loss = C.masked_nll_loss  # the loop calls loss(run, model, batch)
+loss = sft.loss  # SFT's masked next-token loss, on the kept answers
 
 
-def evaluate(run, it):
+def evaluate(run, state, it):
     """Greedy held-out and OOD accuracy; sampled held-out accuracy and pass@k, Best-of-k by the verifier."""
-    return C.evaluate_policy(run, run.raw_model, it, temperature=run.cfg["temperature"])[0]
+    return evaluate_policy(run, run.raw_model, it, temperature=run.cfg["temperature"])[0]
 
 
-def state_dict(run):
+def state_dict(run, state):
     """The round's pool: a resumed run trains on the pool the interrupted one sampled."""
-    return {"pool": run.pool, "round_figures": run.round_figures}
-
-
-def load_state_dict(run, state):
-    run.pool, run.round_figures = state["pool"], state["round_figures"]
+    return {"pool": state.pool, "round_figures": state.round_figures}

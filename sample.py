@@ -10,7 +10,8 @@ checkpoint's environment recognises the question as one of its own, in any of it
 
 import argparse
 
-import common as C
+from checkpoints import load_model, load_tokenizer, read_checkpoint
+from data import config_env
 
 
 def verdict(env, question, answer):
@@ -31,8 +32,8 @@ def main():
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    model, tok = C.load_model(args.checkpoint), C.load_tokenizer(args.checkpoint)
-    env = C.config_env(C.read_checkpoint(args.checkpoint)["config"])  # the task the checkpoint was trained on
+    model, tok = load_model(args.checkpoint), load_tokenizer(args.checkpoint)
+    env = config_env(read_checkpoint(args.checkpoint)["config"])  # the task the checkpoint was trained on
     prompt = tok.prompt_ids(args.question)
     tokens, logprobs, _ = model.generate([prompt] * args.n, args.max_new_tokens, temperature=args.temperature,
                                       stop_tokens=(tok.eos,), seed=args.seed, pad_id=tok.pad)

@@ -26,7 +26,7 @@ class KVCache:
     A decode step attends over the whole buffer, with an additive bias of 0 on keys written so far
     and −inf on left padding and on columns not written yet, rather than over a growing slice of
     it: such a slice is a strided matrix, which CPU batched matmuls read more slowly than a dense
-    one once the cache outgrows the CPU's caches (up to 2× at batch 64: `python bench.py attention`).
+    one once the cache outgrows the CPU's caches (up to 2× at batch 64: `python experiments/bench.py attention`).
     So that the whole buffer is not much more than what is written, it holds the prompt plus
     `chunk` columns and grows by `chunk` columns when full (a copy every `chunk` steps, as
     nanochat's cache grows).

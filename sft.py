@@ -8,19 +8,40 @@ Pre-training and SFT: one masked next-token loss. SPEC §3 "Pre-training / SFT".
                  environment output and padding have m_t = 0 and get no gradient.
 
 Data: the built-in environment (solver demonstrations; a corpus of worked equations for
-pre-training) or --data=FILE (common.load_rows), rows as {"text"}, {"prompt", "completion"} or
+pre-training) or --data=FILE (data.load_rows), rows as {"text"}, {"prompt", "completion"} or
 {"messages": [{"role", "content"}, ...]}.
 """
 
+from types import SimpleNamespace
+
 import torch
 
-import common as C
+from data import RowError, collate, encode_rows, load_rows, render_messages, require
+from distributed import all_reduce_sum, chunks, seeded_rng, shard
+from evaluation import evaluate_policy
+from model import sequence_logprobs
+from paperwork import sft_passport, write_passport
 
 defaults = dict(
     train_problems=20000,  # built-in SFT pool (solver demonstrations of train-split problems)
     corpus_docs=40000,     # built-in pre-training corpus size (documents)
     val_examples=256,      # held-out examples for the validation loss
 )
+
+
+# -- the loss --------------------------------------------------------------------------------------
+
+def masked_nll(model, ids, mask):
+    """(Σ m·(−log p), Σ m) of the next-token loss (SPEC §3 SFT): position t predicts ids[t+1], weighted
+    by mask[t+1] (a mask aligned with ids, 1 on the tokens to learn). SFT and RFT train with it."""
+    m = mask[:, 1:]
+    return -(sequence_logprobs(model, ids) * m).sum(), m.sum()
+
+
+def loss(run, state, model, batch):
+    """masked_nll of a collated (ids, mask) micro-batch, and its trained tokens (rft.py trains with it too)."""
+    loss_sum, count = masked_nll(model, *batch)
+    return loss_sum, count, {"tokens": count}  # tensors: the loop reads them once per step
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -30,30 +51,30 @@ def encode_row(run, row):
     tok, limit = run.tok, run.cfg["block_size"] + 1  # inputs are ids[:-1]: block_size tokens
     row = {k: v for k, v in row.items() if v is not None}  # datasets fills absent columns with None
     if "messages" in row:
-        messages = C.require(row, "messages", list)
-        ids, mask = C.render_messages(run, messages, "messages")
+        messages = require(row, "messages", list)
+        ids, mask = render_messages(run, messages, "messages")
         if not any(m.get("role") == "assistant" and m["content"].strip() for m in messages):
-            raise C.RowError("messages", "no non-empty assistant message")
+            raise RowError("messages", "no non-empty assistant message")
         field = "messages"
     elif "prompt" in row or "completion" in row:
-        prompt, completion = C.require(row, "prompt", str), C.require(row, "completion", str)
+        prompt, completion = require(row, "prompt", str), require(row, "completion", str)
         if not completion.strip():
-            raise C.RowError("completion", "empty answer")
+            raise RowError("completion", "empty answer")
         ids = tok.prompt_ids(prompt)
         answer = tok.response_ids(completion)
         ids, mask = ids + answer, [0] * len(ids) + [1] * len(answer)
         field = "completion"
     elif "text" in row:
-        text = C.require(row, "text", str)
+        text = require(row, "text", str)
         if not text.strip():
-            raise C.RowError("text", "empty text")
+            raise RowError("text", "empty text")
         ids = [tok.bos] + tok.encode(text) + [tok.eos]
         mask, field = [1] * len(ids), "text"
     else:
-        raise C.RowError("text", f"no known layout: expected 'text', 'prompt'+'completion' or "
+        raise RowError("text", f"no known layout: expected 'text', 'prompt'+'completion' or "
                                  f"'messages', got fields {sorted(row)}")
     if len(ids) > limit and run.cfg["algo"] == "sft":
-        raise C.RowError(field, f"{len(ids)} tokens, longer than block_size+1={limit}")
+        raise RowError(field, f"{len(ids)} tokens, longer than block_size+1={limit}")
     return ids, mask
 
 
@@ -71,87 +92,66 @@ def builtin_examples(run, split, n):
     return out
 
 
-def setup(run):
-    cfg = run.cfg
+def setup(run, saved):
+    """The demonstrations: (ids, loss mask) examples for training and for the validation loss; for
+    pre-training, the training documents packed into one stream of tokens."""
+    cfg, state = run.cfg, SimpleNamespace(skipped_rows=0, stream=None)
     if cfg["data"]:
-        examples = C.encode_rows(run, cfg["data"], C.load_rows(cfg["data"]), lambda row: encode_row(run, row))
+        examples, state.skipped_rows = encode_rows(run, cfg["data"], load_rows(cfg["data"]),
+                                                   lambda row: encode_row(run, row))
         n_val = max(1, min(cfg["val_examples"], len(examples) // 20))
-        run.train_examples, run.val_examples = examples[:-n_val] or examples, examples[-n_val:]
+        state.train_examples, state.val_examples = examples[:-n_val] or examples, examples[-n_val:]
     elif cfg["algo"] == "pretrain":
         docs = lambda split, n: [(ids, [1] * len(ids)) for ids in
                                  ([run.tok.bos] + run.tok.encode(t) + [run.tok.eos]
                                   for t in run.env.corpus(n, seed=0 if split == "train" else 1))]
-        run.train_examples, run.val_examples = docs("train", cfg["corpus_docs"]), docs("val", cfg["val_examples"])
+        state.train_examples, state.val_examples = docs("train", cfg["corpus_docs"]), docs("val", cfg["val_examples"])
     else:
-        run.train_examples = builtin_examples(run, "train", cfg["train_problems"])
-        run.val_examples = builtin_examples(run, "heldout", cfg["val_examples"])
+        state.train_examples = builtin_examples(run, "train", cfg["train_problems"])
+        state.val_examples = builtin_examples(run, "heldout", cfg["val_examples"])
     if cfg["algo"] == "pretrain":  # pack documents into one stream of tokens
-        run.stream = torch.tensor([t for ids, _ in run.train_examples for t in ids])
-        if len(run.stream) <= cfg["block_size"] + 1:
-            raise ValueError(f"pre-training corpus has {len(run.stream)} tokens, fewer than block_size+1")
-    C.write_passport(run, passport(run))
+        state.stream = torch.tensor([t for ids, _ in state.train_examples for t in ids])
+        if len(state.stream) <= cfg["block_size"] + 1:
+            raise ValueError(f"pre-training corpus has {len(state.stream)} tokens, fewer than block_size+1")
+    write_passport(run, sft_passport(run, len(state.train_examples), len(state.val_examples)))
+    return state
 
 
-def passport(run):
-    """The run's post-training passport (SPEC §6) as markdown."""
-    c = run.cfg
-    if c["data"]:
-        data = f"`{c['data']}`: {len(run.train_examples)} training rows, the last {len(run.val_examples)} held out for the loss"
-    elif c["algo"] == "pretrain":
-        data = f"{c['corpus_docs']} documents of the `{c['env']}` environment's worked equations, packed into {c['block_size']}-token windows"
-    else:
-        data = (f"the `{c['env']}` solver's demonstrations of {c['train_problems']} *train* problems (a {c['env_direct_frac']} "
-                f"share give only the answer); validation on *heldout* problems, disjoint by equation")
-    mask = "every token" if c["algo"] == "pretrain" else "the assistant's tokens only (prompt, template, tool output, padding masked)"
-    return f"""# Post-training passport: {c['out_dir']}
-
-algorithm: `--algo {c['algo']}`, started from `{c['init_from']}`
-
-## Data and mode
-- offline demonstrations: {data}
-- answers written by the data (not by the policy); rows drawn again every epoch for {c['max_iters']} iterations
-
-## Reward and verification
-- none in training: the loss is the likelihood of the demonstrations; the verifier scores held-out answers at evaluation
-
-## Optimisation
-- offline next-token cross-entropy on {mask}, averaged over those tokens
-- no reference, old policy, critic or reward model; no KL term
-
-## Infrastructure
-- {run.device} × {run.world_size}; no generation in training (evaluation samples with the KV-cache sampler)
-"""
+def pool_batches(run, it, examples):
+    """One optimizer step of gradient_accumulation_steps micro-batches of (ids, mask) examples drawn
+    at random from a pool (SFT's data, RFT's kept answers); the global batch depends only on (seed, it)."""
+    accum, bs = run.cfg["gradient_accumulation_steps"], run.cfg["batch_size"]
+    rng = seeded_rng(run, it)
+    picks = [examples[i] for i in rng.integers(0, len(examples), run.world_size * accum * bs)]
+    return [[collate(mb, run.tok.pad, run.device) for mb in shard(picks, run, accum, bs)]]
 
 
-def batches(run, it):
+def batches(run, state, it):
     """One optimizer step of gradient_accumulation_steps micro-batches, cut from a global batch that
-    depends only on (seed, it)."""
+    depends only on (seed, it); no figures of its own."""
     cfg = run.cfg
     if cfg["algo"] != "pretrain":
-        return C.pool_batches(run, it, run.train_examples)
+        return pool_batches(run, it, state.train_examples), {}
     accum, bs = cfg["gradient_accumulation_steps"], cfg["batch_size"]
     L = cfg["block_size"] + 1
-    starts = C.seeded_rng(run, it).integers(0, len(run.stream) - L, run.world_size * accum * bs)
-    windows = [(run.stream[s:s + L].tolist(), [1] * L) for s in starts]
-    return [[C.collate(mb, run.tok.pad, run.device) for mb in C.shard(windows, run, accum, bs)]]
-
-
-loss = C.masked_nll_loss  # the loop calls loss(run, model, batch)
+    starts = seeded_rng(run, it).integers(0, len(state.stream) - L, run.world_size * accum * bs)
+    windows = [(state.stream[s:s + L].tolist(), [1] * L) for s in starts]
+    return [[collate(mb, run.tok.pad, run.device) for mb in shard(windows, run, accum, bs)]], {}
 
 
 @torch.no_grad()
-def evaluate(run, it):
+def evaluate(run, state, it):
     """The validation loss; with the built-in task (SFT, not pre-training) the policy's figures."""
     model = run.raw_model
     L = run.cfg["block_size"] + 1
-    examples = [(ids[:L], m[:L]) for ids, m in run.val_examples[run.rank::run.world_size]]
+    examples = [(ids[:L], m[:L]) for ids, m in state.val_examples[run.rank::run.world_size]]
     total, count = 0.0, 0.0
     with run.autocast:
-        for chunk in C.chunks(examples, run.cfg["eval_batch_size"]):
-            s, c = C.masked_nll(model, *C.collate(chunk, run.tok.pad, run.device))
+        for chunk in chunks(examples, run.cfg["eval_batch_size"]):
+            s, c = masked_nll(model, *collate(chunk, run.tok.pad, run.device))
             total, count = total + float(s), count + float(c)
-    total, count = C.all_reduce_sum([total, count], run)
+    total, count = all_reduce_sum([total, count], run)
     metrics = {"val_loss": total / max(count, 1.0)}
     if run.cfg["algo"] == "sft" and not run.cfg["data"]:
-        metrics.update(C.evaluate_policy(run, model, it)[0])
+        metrics.update(evaluate_policy(run, model, it)[0])
     return metrics

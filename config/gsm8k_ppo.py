@@ -9,7 +9,7 @@ tokenizer = "Qwen/Qwen2.5-0.5B-Instruct"
 block_size = 1024
 max_new_tokens = 512
 reward = "verifier"
-prompts_pool = 7473
+prompt_pool = 7473
 batch_size = 4
 gradient_accumulation_steps = 8
 minibatches = 4           # 4 x 8 x 4 = 128 rollouts an iteration; policy + critic: LoRA on a 24 GB GPU

@@ -99,7 +99,7 @@ def calculator(expr: str) -> str:
 # 2-digit additions and subtractions ("What is 347*28+51-86?"), numbers the tiny model cannot
 # multiply in its head; the reliable path is one tool call per step. The call and result tags are
 # the tokenizer's chat specials; the sampler runs a call when a row writes the closing call tag and
-# feeds the result back as forced tokens (common.tool_hook), which no loss trains on.
+# feeds the result back as forced tokens (rollouts.tool_hook), which no loss trains on.
 #
 #   <|tool_call|>347*28<|/tool_call|><|tool_result|>9716<|/tool_result|><|tool_call|>9716+51 ...  Answer: 9681
 #
@@ -141,7 +141,7 @@ class Calculator:
 
     @staticmethod
     def tool(call, prompt, earlier):
-        """What common.tool_hook runs for every call a row writes: the calculator, which needs
+        """What rollouts.tool_hook runs for every call a row writes: the calculator, which needs
         neither the prompt nor the earlier calls."""
         return calculator(call)
 

@@ -132,7 +132,7 @@ def shortest_solution(start=START, names=BY_ROLE):
 #   <|tool_result|>arsenal: sword<|/tool_result|> ... <|tool_call|>open chest<|/tool_call|><|tool_result|>chest open: you win<|/tool_result|>
 #
 # No game state is kept anywhere: each call replays the response's earlier calls from the start the
-# prompt's map describes (Treasure.tool, given the prompt and the earlier calls by common.tool_hook),
+# prompt's map describes (Treasure.tool, given the prompt and the earlier calls by rollouts.tool_hook),
 # so rows pause and resume independently and a transcript alone determines its episode.
 #
 # What varies is the rooms' names. Each role has three (ROOM_NAMES), 3^6 = 729 maps; "train" and
@@ -237,7 +237,7 @@ class Treasure:
 
     def tool(self, call, prompt, earlier):
         """The observation for `call`: the map read from the prompt, the earlier calls replayed from
-        the start (common.tool_hook gives all three, each row's own)."""
+        the start (rollouts.tool_hook gives all three, each row's own)."""
         found = _MAP.search(prompt)
         if found is None:
             return "error: no map in the prompt"

@@ -31,7 +31,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import train as T  # noqa: E402  (after the path: the script runs from anywhere)
+import options  # noqa: E402  (after the path: the script runs from anywhere)
+import train as T  # noqa: E402
 
 ARMS = dict(
     outcome=dict(reward_mode="outcome"),
@@ -48,7 +49,7 @@ def sft_checkpoint(args, common):
         return args.init_from
     out = os.path.join(args.out, "sft")
     if not os.path.isfile(os.path.join(out, "ckpt.pt")):
-        known = T.make_config({"algo": "sft"})
+        known = options.make_config({"algo": "sft"})
         T.train(dict({k: v for k, v in common.items() if k in known}, algo="sft", env="calculator",
                      max_iters=args.sft_iters, eval_interval=args.sft_iters, out_dir=out))
     return out
@@ -96,7 +97,7 @@ def main():
     parser.add_argument("--out", default="out/agentic")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
     args = parser.parse_args()
-    common = dict(T.parse_args([f"--{kv}" for kv in args.set]), env="calculator", eval_problems=args.eval_problems,
+    common = dict(options.parse_args([f"--{kv}" for kv in args.set]), env="calculator", eval_problems=args.eval_problems,
                   checkpoint=False)
     os.makedirs(args.out, exist_ok=True)
     start = sft_checkpoint(args, dict(common, checkpoint=True))

@@ -54,11 +54,14 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 import torch.nn.functional as F  # noqa: E402
 
-import common as C  # noqa: E402
+import options  # noqa: E402
 import train as T  # noqa: E402
+from distributed import chunks  # noqa: E402
+from evaluation import greedy_accuracy  # noqa: E402
+from rollouts import rollouts  # noqa: E402
 
 ARMS = dict(
-    grpo=dict(T.parse_args([os.path.join(ROOT, "config", "grpo.py")]), algo="grpo", group_size=8),  # 16 × 8 = 128
+    grpo=dict(options.parse_args([os.path.join(ROOT, "config", "grpo.py")]), algo="grpo", group_size=8),  # 16 × 8 = 128
     opd_full=dict(algo="opd", kl_estimator="full"),
     opd_sampled=dict(algo="opd", kl_estimator="sampled"),
     offpolicy=dict(algo="opd", kl_estimator="teacher_samples"),
@@ -99,7 +102,7 @@ def evaluate(run, model, n):
     """Greedy held-out accuracy, worked-answer share and answer length on the first n held-out problems."""
     was_training = model.training
     model.eval()
-    m = C.greedy_accuracy(run, model, "heldout", n)[0]
+    m = greedy_accuracy(run, model, "heldout", n)[0]
     model.train(was_training)
     return dict(acc=m["heldout_acc"], work=m["heldout_work"], len=m["heldout_len"])
 
@@ -127,7 +130,7 @@ def train_arm(arm, student, out_dir, its, n, start, min_iters=None):
     for it in its:
         run = T.train(dict(arm, init_from=student if done == 0 else "resume", out_dir=out_dir, max_iters=it,
                            eval_interval=0, checkpoint=True, plot=False, lr_decay_iters=its[-1]))
-        cfg = T.make_config(dict(arm, init_from=student))
+        cfg = options.make_config(dict(arm, init_from=student))
         tokens, seconds = progress(out_dir, cfg)[it]
         points.append(dict(evaluate(run, run.raw_model, n), iter=it, tokens=tokens, seconds=seconds))
         print(f"[{os.path.basename(out_dir)}] iter {it}: held-out {points[-1]['acc']:.3f}, "
@@ -178,10 +181,10 @@ def kl_profile(run, student, teacher, n, max_positions=48):
     same prompt): the mean KL at each answer position (and its token count), and per token role
     (ROLES; the first answer token is its own role) the share of the summed KL and the mean KL."""
     problems = run.env.problems("heldout", n, seed=3)
-    ro = C.rollouts(run, student, problems, 1, temperature=1.0, seed=5)
+    ro = rollouts(run, student, problems, 1, temperature=1.0, seed=5)
     ids, mask = ro.ids, ro.mask
     kl = torch.zeros_like(mask)
-    for rows in C.chunks(range(len(ids)), run.cfg["eval_batch_size"]):
+    for rows in chunks(range(len(ids)), run.cfg["eval_batch_size"]):
         s = F.log_softmax(student(ids[rows.start:rows.stop, :-1]).float(), dim=-1)
         t = F.log_softmax(teacher(ids[rows.start:rows.stop, :-1]).float(), dim=-1)
         kl[rows.start:rows.stop] = (s.exp() * (s - t)).sum(-1) * mask[rows.start:rows.stop]
@@ -356,16 +359,16 @@ def parse(argv=None):
 
 def main(argv=None):
     args = parse(argv)
-    common = T.parse_args([f"--{kv}" for kv in args.set])
+    common = options.parse_args([f"--{kv}" for kv in args.set])
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     # one run holds the student (raw_model) and the teacher: both evaluated the way every arm is
     base = T.train(dict(common, algo="opd", init_from=args.student, teacher=args.teacher, max_iters=0, eval_interval=0,
                         checkpoint=False, plot=False, out_dir=os.path.join(args.out, "start")))
     start = evaluate(base, base.raw_model, args.eval_problems)
-    teacher_eval = evaluate(base, base.teacher, args.eval_problems)
+    teacher_eval = evaluate(base, base.state.teacher, args.eval_problems)
     print(f"student {start['acc']:.3f} (work {start['work']:.2f}), teacher {teacher_eval['acc']:.3f}", flush=True)
-    profiles = {"student": kl_profile(base, base.raw_model, base.teacher, args.kl_problems)}
+    profiles = {"student": kl_profile(base, base.raw_model, base.state.teacher, args.kl_problems)}
     results = {name: [] for name in args.arms.split(",")}
     for k, seed in enumerate(int(s) for s in args.seeds.split(",")):  # every arm of a seed, then the next seed
         for name in results:
@@ -377,7 +380,7 @@ def main(argv=None):
             results[name].append(dict(seed=seed, points=points, summary=summarise(
                 points, start["acc"], teacher_eval["acc"], args.eval_problems)))
             if k == 0:
-                profiles[name] = kl_profile(base, run.raw_model.eval(), base.teacher, args.kl_problems)
+                profiles[name] = kl_profile(base, run.raw_model.eval(), base.state.teacher, args.kl_problems)
             # written after every run: a study stopped early keeps what finished
             goals = goal({n: r for n, r in results.items() if r}, args.eval_problems)
             with open(os.path.join(args.out, "results.json"), "w") as f:

@@ -31,7 +31,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import train as T  # noqa: E402  (after the path: the script runs from anywhere)
+import options  # noqa: E402  (after the path: the script runs from anywhere)
+import train as T  # noqa: E402
 
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, prompts_per_iter=2, group_size=2, eval_batch_size=8,
@@ -42,7 +43,7 @@ ARMS = dict(rl=dict(algo="grpo", eval_samples=0),  # greedy accuracy only, as SF
 
 def run(overrides):
     """train.train with the keys the run's algorithm knows."""
-    known = T.make_config({"algo": overrides["algo"]})
+    known = options.make_config({"algo": overrides["algo"]})
     return T.train({k: v for k, v in overrides.items() if k in known})
 
 
@@ -146,7 +147,7 @@ def main():
     if args.quick:
         args.init_iters, args.rl_iters, args.evals, args.eval_problems = 4, 2, 1, 8
     common = {**(QUICK if args.quick else {}), "env": "generalpoints", "eval_problems": args.eval_problems,
-              "log_interval": 1, "checkpoint": False, **T.parse_args([f"--{kv}" for kv in args.set])}
+              "log_interval": 1, "checkpoint": False, **options.parse_args([f"--{kv}" for kv in args.set])}
     os.makedirs(args.out, exist_ok=True)
     init = init_checkpoint(args, common)
 

@@ -36,13 +36,16 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench.py beside it
 
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
 import bench  # noqa: E402
-import common as C  # noqa: E402
 import envs  # noqa: E402
+import options  # noqa: E402
 import train as T  # noqa: E402
+from distributed import setup_device  # noqa: E402
+from hf import to_transformers  # noqa: E402
 from model import GPT, GPTConfig, token_logprobs  # noqa: E402
 from sampler import sample  # noqa: E402
 
@@ -52,13 +55,13 @@ ALGOS = ("sft", "rm", "dpo", "grpo", "ppo", "opd", "rft")
 # each algorithm small at setup (pools, pair sets), its step at its own default size; rm and dpo
 # use style pairs (no sampling at setup), opd the policy itself as teacher (OPSD)
 ALGO_KEYS = dict(sft=dict(train_problems=4000, val_examples=16), rm=dict(pairs="style", train_prompts=512),
-                 dpo=dict(pairs="style", train_prompts=512), grpo=dict(), ppo=dict(prompts_pool=2000),
+                 dpo=dict(pairs="style", train_prompts=512), grpo=dict(), ppo=dict(prompt_pool=2000),
                  opd=dict(teacher="self"), rft=dict(round_prompts=64))
 QUICK_KEYS = dict(batch_size=4, prompts_per_iter=2, group_size=2, max_new_tokens=8, train_problems=64,
-                  train_prompts=8, heldout_prompts=4, prompts_pool=64, eval_batch_size=8, round_prompts=4,
-                  candidates=2, samples_per_prompt=2, eval_problems=2, eval_best_of_n=2)
+                  train_prompts=8, heldout_prompts=4, prompt_pool=64, eval_batch_size=8, round_prompts=4,
+                  eval_problems=2)
 # RFT keeps only answers that end (a random model rarely writes the end token): room for one
-QUICK_ALGO_KEYS = dict(rft=dict(round_prompts=8, candidates=8, max_new_tokens=64))
+QUICK_ALGO_KEYS = dict(rft=dict(round_prompts=8, group_size=8, max_new_tokens=64))
 BOUNDS = dict(ratio_dev=1e-6, sampler_gap=0.02, greedy_agreement=0.99, decode_gap=0.1)
 
 
@@ -89,7 +92,7 @@ def overrides(args, algo, out_dir, **extra):
     cfg = dict(algo=algo, device=args.device, out_dir=out_dir, eval_interval=1, eval_problems=8, log_interval=1,
                plot=False, block_size=128, **ALGO_KEYS[algo], **(TINY_BODY if args.quick else GPT2_BODY))
     if args.quick:
-        cfg.update({k: v for k, v in QUICK_KEYS.items() if k in T.make_config(dict(algo=algo))})
+        cfg.update({k: v for k, v in QUICK_KEYS.items() if k in options.make_config(dict(algo=algo))})
         cfg.update(QUICK_ALGO_KEYS.get(algo, {}))
     return {**cfg, **extra}
 
@@ -133,7 +136,7 @@ def decode_rows(args):
     cfg = GPTConfig(block_size=128, vocab_size=320, **(TINY_BODY if args.quick else GPT2_BODY))
     torch.manual_seed(0)
     model = GPT(cfg).to(args.device).eval()
-    run = C.setup_device(dict(device=args.device))
+    run = setup_device(dict(device=args.device))
     g = torch.Generator().manual_seed(1)
     ragged = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (3, 17, 9, 30)]
     for name, prompts in (("ragged", ragged), ("shared", [ragged[1]] * 3 + [ragged[2]] * 2)):
@@ -158,11 +161,11 @@ def sampling_rows(args):
     torch.manual_seed(0)
     ours = GPT(cfg).to(args.device).eval()
     try:
-        hf = ours.to_transformers()
+        hf = to_transformers(ours)
     except ImportError:
         hf = None
         print("transformers is not installed: the sampler runs alone (for the comparison: pip install -r requirements-extra.txt)")
-    autocast = C.setup_device(dict(device=args.device)).autocast
+    autocast = setup_device(dict(device=args.device)).autocast
     for batch in (1, 2) if args.quick else (1, 64):
         prompts = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
         ids = prompts.to(args.device)

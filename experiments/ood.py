@@ -42,11 +42,11 @@ import types
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import bands  # noqa: E402
-import common as C  # noqa: E402
+import bands  # noqa: E402  (after the path: the script runs from anywhere)
+import options  # noqa: E402
 from envs import Arithmetic  # noqa: E402
 from envs.treasure import MAP_TEXT, ROOM_NAMES, ROOMS, optimal_episode  # noqa: E402
-import train as T  # noqa: E402  (after the path: the script runs from anywhere)
+from evaluation import greedy_accuracy  # noqa: E402
 from experiments.generalpoints import run, save_study  # noqa: E402  (train.train with the keys of the run's algorithm)
 
 SEEDS = (1337, 1338)
@@ -93,12 +93,12 @@ CANDIDATES = dict(
 def accuracy(r, model, split, n):
     """(greedy accuracy, binomial band) on n problems of `split`: heldout, or a candidate's name."""
     if split == "heldout":
-        metrics, _ = C.greedy_accuracy(r, model, "heldout", n)
+        metrics, _ = greedy_accuracy(r, model, "heldout", n)
     else:  # the candidate stands in for the run's "ood" split
         make, env = CANDIDATES[r.env.name][split], r.env
         shifted = types.SimpleNamespace(name=env.name, verify=env.verify, shows_work=env.shows_work,
                                         problems=lambda s, k, seed=0: make(env, k, seed))
-        metrics, _ = C.greedy_accuracy(types.SimpleNamespace(**{**vars(r), "env": shifted}), model, "ood", n)
+        metrics, _ = greedy_accuracy(types.SimpleNamespace(**{**vars(r), "env": shifted}), model, "ood", n)
         metrics = {"heldout_acc": metrics["ood_acc"]}
     acc = metrics["heldout_acc"]
     return acc, bands.binomial(acc, n)
@@ -225,7 +225,7 @@ def main():
     if not os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):
         parser.error(f"--init_from={args.init_from!r} holds no checkpoint")
     env = json.load(open(os.path.join(args.init_from, "config.json")))["env"]
-    common = {**(QUICK if args.quick else {}), "env": env, "log_interval": 1, **T.parse_args([f"--{kv}" for kv in args.set])}
+    common = {**(QUICK if args.quick else {}), "env": env, "log_interval": 1, **options.parse_args([f"--{kv}" for kv in args.set])}
     if args.search:
         return search(args, common)
     if args.split not in CANDIDATES.get(env, {}):

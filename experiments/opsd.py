@@ -8,7 +8,7 @@ arms, 128 prompts × 1 answer per iteration, learning rate 1e-4, the first four 
     answer_anchor     the same, plus a KL anchor to the SFT model on the student's samples (anchor_coef)
     solution          the privileged context is a verified worked solution (the demonstration the
                       verifier accepts), every answer position graded (the solution stands in for the
-                      problem's text so that prompt + answer fit the context; opd.py PRIVILEGED)
+                      problem's text so that prompt + answer fit the context; opd_family.py PRIVILEGED)
     solution_anchor   the same, plus the anchor
     reader            the solution context, from a student that has learnt to read a reference: the
                       student and the teacher it makes never saw a privileged prompt in SFT, and given
@@ -40,9 +40,10 @@ from distill import (ROOT, band, evaluate, parse_study, require_checkpoint, sche
                      study_parser, train_arm)
 
 sys.path.insert(0, ROOT)
-import common as C  # noqa: E402
-import opd  # noqa: E402
+import opd_family  # noqa: E402
+import options  # noqa: E402
 import train as T  # noqa: E402
+from rollouts import generate, response_text  # noqa: E402
 
 ARMS = dict(answer=dict(privileged="answer", anchor=False), answer_anchor=dict(privileged="answer", anchor=True),
             solution=dict(privileged="solution", anchor=False), solution_anchor=dict(privileged="solution", anchor=True),
@@ -61,7 +62,7 @@ def reader_rows(run, n):
     rows = []
     for i, problem in enumerate(run.env.problems("train", n, seed=7)):
         if i % 2:
-            rows.append(dict(prompt=opd.privileged_prompt(run.env, problem, "solution"), completion=run.env.solve(problem)))
+            rows.append(dict(prompt=opd_family.privileged_prompt(run.env, problem, "solution"), completion=run.env.solve(problem)))
         else:
             rows.append(dict(prompt=problem["prompt"], completion=run.env.demonstration(problem)))
     return rows
@@ -74,7 +75,7 @@ def make_reader(base, args, common):
     with open(path, "w") as f:
         for row in reader_rows(base, max(READER["batch_size"] * args.reader_iters, 64)):
             f.write(json.dumps(row) + "\n")
-    shared = {k: v for k, v in common.items() if k in T.DEFAULTS}  # (--set keys of every algorithm: SFT's too)
+    shared = {k: v for k, v in common.items() if k in options.DEFAULTS}  # (--set keys of every algorithm: SFT's too)
     T.train(dict(shared, **READER, data=path, init_from=args.student, max_iters=args.reader_iters, plot=False,
                  out_dir=out_dir))
     return out_dir
@@ -90,9 +91,9 @@ def privileged_answers(run, privileged, n):
     """What the teacher's context asks for: the starting model's greedy answers given the privileged
     prompt instead of the problem, on the n evaluation problems: accuracy and worked share."""
     problems = run.env.problems("heldout", n)
-    tokens = C.generate(run, run.raw_model, [run.tok.prompt_ids(opd.privileged_prompt(run.env, p, privileged))
+    tokens = generate(run, run.raw_model, [run.tok.prompt_ids(opd_family.privileged_prompt(run.env, p, privileged))
                                              for p in problems])[0]
-    texts = [C.response_text(run, t) for t in tokens]
+    texts = [response_text(run, t) for t in tokens]
     return dict(acc=sum(run.env.verify(p, t) for p, t in zip(problems, texts)) / n,
                 work=sum(map(run.env.shows_work, texts)) / n)
 
@@ -127,18 +128,18 @@ def plot(results, path):
 def main(argv=None):
     parser = study_parser(__doc__, ARMS, "out/opsd")
     parser.add_argument("--iters", type=int, default=40, help="iterations per arm")
-    parser.add_argument("--anchor_coef", type=float, default=1.0, help="β of the anchor arms (opd.py anchor_coef)")
+    parser.add_argument("--anchor_coef", type=float, default=1.0, help="β of the anchor arms (opd_family.py anchor_coef)")
     parser.add_argument("--reader_iters", type=int, default=300, help="SFT iterations that teach the reader arms' "
                         "student to read a reference solution")
     args = parse_study(parser, argv, QUICK)
     require_checkpoint("student", args.student, f"python train.py --algo sft --out_dir={args.student}")
-    common = T.parse_args([f"--{kv}" for kv in args.set])
+    common = options.parse_args([f"--{kv}" for kv in args.set])
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     base = start_run(common, args.student, os.path.join(args.out, "start"))
     starts = {args.student: evaluate(base, base.raw_model, args.eval_problems)}
     print(f"student: held-out {starts[args.student]['acc']:.3f}, worked share {starts[args.student]['work']:.2f}", flush=True)
-    contexts = {name: privileged_answers(base, name, args.eval_problems) for name in opd.PRIVILEGED}
+    contexts = {name: privileged_answers(base, name, args.eval_problems) for name in opd_family.PRIVILEGED}
     for name, c in contexts.items():
         print(f"the same model given the {name} context writes: accuracy {c['acc']:.3f}, worked share {c['work']:.2f}")
     names = args.arms.split(",")

@@ -33,15 +33,16 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import torch  # noqa: E402
+import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
-import common as C  # noqa: E402
-import train as T  # noqa: E402  (after the path: the script runs from anywhere)
+import options  # noqa: E402
+from distributed import chunks  # noqa: E402
+from rollouts import rollouts, score_responses  # noqa: E402
 from experiments.generalpoints import run, save_study  # noqa: E402  (train.train with the keys of the run's algorithm)
 
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, eval_batch_size=8, max_new_tokens=16, train_problems=64,
-             val_examples=8, prompts_pool=64, heldout_prompts=8, device="cpu", plot=False)
+             val_examples=8, prompt_pool=64, heldout_prompts=8, device="cpu", plot=False)
 
 
 def last_eval(out_dir, key):
@@ -67,12 +68,12 @@ def best_of_n(args, common, reward_model):
                  eval_interval=0, out_dir=os.path.join(args.out, "bon")))
     policy, problems, size = r.raw_model.policy.eval(), r.env.problems("heldout", args.bon_problems, seed=3), r.cfg["eval_batch_size"]
     proxy, gold = [], []
-    for k, chunk in enumerate(C.chunks(problems, max(1, size // args.bon_max))):
-        roll = C.rollouts(r, policy, chunk, args.bon_max, temperature=1.0, seed=k, batch_size=size)
+    for k, chunk in enumerate(chunks(problems, max(1, size // args.bon_max))):
+        roll = rollouts(r, policy, chunk, args.bon_max, temperature=1.0, seed=k, batch_size=size)
         with r.autocast:
-            proxy.append(torch.cat([C.score_responses(r.reward_model, ids, mask) for ids, mask in
-                                    zip(C.chunks(roll.ids, size), C.chunks(roll.mask, size))]).view(len(chunk), -1))
-        gold.append(roll.rewards.view(len(chunk), -1).cpu())
+            proxy.append(torch.cat([score_responses(r.state.reward_model, ids, mask) for ids, mask in
+                                    zip(chunks(roll.ids, size), chunks(roll.mask, size))]).view(len(chunk), -1))
+        gold.append(roll.verified.view(len(chunk), -1).cpu())
     proxy, gold = torch.cat(proxy).cpu(), torch.cat(gold)
     base = float(proxy.mean())
     points, N = [], 1
@@ -188,7 +189,7 @@ def main():
     if not os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):
         parser.error(f"--init_from={args.init_from!r} holds no checkpoint: run the ladder's sft stage first")
     common = {**(QUICK if args.quick else {}), "eval_problems": args.eval_problems, "log_interval": 1,
-              "checkpoint": False, **T.parse_args([f"--{kv}" for kv in args.set])}
+              "checkpoint": False, **options.parse_args([f"--{kv}" for kv in args.set])}
     os.makedirs(args.out, exist_ok=True)
 
     reward_model = proxy_model(args, common)

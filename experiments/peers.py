@@ -51,7 +51,7 @@ TINY_STEPS = dict(dpo=(5, 1), sft=(5, 1), grpo_small=(4, 1), grpo_large=(4, 1))
 # The project's side: one workload in this process (python experiments/peers.py --worker=...)
 
 def peer_common(bench):
-    """The bench's common.py (rand_text, machine_probe) under another name: the project has its own common."""
+    """The bench's common.py (rand_text, machine_probe) under a name of its own, apart from the project's modules."""
     spec = importlib.util.spec_from_file_location("peer_common", os.path.join(bench, "peers", "common.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -87,7 +87,8 @@ class RandTextEnv:
 def worker(args):
     sys.path.insert(0, ROOT)
     import torch
-    import common as C
+    import options
+    import rollouts
     import train as T
     torch.set_num_threads(1)
     peer = peer_common(args.bench)
@@ -113,20 +114,20 @@ def worker(args):
         cfg.update(algo="grpo", prompts_per_iter=P, group_size=G, max_new_tokens=L, batch_size=P * G, minibatches=1,
                    inner_epochs=1, loss_agg="token_mean", estimator="grpo", on_degenerate="zeros", temperature=1.0,
                    max_iters=iters, **(KL if name == "grpo_kl" else dict(kl="off")))
-        C.config_env = lambda cfg: RandTextEnv(peer)
-        sample = C.sample
+        T.config_env = lambda cfg: RandTextEnv(peer)  # the environment train.setup builds
+        sample = rollouts.sample
 
         def exactly_l_tokens(*a, **kw):  # the peers force min_new_tokens=L: no stop token here either
             return sample(*a, **dict(kw, stop_tokens=()))
-        C.sample = exactly_l_tokens
+        rollouts.sample = exactly_l_tokens  # the sampler rollouts.generate calls
     else:
         sys.exit(f"unknown worker {args.worker!r}")
-    algo = T.algo_module(cfg["algo"])
+    algo = options.algo_module(cfg["algo"])
     stamps, batches = [], algo.batches
 
-    def stamped(run, it):  # an iteration's period: from one batches() call to the next, as TRL's step period
+    def stamped(run, state, it):  # an iteration's period: from one batches() call to the next, as TRL's step period
         stamps.append(time.perf_counter())
-        return batches(run, it)
+        return batches(run, state, it)
     algo.batches = stamped
     run = T.train(cfg)
     periods = [b - a for a, b in zip(stamps, stamps[1:])][skip:]
@@ -136,7 +137,7 @@ def worker(args):
     if name == "dpo":
         result["pairs_per_s"] = 16 / seconds
     elif name == "sft":
-        ids = batches(run, 0)[0][0][0]
+        ids = batches(run, run.state, 0)[0][0][0][0]
         result["tokens_per_s"] = ids[:, :-1].numel() / seconds
     else:
         rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]

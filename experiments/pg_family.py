@@ -27,12 +27,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
-import common as C  # noqa: E402
+import options  # noqa: E402
 import train as T  # noqa: E402
 
 
 def recipe(name, **extra):
-    return dict(T.parse_args([os.path.join(ROOT, "config", f"{name}.py")]), **extra)
+    return dict(options.parse_args([os.path.join(ROOT, "config", f"{name}.py")]), **extra)
 
 
 ARMS = {name: recipe(name) for name in ("grpo", "dr_grpo", "dapo", "gspo", "cispo")}
@@ -120,7 +120,7 @@ def main(argv=None):
     common = dict(init_from=args.sft, max_iters=args.iters, eval_interval=args.eval_every, prompts_per_iter=args.prompts,
                   group_size=args.group_size, eval_problems=args.eval_problems, eval_samples=0,
                   minibatches=args.minibatches, plot=False)
-    common.update(T.parse_args([f"--{kv}" for kv in args.set]))
+    common.update(options.parse_args([f"--{kv}" for kv in args.set]))
     seeds, n = [int(s) for s in args.seeds.split(",")], args.eval_problems
     results = {name: run_arm(name, ARMS[name], seeds, common, args.out) for name in args.arms.split(",")}
     if args.edge:

@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
-import train as T  # noqa: E402
+import options  # noqa: E402
 from experiments.generalpoints import init_checkpoint, run, save_study  # noqa: E402  (an SFT start, train.train by algorithm)
 from experiments.ood import accuracy  # noqa: E402  (greedy accuracy on a split, with its band)
 
@@ -164,7 +164,7 @@ def main():
         args.init_iters, args.iters, args.evals, args.eval_problems, args.ood_problems = 2, 2, 2, 4, 4
     common = {"batch_size": 8, "train_problems": 2000, "lr_decay_iters": 300, **(QUICK if args.quick else {}), "env": "treasure",
               "eval_problems": args.eval_problems, "log_interval": 1, "checkpoint": False,
-              **T.parse_args([f"--{kv}" for kv in args.set])}
+              **options.parse_args([f"--{kv}" for kv in args.set])}
     os.makedirs(args.out, exist_ok=True)
     start = init_checkpoint(args, common)
     common.update(prompts_per_iter=args.prompts_per_iter, group_size=args.group_size, eval_samples=0)

@@ -61,11 +61,11 @@ def test_peers_project_side_runs_the_peer_workloads(tmp_path):
 
 @pytest.mark.slow  # a script's smoke run at toy size: `-m slow`
 def test_bench_loop_dpo_and_shared_prompt_figures_at_tiny_size(tmp_path):
-    """bench.py's train_loop pairs a bare step with every shared iteration after the warm-up,
+    """experiments/bench.py's train_loop pairs a bare step with every shared iteration after the warm-up,
     dpo_step times DPO with and without shared prompts, and rl_shared_prompt samples G copies of
     each prompt against as many distinct prompts."""
     out = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "train_loop", "dpo_step", "rl_shared_prompt",
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "bench.py"), "train_loop", "dpo_step", "rl_shared_prompt",
                            "--tiny", f"--out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-2000:]

@@ -6,6 +6,7 @@ import time
 import pytest
 
 import envs
+import options
 import train as T
 from conftest import SFT_DATA, TINY
 from envs import Calculator, calculator
@@ -101,7 +102,7 @@ def test_demonstration_tokens_results_masked_and_within_the_default_budget():
     hidden = [i for i, m in zip(ids, mask) if not m]
     assert hidden.count(tok.special["tool_result"]) == 3 and hidden.count(tok.special["/tool_result"]) == 3
     longest = max(len(tok.assistant_ids(env.solve(q))[0]) for q in env.problems("train", 2000))
-    assert longest <= T.DEFAULTS["max_new_tokens"]
+    assert longest <= options.DEFAULTS["max_new_tokens"]
     assert tok.assistant_ids("7+8=15. Answer: 15") == (tok.response_ids("7+8=15. Answer: 15"), [1] * 19)
 
 
@@ -109,7 +110,7 @@ def test_sft_on_calculator_masks_results_and_evaluates_with_the_tool(tmp_path):
     run = T.train(dict(TINY, **SFT_DATA, env="calculator", env_direct_frac=0.0, max_iters=2, eval_interval=2,
                        out_dir=str(tmp_path / "sft")))
     special = run.tok.special
-    for ids, mask in run.train_examples[:20]:
+    for ids, mask in run.state.train_examples[:20]:
         inside = False
         for i, m in zip(ids, mask):
             inside = inside or i == special["tool_result"]

@@ -8,10 +8,11 @@ import os
 import pytest
 import torch
 
-import common as C
 import dpo
+import options
 import pairs
 import train as T
+from checkpoints import build_model, load_model, load_reference
 from conftest import run_ddp
 from model import token_logprobs
 from sampler import SharedPrompts
@@ -75,7 +76,7 @@ def test_sequence_logprob_counts_response_tokens_only(tiny):
     run = T.train(dpo_config(tiny, max_iters=0, loss="simpo", pairs="style", train_prompts=4, heldout_prompts=2,
                              block_size=128))
     model = run.raw_model
-    examples = run.train_examples[:3]
+    examples = run.state.train_examples[:3]
     batch = pairs.collate(run, examples)
     (lp_w, lp_l), (len_w, len_l) = dpo.sequence_sums(run, model, batch)
     for i, ex in enumerate(examples):  # each row alone, no padding: sum log π(response token | prefix)
@@ -103,7 +104,7 @@ def test_shared_prompts_give_the_same_loss_and_gradients(tiny, loss, monkeypatch
     gradient of every parameter as one full row each, on ragged prompts with padding (the policy
     moved off the reference first, so that the loss has a gradient beyond its value at z = 0)."""
     run = T.train(dpo_config(tiny, max_iters=0, loss=loss, pairs="style", train_prompts=8, heldout_prompts=2))
-    batch = pairs.collate(run, run.train_examples[:6])
+    batch = pairs.collate(run, run.state.train_examples[:6])
     monkeypatch.setattr(SharedPrompts, "saves_work", staticmethod(lambda *a: True))  # the shared layout, whatever it costs
     assert len(set(batch["prompt_lens"].tolist())) > 1 and (batch["ids"] == run.tok.pad).any()
     with torch.no_grad():
@@ -113,7 +114,7 @@ def test_shared_prompts_give_the_same_loss_and_gradients(tiny, loss, monkeypatch
     results = []
     for share in (False, True):
         run.cfg = dict(run.cfg, share_prompt=share)
-        loss_sum, count, metrics = dpo.loss(run, run.raw_model, batch)
+        loss_sum, count, metrics = dpo.loss(run, run.state, run.raw_model, batch)
         results.append((float(loss_sum.detach()), count, {k: float(v) for k, v in metrics.items()},
                         torch.autograd.grad(loss_sum, params)))
     (full, n_full, m_full, g_full), (shared, n_shared, m_shared, g_shared) = results
@@ -131,7 +132,7 @@ def test_prompts_are_shared_only_where_that_runs_fewer_positions(tiny):
     assert not SharedPrompts.saves_work(torch.tensor([20, 60, 20, 60]), 90, 2)
     assert SharedPrompts.saves_work(torch.tensor([40, 40, 40, 40]), 70, 2)
     run = T.train(dpo_config(tiny, max_iters=0, pairs="style", train_prompts=8, heldout_prompts=2))
-    batch = pairs.collate(run, run.train_examples[:6])
+    batch = pairs.collate(run, run.state.train_examples[:6])
     sums = []
     for share in (False, True):
         run.cfg = dict(run.cfg, share_prompt=share)
@@ -143,29 +144,29 @@ def test_prompts_are_shared_only_where_that_runs_fewer_positions(tiny):
 def test_reference_cache_equals_recomputed_and_key_tracks_the_reference(tiny):
     overrides = dpo_config(tiny, max_iters=0, loss="dpo", train_prompts=6, heldout_prompts=3)
     run = T.train(overrides)
-    reference = C.load_reference(run)
-    recomputed = dpo.reference_logprobs(run, reference, run.train_examples)
-    cached = torch.tensor([ex["ref"] for ex in run.train_examples])
-    assert torch.allclose(cached, recomputed, atol=1e-6) and cached.shape == (len(run.train_examples), 2)
-    assert os.path.isfile(run.ref_cache_path)
+    reference = load_reference(run)
+    recomputed = dpo.reference_logprobs(run, reference, run.state.train_examples)
+    cached = torch.tensor([ex["ref"] for ex in run.state.train_examples])
+    assert torch.allclose(cached, recomputed, atol=1e-6) and cached.shape == (len(run.state.train_examples), 2)
+    assert os.path.isfile(run.state.ref_cache_path)
     # a second run finds the file and uses it (a planted value shows it was read, not recomputed)
-    saved = torch.load(run.ref_cache_path)
+    saved = torch.load(run.state.ref_cache_path)
     saved["values"][0][0, 0] = -123.0
-    torch.save(saved, run.ref_cache_path)
+    torch.save(saved, run.state.ref_cache_path)
     again = T.train(overrides)
-    assert again.ref_cache_path == run.ref_cache_path and again.train_examples[0]["ref"][0] == -123.0
+    assert again.state.ref_cache_path == run.state.ref_cache_path and again.state.train_examples[0]["ref"][0] == -123.0
     # the key changes with the reference weights, the token ids (template) and the tokenizer
-    sets = [run.train_examples, run.heldout_examples]
+    sets = [run.state.train_examples, run.state.heldout_examples]
     key = dpo.cache_key(run, reference, sets)
-    assert dpo.cache_key(run, C.load_reference(run), sets) == key
+    assert dpo.cache_key(run, load_reference(run), sets) == key
     with torch.no_grad():
         reference.transformer.h[0].mlp.c_fc.weight[0, 0] += 1e-3
     assert dpo.cache_key(run, reference, sets) != key
     with torch.no_grad():
         reference.transformer.h[0].mlp.c_fc.weight[0, 0] -= 1e-3
-    edited = [dict(ex) for ex in run.train_examples]
+    edited = [dict(ex) for ex in run.state.train_examples]
     edited[0]["prompt"] = edited[0]["prompt"][:-1] + [run.tok.special["user"]]
-    assert dpo.cache_key(run, reference, [edited, run.heldout_examples]) != key
+    assert dpo.cache_key(run, reference, [edited, run.state.heldout_examples]) != key
     run.tok.name = "other"
     assert dpo.cache_key(run, reference, sets) != key
 
@@ -182,7 +183,7 @@ def toy_rows():
 def test_each_loss_orders_a_toy_pair(tiny, tmp_path, loss):
     path = write_jsonl(tmp_path / "toy.jsonl", toy_rows())
     run = T.train(dpo_config(tiny, data=path, loss=loss, max_iters=12, batch_size=2, learning_rate=3e-3))
-    batch = pairs.collate(run, run.train_examples[:4])  # (both toy pairs, or KTO: their four answers)
+    batch = pairs.collate(run, run.state.train_examples[:4])  # (both toy pairs, or KTO: their four answers)
     with torch.no_grad():
         sums, lengths = dpo.sequence_sums(run, run.raw_model, batch)
         z_ref = max(dpo.mismatched_kl(batch, sums)[0] / len(sums[0]), 0.0) if loss == "kto" else None
@@ -197,8 +198,8 @@ def test_each_loss_orders_a_toy_pair(tiny, tmp_path, loss):
 def test_kto_rows_and_their_errors(tiny, tmp_path):
     good = [{"prompt": f"Q{i}", "completion": f"A{i}", "label": i % 2 == 0} for i in range(12)]
     run = T.train(dpo_config(tiny, data=write_jsonl(tmp_path / "kto.jsonl", good), loss="kto", max_iters=1))
-    assert {ex["label"] for ex in run.train_examples} == {0.0, 1.0}
-    for ex in run.train_examples:  # the mismatched completion comes from another prompt
+    assert {ex["label"] for ex in run.state.train_examples} == {0.0, 1.0}
+    for ex in run.state.train_examples:  # the mismatched completion comes from another prompt
         assert ex["responses"][1] != ex["responses"][0]
     bad_label = write_jsonl(tmp_path / "bad.jsonl", good[:3] + [{"prompt": "Q", "completion": "A", "label": "yes"}])
     with pytest.raises(ValueError, match=r"bad.jsonl: row 4: field 'label': expected bool"):
@@ -210,18 +211,18 @@ def test_kto_rows_and_their_errors(tiny, tmp_path):
         T.train(dpo_config(tiny, data=write_jsonl(tmp_path / "k.jsonl", good), loss="dpo", max_iters=1))
     run = T.train(dpo_config(tiny, data=write_jsonl(tmp_path / "k2.jsonl", good + [good[0] | {"completion": " "}]),
                              loss="kto", max_iters=1, skip_bad_rows=True))
-    assert run.skipped_rows == 1
+    assert run.state.skipped_rows == 1
 
 
 def test_dpo_with_lora(tiny, tmp_path):
     path = write_jsonl(tmp_path / "toy.jsonl", toy_rows())
-    before = C.build_model(T.make_config(dpo_config(tiny)), Tokenizer("byte"))
+    before = build_model(options.make_config(dpo_config(tiny)), Tokenizer("byte"))
     run = T.train(dpo_config(tiny, data=path, max_iters=4, batch_size=2, lora_rank=2))
     layer = run.raw_model.transformer.h[1].mlp.c_fc
     assert torch.equal(layer.base.weight, before.transformer.h[1].mlp.c_fc.weight)  # W frozen
     assert layer.lora_B.abs().sum() > 0                                              # B·A trained
-    loaded = C.load_model(run.cfg["out_dir"])  # merged: the same log-probs as the LoRA model
-    batch = pairs.collate(run, run.train_examples)
+    loaded = load_model(run.cfg["out_dir"])  # merged: the same log-probs as the LoRA model
+    batch = pairs.collate(run, run.state.train_examples)
     with torch.no_grad():
         assert torch.allclose(torch.cat(dpo.sequence_sums(run, loaded, batch)[0]),
                               torch.cat(dpo.sequence_sums(run, run.raw_model, batch)[0]), atol=1e-4)
@@ -248,7 +249,7 @@ def _ddp_params(overrides):
 
 
 def test_two_processes_equal_one(tiny, tmp_path):
-    common = dpo_config(tiny, max_iters=3, train_prompts=16, heldout_prompts=4, samples_per_prompt=2)
+    common = dpo_config(tiny, max_iters=3, train_prompts=16, heldout_prompts=4, group_size=2)
     one = _ddp_params(dict(common, batch_size=4, out_dir=str(tmp_path / "one")))
     two = run_ddp(_ddp_params, dict(common, batch_size=2, out_dir=str(tmp_path / "two")))
     for name, value in one.items():

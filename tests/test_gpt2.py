@@ -11,12 +11,15 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"  # a local save_pretrained directory must never touch the network
 transformers = pytest.importorskip("transformers")
 
-import common as C
 import export
+import options
 import train as T
-from model import GPT
-from tokenizer import Tokenizer, gpt2_byte_chars
+from checkpoints import build_model, load_tokenizer
 from conftest import SFT_DATA, TINY, random_ids
+from hf import from_pretrained, to_transformers
+from model import GPT
+from sft import masked_nll
+from tokenizer import Tokenizer, gpt2_byte_chars
 
 VOCAB = 100  # smaller than the byte tokenizer's 266 ids: init_from must grow the embedding
 
@@ -37,7 +40,7 @@ def hf_dir(tmp_path_factory):
 
 def test_logits_match_transformers(hf_dir):
     path, hf = hf_dir
-    ours = GPT.from_pretrained(path).eval()
+    ours = from_pretrained(path).eval()
     assert (ours.config.n_layer, ours.config.n_embd, ours.config.block_size) == (2, 32, 128)
     ids = random_ids(VOCAB, 3, 50, seed=1)
     with torch.no_grad():
@@ -49,7 +52,7 @@ def test_logits_match_transformers(hf_dir):
 
 def test_greedy_generate_matches_transformers(hf_dir):
     path, hf = hf_dir
-    ours = GPT.from_pretrained(path).eval()
+    ours = from_pretrained(path).eval()
     # ragged prompts in one batch: ours left-pads them, transformers decodes each one alone
     prompts = [random_ids(VOCAB, 1, 5, seed=2)[0].tolist(), random_ids(VOCAB, 1, 11, seed=3)[0].tolist(), [7]]
     new = 20
@@ -68,7 +71,7 @@ def test_greedy_generate_matches_transformers(hf_dir):
 
 def test_resize_vocab_keeps_old_logits(hf_dir):
     path, _ = hf_dir
-    model = GPT.from_pretrained(path).eval()
+    model = from_pretrained(path).eval()
     ids = random_ids(VOCAB, 2, 30, seed=4)
     with torch.no_grad():
         before = model(ids)
@@ -84,10 +87,10 @@ def test_resize_vocab_keeps_old_logits(hf_dir):
 
 def test_train_starts_from_hf_directory(hf_dir, tmp_path):
     path, hf = hf_dir
-    cfg = T.make_config(dict(TINY, algo="sft", init_from=path, max_iters=2, checkpoint=False,
+    cfg = options.make_config(dict(TINY, algo="sft", init_from=path, max_iters=2, checkpoint=False,
                              out_dir=str(tmp_path / "run")))
     tok = Tokenizer(cfg["tokenizer"])
-    start = C.build_model(cfg, tok).eval()
+    start = build_model(cfg, tok).eval()
     # the byte tokenizer's ids run past GPT-2's vocabulary: the embedding grew, the old logits stayed
     assert start.config.vocab_size == tok.n_vocab and start.config.block_size == 128
     ids = random_ids(VOCAB, 2, 40, seed=5)
@@ -100,9 +103,9 @@ def test_train_starts_from_hf_directory(hf_dir, tmp_path):
     rows = [json.loads(line) for line in open(os.path.join(cfg["out_dir"], "metrics.jsonl"))]
     assert [r["iter"] for r in rows if "loss" in r] == [1, 2]
     # the first logged loss is the masked NLL of the GPT-2 weights on iteration 0's batch
-    (ids0, mask0), = run.algo.batches(run, 0)[0]
+    (ids0, mask0), = run.algo.batches(run, run.state, 0)[0][0]
     with torch.no_grad():
-        loss_sum, count = C.masked_nll(start, ids0, mask0)
+        loss_sum, count = masked_nll(start, ids0, mask0)
     assert rows[0]["loss"] == pytest.approx((loss_sum / count).item(), rel=1e-4)
     moved = max((p.detach() - q).abs().max().item()
                 for p, q in zip(trained.parameters(), start.parameters()))
@@ -185,13 +188,13 @@ def test_gpt2_config_trains_offline_on_a_local_copy_of_its_dataset(hf_dir, tmp_p
                            dict(role="assistant", content="hello" + " world" * (i % 4 + 1))]) for i in range(40)]
     rows.append(dict(rows[0], messages=[dict(role="user", content="hi"), dict(role="assistant", content="world " * 200)]))
     (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    overrides = T.parse_args([os.path.join(os.path.dirname(os.path.dirname(__file__)), "config", "gpt2.py")])
+    overrides = options.parse_args([os.path.join(os.path.dirname(os.path.dirname(__file__)), "config", "gpt2.py")])
     assert (overrides["init_from"], overrides["tokenizer"], overrides["skip_bad_rows"]) == ("gpt2", "gpt2", True)
     cfg = dict(overrides, init_from=path, tokenizer=str(tmp_path / "tok"), data=str(data), block_size=128,
                batch_size=2, gradient_accumulation_steps=2, max_iters=2, eval_interval=2, eval_batch_size=4,
                val_examples=4, compile=False, device="cpu", plot=False, out_dir=str(tmp_path / "run"))
     run = T.train(cfg)
-    assert run.skipped_rows == 1 and run.raw_model.config.vocab_size == run.tok.n_vocab
+    assert run.state.skipped_rows == 1 and run.raw_model.config.vocab_size == run.tok.n_vocab
     assert 0 < run.metrics["val_loss"] < 20
 
 
@@ -199,9 +202,9 @@ def test_gpt2_config_trains_offline_on_a_local_copy_of_its_dataset(hf_dir, tmp_p
 
 def test_import_export_import_is_identity(hf_dir, tmp_path):
     path, hf = hf_dir
-    ours = GPT.from_pretrained(path)
-    ours.to_transformers().save_pretrained(tmp_path / "again")
-    again = GPT.from_pretrained(str(tmp_path / "again"))
+    ours = from_pretrained(path)
+    to_transformers(ours).save_pretrained(tmp_path / "again")
+    again = from_pretrained(str(tmp_path / "again"))
     assert again.config == ours.config
     for (name, a), b in zip(ours.state_dict().items(), again.state_dict().values()):
         assert torch.equal(a, b), name
@@ -226,7 +229,7 @@ def test_exported_checkpoints_give_transformers_the_same_logits_and_ids(tmp_path
         hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
         with torch.no_grad():
             torch.testing.assert_close(hf(ids).logits, trained.eval()(ids), atol=1e-4, rtol=0)
-        tok, hf_tok = C.load_tokenizer(str(tmp_path / name)), transformers.AutoTokenizer.from_pretrained(out)
+        tok, hf_tok = load_tokenizer(str(tmp_path / name)), transformers.AutoTokenizer.from_pretrained(out)
         assert hf_tok.encode(text, add_special_tokens=False) == tok.encode(text)
         assert [hf_tok.convert_tokens_to_ids(f"<|{s}|>") for s in tok.special] == list(tok.special.values())
         assert (hf_tok.eos_token_id, hf_tok.pad_token_id, hf.config.eos_token_id) == (tok.eos, tok.pad, tok.eos)

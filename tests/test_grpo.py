@@ -9,16 +9,20 @@ import json
 import math
 import os
 import zlib
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-import common as C
 import envs
 import grpo
+import grpo_family as family
+import options
 import train as T
+from checkpoints import build_model, load_reference
 from conftest import TINY, forward_calls, run_ddp
 from model import kl_estimate, sequence_logprobs
+from rollouts import Rollout, old_logprobs_mode, score_tokens
 from tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,11 +41,12 @@ def some_degenerate_reward(problem, text):
 
 @contextlib.contextmanager
 def patched(run, verify=coin_reward, **cfg):
-    """Temporarily give the run another verifier and config values."""
+    """Temporarily give the run another verifier and config values; yields the algorithm's state
+    set up under them (grpo.setup chooses the family's options once, from the config)."""
     old_verify, old_cfg = run.env.verify, run.cfg
     run.env.verify, run.cfg = verify, dict(run.cfg, **cfg)
     try:
-        yield run
+        yield grpo.setup(run, None)
     finally:
         run.env.verify, run.cfg = old_verify, old_cfg
 
@@ -62,7 +67,7 @@ def loss_cfg(**kw):
 
 def test_grpo_group_example_and_ddof_factor():
     r = torch.tensor([1., 0, 0, 1, 0, 0, 1, 0])
-    adv = grpo.grpo_advantages(r)
+    adv = family.grpo_advantages(r)
     assert round(float(r.mean()), 3) == 0.375 and round(float(r.std(correction=0)), 4) == 0.4841
     assert round(float(adv[0]), 3) == 1.291 and round(float(adv[1]), 3) == -0.775
     assert abs(float(adv.sum())) < 1e-6
@@ -72,18 +77,18 @@ def test_grpo_group_example_and_ddof_factor():
 
 def test_grpo_advantages_errors_and_degenerate_rule():
     with pytest.raises(ValueError, match="no relative signal"):
-        grpo.grpo_advantages([1.0, 1.0, 1.0])
+        family.grpo_advantages([1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="shape"):
-        grpo.grpo_advantages([1.0])
+        family.grpo_advantages([1.0])
     with pytest.raises(ValueError, match="shape"):
-        grpo.grpo_advantages(torch.zeros(2, 3, 4))
+        family.grpo_advantages(torch.zeros(2, 3, 4))
     with pytest.raises(ValueError, match="finite"):
-        grpo.grpo_advantages([1.0, float("nan"), 0.0])
+        family.grpo_advantages([1.0, float("nan"), 0.0])
     with pytest.raises(ValueError, match="on_degenerate"):
-        grpo.grpo_advantages([1.0, 0.0], on_degenerate="drop")
+        family.grpo_advantages([1.0, 0.0], on_degenerate="drop")
     # 0.1 * 3 rounds so that mean != 0.3 in float32: std would be ~1e-8 and the advantages huge
     rows = torch.tensor([[0.3, 0.3, 0.3], [1.0, 0.0, 0.0]])
-    adv = grpo.grpo_advantages(rows, on_degenerate="zeros")
+    adv = family.grpo_advantages(rows, on_degenerate="zeros")
     assert torch.equal(adv[0], torch.zeros(3))
     assert torch.allclose(adv[1], torch.tensor([2.0, -1.0, -1.0]) / math.sqrt(2.0))
 
@@ -103,7 +108,8 @@ def test_aggregation_lengths_1_and_3(loss_agg, value, count):
     L_max = 4: (2 + 0) / (G·L_max) = 2 / 8 = 0.25. Padding holds garbage that must not leak."""
     values = torch.tensor([[2.0, float("nan"), 1e9], [0.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 0, 0], [1, 1, 1]])
-    loss_sum, n = grpo.aggregate(values, mask, loss_agg, max_len=4)
+    loss_sum, n = grpo.loss_parts(dict(ratio_level="token", policy_loss="clip", kl="off", loss_agg=loss_agg)).aggregate(
+        values, mask, 4)
     assert int(n) == count and float(loss_sum) / int(n) == pytest.approx(value, abs=1e-7)
 
 
@@ -118,14 +124,14 @@ def test_group_baseline_bias_exhaustive_and_simulated():
     prob = p ** groups.sum(1) * (1 - p) ** (G - groups.sum(1))
     expected = {}
     for estimator in ("dr_grpo", "rloo"):
-        adv, _ = grpo.group_advantages(groups, estimator)
+        adv, _ = family.group_advantages(groups, estimator)
         per_group = (adv * (groups - p)).mean(1)  # the REINFORCE estimate of one group
         expected[estimator] = float((prob * per_group).sum())
     assert round(expected["dr_grpo"], 5) == 0.18375 and round(expected["rloo"], 5) == 0.21
     gen = torch.Generator().manual_seed(0)
     sims = (torch.rand(100_000, G, generator=gen) < p).float()
     for estimator, truth in expected.items():
-        adv, _ = grpo.group_advantages(sims, estimator)
+        adv, _ = family.group_advantages(sims, estimator)
         per_group = (adv * (sims - p)).mean(1)
         stderr = float(per_group.std()) / math.sqrt(len(sims))
         assert abs(float(per_group.mean()) - truth) < 4 * stderr
@@ -136,7 +142,7 @@ def test_group_baseline_bias_exhaustive_and_simulated():
 # The loss: bandit gradients, clipping, padding, degenerate groups, KL
 
 @pytest.mark.parametrize("estimator", ["reinforce", "rloo", "grpo", "dr_grpo"])
-@pytest.mark.parametrize("loss_agg", list(grpo.CHOICES["loss_agg"]))
+@pytest.mark.parametrize("loss_agg", list(family.CHOICES["loss_agg"]))
 def test_one_token_bandit_gradient_is_reinforce(estimator, loss_agg):
     """One token per response, ρ = 1: the loss gradient is −(1/N) Σ_i A_i ∇log π(a_i), with
     ∇_θ log softmax(θ)[a] = onehot(a) − softmax(θ)."""
@@ -147,7 +153,7 @@ def test_one_token_bandit_gradient_is_reinforce(estimator, loss_agg):
     if estimator == "reinforce":
         adv = (rewards - rewards.mean()).flatten()
     else:
-        adv, degenerate = grpo.group_advantages(rewards, estimator)
+        adv, degenerate = family.group_advantages(rewards, estimator)
         assert not degenerate.any()
         adv = adv.flatten()
     logp = torch.log_softmax(theta, 0)[actions][:, None]
@@ -176,7 +182,7 @@ def test_clipping_stops_gradient_on_the_right_side_only(ratio, adv, eps_high, cl
     assert float(logp.grad) == (0.0 if clipped else pytest.approx(-adv * ratio, rel=1e-5))
 
 
-@pytest.mark.parametrize("loss_agg", list(grpo.CHOICES["loss_agg"]))
+@pytest.mark.parametrize("loss_agg", list(family.CHOICES["loss_agg"]))
 def test_padding_contributes_nothing(loss_agg):
     """Extra padded positions holding garbage change no loss, count or gradient (k3 term included)."""
     gen = torch.Generator().manual_seed(2)
@@ -204,11 +210,11 @@ def pad_columns(mb, extra, pad_id):
 
 
 def test_padding_columns_do_not_change_the_model_loss(run):
-    with patched(run):
-        mb = next(iter(grpo.batches(run, 0)))[0]
+    with patched(run) as state:
+        mb = grpo.batches(run, state, 0)[0][0][0]
     padded = pad_columns(mb, 7, run.tok.pad)
-    sa, na, _ = grpo.loss(run, run.model, mb)
-    sb, nb, _ = grpo.loss(run, run.model, padded)
+    sa, na, _ = grpo.loss(run, state, run.model, mb)
+    sb, nb, _ = grpo.loss(run, state, run.model, padded)
     assert float(na) == float(nb) and float(sa.detach()) == pytest.approx(float(sb.detach()), abs=1e-5)
 
 
@@ -227,17 +233,17 @@ def test_kl_term_is_zero_when_policy_equals_reference():
 
 def test_overlong_penalty_ramp():
     lengths = torch.tensor([10, 48, 56, 63, 64])
-    assert grpo.overlong_penalty(lengths, 64, 16).tolist() == [0.0, 0.0, -0.5, -0.9375, -1.0]
-    assert grpo.overlong_penalty(lengths, 64, 0).tolist() == [0.0] * 5
+    assert family.overlong_penalty(lengths, 64, 16).tolist() == [0.0, 0.0, -0.5, -0.9375, -1.0]
+    assert family.overlong_penalty(lengths, 64, 0).tolist() == [0.0] * 5
 
 
 # ---------------------------------------------------------------------------------------------
 # Rollout batches on a real (tiny) run
 
-def first_step_ratio_dev(run, temperature=None, train_mode=False):
+def first_step_ratio_dev(run, state, temperature=None, train_mode=False):
     """max |ρ − 1| over the first optimizer step, π_θ scored at `temperature` (default: the run's)."""
-    run.raw_model.eval()  # as the loop leaves it for batches() and the loss (grpo.loss_dropout = False)
-    steps = list(grpo.batches(run, 3))
+    run.raw_model.eval()  # as the loop leaves it for batches() and the loss (grpo.on_policy)
+    steps, _ = grpo.batches(run, state, 3)
     if train_mode:
         run.raw_model.train()
     dev = 0.0
@@ -255,32 +261,31 @@ def test_ratio_is_one_on_the_first_step_tokens_in_tokens_out(tmp_path):
     run = T.train(dict(TINY, **SMALL, max_iters=0, dropout=0.2, temperature=0.7, out_dir=str(tmp_path / "r")))
     with torch.no_grad():  # sharpen the random model's logits (tied embeddings), or every temperature looks alike
         run.raw_model.transformer.wte.weight.mul_(3)
-    with patched(run):
-        dev, steps = first_step_ratio_dev(run)
+    with patched(run) as state:
+        dev, steps = first_step_ratio_dev(run, state)
         assert dev < 1e-4
-        assert not run.raw_model.training and not grpo.loss_dropout  # the loop keeps dropout off in the loss
-        metrics = grpo.loss(run, run.model, steps[0][0])[2]
+        assert not run.raw_model.training and grpo.on_policy  # the loop keeps dropout off in the loss
+        metrics = grpo.loss(run, state, run.model, steps[0][0])[2]
         assert metrics["ratio_dev"] < 1e-4 and metrics["clip_frac"] == 0.0
-        assert first_step_ratio_dev(run, temperature=1.0)[0] > 0.05  # the temperature trap
-        assert first_step_ratio_dev(run, train_mode=True)[0] > 0.05   # the dropout trap
+        assert first_step_ratio_dev(run, state, temperature=1.0)[0] > 0.05  # the temperature trap
+        assert first_step_ratio_dev(run, state, train_mode=True)[0] > 0.05   # the dropout trap
     # tokens in, tokens out: the sampled ids do not survive decode + encode, so scoring re-encoded
     # text would not give ρ = 1
     mb = steps[0][0]
     rows = [ids[(m > 0).nonzero().min() + 1:(m > 0).nonzero().max() + 2].tolist() for ids, m in zip(mb.ids, mb.mask)]
     assert any(run.tok.encode(run.tok.decode(r)) != r for r in rows)
-    run.old_logprobs_mode = "recompute"
-    with patched(run):
-        assert first_step_ratio_dev(run)[0] < 1e-5
+    with patched(run, old_logprobs="recompute") as state:
+        assert first_step_ratio_dev(run, state)[0] < 1e-5
 
 
 def test_shared_prompts_give_the_same_scores_loss_and_gradients(run):
     """share_prompt: π_ref's scores, the loss, its figures and the gradient of every parameter equal
     one full row per response, on a micro-batch of three groups with prompts of different lengths,
     extra padding columns and off-policy π_old (so that some ratios are clipped)."""
-    with patched(run, kl="k3_loss", kl_coef=0.1):
-        mb = C.Rollout.cat([row for mbs in grpo.batches(run, 0) for row in mbs][:3], run.tok.pad)
-        full = sequence_logprobs(run.ref_model, mb.ids) * mb.mask
-        assert torch.allclose(grpo.score(run, run.ref_model, mb.ids, mb.prompt_lens) * mb.mask, full, atol=1e-5)
+    with patched(run, kl="k3_loss", kl_coef=0.1) as state:
+        mb = Rollout.cat([row for mbs in grpo.batches(run, state, 0)[0] for row in mbs][:3], run.tok.pad)
+        full = sequence_logprobs(state.reference, mb.ids) * mb.mask
+        assert torch.allclose(score_tokens(run, state.reference, mb.ids, mb.prompt_lens) * mb.mask, full, atol=1e-5)
     assert len(set(mb.prompt_lens.tolist())) > 1
     mb = dataclasses.replace(
         mb, old_logprobs=mb.old_logprobs + 0.3 * torch.randn(mb.mask.shape, generator=torch.Generator().manual_seed(0)),
@@ -289,8 +294,8 @@ def test_shared_prompts_give_the_same_scores_loss_and_gradients(run):
     params = [p for p in run.raw_model.parameters() if p.requires_grad]
     results = []
     for share in (False, True):
-        with patched(run, kl="k3_loss", kl_coef=0.1, share_prompt=share):
-            loss_sum, count, metrics = grpo.loss(run, run.model, mb)
+        with patched(run, kl="k3_loss", kl_coef=0.1, share_prompt=share) as state:
+            loss_sum, count, metrics = grpo.loss(run, state, run.model, mb)
         results.append((float(loss_sum.detach()), int(count), {k: float(v) for k, v in metrics.items()},
                         torch.autograd.grad(loss_sum, params)))
     (full, n_full, m_full, g_full), (shared, n_shared, m_shared, g_shared) = results
@@ -304,8 +309,8 @@ def test_shared_prompts_give_the_same_scores_loss_and_gradients(run):
 def test_degenerate_groups_drop_or_zeros(run):
     """drop: a degenerate group's rows are masked out of every sum and count (the loss equals the loss
     without them); zeros: they stay in the count with A = 0."""
-    with patched(run, some_degenerate_reward, on_degenerate="drop"):
-        batch, counts = grpo.rollout_shard(run, run.raw_model, 7, 0)
+    with patched(run, some_degenerate_reward, on_degenerate="drop") as state:
+        batch, counts = grpo.rollout_shard(run, state, run.raw_model, 7, 0)
     G = run.cfg["group_size"]
     degenerate = grpo.degenerate_groups(batch.reward.view(-1, G)).repeat_interleave(G)
     assert 0 < degenerate.sum() < len(degenerate)
@@ -314,34 +319,34 @@ def test_degenerate_groups_drop_or_zeros(run):
     kept = batch.select((~degenerate).nonzero().squeeze(1))
     surrogate = lambda b, cfg: grpo.policy_loss(b.old_logprobs - 0.1 * b.mask, b.old_logprobs, b.advantages,
                                                 b.mask, cfg, ref_logp=b.ref_logprobs)
-    for agg in grpo.CHOICES["loss_agg"]:
+    for agg in family.CHOICES["loss_agg"]:
         cfg = dict(run.cfg, loss_agg=agg)
         (s_all, n_all, _), (s_kept, n_kept, _) = surrogate(batch, cfg), surrogate(kept, cfg)
         assert int(n_all) == int(n_kept) and float(s_all) == pytest.approx(float(s_kept), abs=1e-6)
-    with patched(run, some_degenerate_reward, on_degenerate="zeros"):
-        zeros, _ = grpo.rollout_shard(run, run.raw_model, 7, 0)
+    with patched(run, some_degenerate_reward, on_degenerate="zeros") as state:
+        zeros, _ = grpo.rollout_shard(run, state, run.raw_model, 7, 0)
     degenerate = grpo.degenerate_groups(zeros.reward.view(-1, G)).repeat_interleave(G)
     assert torch.equal(zeros.keep, torch.ones(len(degenerate)))
     assert torch.equal(zeros.advantages[degenerate], torch.zeros(int(degenerate.sum())))
-    n_zeros = grpo.aggregate(zeros.mask, zeros.mask, "seq_mean_token_mean", 16)[1]
+    n_zeros = grpo.seq_mean_token_mean(zeros.mask, zeros.mask, 16)[1]
     assert int(n_zeros) == len(degenerate)  # every response counts, degenerate ones included
-    with patched(run, some_degenerate_reward, on_degenerate="raise"), pytest.raises(ValueError, match="raise"):
-        grpo.rollout_shard(run, run.raw_model, 7, 0)
+    with patched(run, some_degenerate_reward, on_degenerate="raise") as state, pytest.raises(ValueError, match="raise"):
+        grpo.rollout_shard(run, state, run.raw_model, 7, 0)
 
 
 def test_dynamic_sampling_refills_and_never_trains_on_degenerate_groups(run):
     rare = lambda p, text: coin_reward(p, text) if p["start"] % 4 == 0 else 0.0  # most groups all-wrong
     G, n = run.cfg["group_size"], run.cfg["prompts_per_iter"]
-    with patched(run, rare, on_degenerate="drop", dynamic_sampling_rounds=6):
-        batch, counts = grpo.rollout_shard(run, run.raw_model, 11, 0)
-        steps = list(grpo.batches(run, 11))
+    with patched(run, rare, on_degenerate="drop", dynamic_sampling_rounds=6) as state:
+        batch, counts = grpo.rollout_shard(run, state, run.raw_model, 11, 0)
+        steps, figures = grpo.batches(run, state, 11)
     kept = batch.keep > 0
     assert kept.any() and counts["extra_rollouts"] > 0 and counts["extra_rollouts"] % (n * G) == 0
     assert not grpo.degenerate_groups(batch.reward[kept].view(-1, G)).any()
-    assert run.stats["extra_rollouts"] == counts["extra_rollouts"]
-    with patched(run, lambda p, text: 1.0, on_degenerate="drop", dynamic_sampling_rounds=3):
-        solved, counts = grpo.rollout_shard(run, run.raw_model, 11, 0)
-        solved_steps = list(grpo.batches(run, 11))
+    assert figures["extra_rollouts"] == counts["extra_rollouts"]
+    with patched(run, lambda p, text: 1.0, on_degenerate="drop", dynamic_sampling_rounds=3) as state:
+        solved, counts = grpo.rollout_shard(run, state, run.raw_model, 11, 0)
+        solved_steps, _ = grpo.batches(run, state, 11)
     assert counts["extra_rollouts"] == 3 * n * G and not (solved.keep > 0).any()
     assert float(solved.mask.sum()) == 0.0  # nothing to learn from, and nothing learnt from it
     # the same number of optimizer steps and micro-batches either way: DDP ranks cannot diverge
@@ -362,15 +367,13 @@ def test_first_iteration_from_scratch_logs_zero_kl_and_every_figure(tmp_path, mo
 
 def test_kl_off_rollouts_run_no_forward_besides_the_sampler(run):
     """kl=off: π_ref is never scored, and π_old is the sampler's own log-probs (auto on CPU)."""
-    assert run.old_logprobs_mode == "sampler"
-    with forward_calls(policy=run.raw_model, reference=run.ref_model) as calls:
-        run.stats = {}  # (the loop empties it every iteration)
-        with patched(run, kl="off"):
-            steps = grpo.batches(run, 0)
-        assert calls == [] and steps[0][0].ref_logprobs is None and "kl_ref" not in run.stats
-        with patched(run):  # k3_loss: π_ref scores the rollouts (in one chunk of batch_size rows at most)
-            grpo.batches(run, 0)
-        assert set(calls) == {"reference"} and "kl_ref" in run.stats
+    assert old_logprobs_mode(run) == "sampler"
+    with patched(run, kl="off") as state, forward_calls(policy=run.raw_model, reference=state.reference) as calls:
+        steps, figures = grpo.batches(run, state, 0)
+    assert calls == [] and steps[0][0].ref_logprobs is None and "kl_ref" not in figures
+    with patched(run) as state, forward_calls(policy=run.raw_model, reference=state.reference) as calls:
+        _, figures = grpo.batches(run, state, 0)  # k3_loss: π_ref scores the rollouts (one chunk of batch_size rows)
+    assert set(calls) == {"reference"} and "kl_ref" in figures
 
 
 def test_kl_off_trains_exactly_as_a_zero_kl_term_that_scores_the_reference(tmp_path, monkeypatch):
@@ -380,7 +383,7 @@ def test_kl_off_trains_exactly_as_a_zero_kl_term_that_scores_the_reference(tmp_p
     common = dict(TINY, **SMALL, max_iters=2, learning_rate=1e-3, warmup_iters=0)
     off = T.train(dict(common, kl="off", out_dir=str(tmp_path / "off")))
     zero = T.train(dict(common, kl="k3_loss", kl_coef=0.0, out_dir=str(tmp_path / "zero")))
-    start = C.load_reference(off).state_dict()
+    start = load_reference(off).state_dict()
     weights = [r.raw_model.state_dict() for r in (off, zero)]
     assert any(not torch.equal(weights[0][k], start[k]) for k in start)  # it did train
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in start)
@@ -390,8 +393,8 @@ def test_kl_off_trains_exactly_as_a_zero_kl_term_that_scores_the_reference(tmp_p
 
 def test_evaluation_logs_the_kl_to_the_reference(run):
     """heldout_kl_ref, on the policy's samples whatever the kl key: 0 while π = π_ref (no update yet)."""
-    with patched(run, kl="off", eval_samples=1):
-        metrics = grpo.evaluate(run, 0)
+    with patched(run, kl="off", eval_samples=1) as state:
+        metrics = grpo.evaluate(run, state, 0)
     assert abs(metrics["heldout_kl_ref"]) < 1e-4
 
 
@@ -401,10 +404,15 @@ def test_config_errors(run):
                        (dict(prompts_per_iter=5, rollout_prompts=2), "shards"),
                        (dict(group_size=1), "group_size"), (dict(overlong_cache=16), "overlong_cache")]:
         with pytest.raises(ValueError, match=match):
-            grpo.check_config(dict(run.cfg, **bad), world_size=1)
+            family.check_config(with_config(run, **bad))
     with pytest.raises(ValueError, match="shards"):
-        grpo.check_config(dict(run.cfg, prompts_per_iter=4, rollout_prompts=4), world_size=2)
-    grpo.check_config(dict(run.cfg, estimator="reinforce", group_size=1), world_size=1)
+        family.check_config(with_config(run, prompts_per_iter=4, rollout_prompts=4, world_size=2))
+    family.check_config(with_config(run, estimator="reinforce", group_size=1))
+
+
+def with_config(run, world_size=1, **cfg):
+    """The run's environment and ranks, with these config values."""
+    return SimpleNamespace(cfg=dict(run.cfg, **cfg), env=run.env, world_size=world_size, fsdp=False, lockstep=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,10 +426,10 @@ def train_and_report(overrides):
     """(optimizer steps and micro-batches per iteration, final weights) of one training run."""
     shapes, original, verify = [], grpo.batches, envs.Arithmetic.__dict__["verify"]  # the staticmethod itself
 
-    def counted(run, it):
-        steps = list(original(run, it))
+    def counted(run, state, it):
+        steps, figures = original(run, state, it)
         shapes.append([len(s) for s in steps])
-        return steps
+        return steps, figures
 
     grpo.batches, envs.Arithmetic.verify = counted, staticmethod(coin_reward)
     try:
@@ -441,8 +449,8 @@ def test_ddp_two_ranks_equal_one_process_on_the_same_global_batch(tmp_path, stal
     single_shapes, single = train_and_report(dict(cfg, out_dir=str(tmp_path / "one")))
     assert shapes0 == shapes1 == [[2, 2, 2, 2]] * 2 and single_shapes == [[3, 3, 3, 3]] * 2
     assert all((w0[k] == w1[k]).all() for k in w0)
-    cfg = T.make_config(DDP_RUN)
-    start = C.build_model(cfg, Tokenizer(cfg["tokenizer"])).state_dict()
+    cfg = options.make_config(DDP_RUN)
+    start = build_model(cfg, Tokenizer(cfg["tokenizer"])).state_dict()
     assert any(not torch.allclose(torch.from_numpy(single[k]), start[k]) for k in single)  # it did train
     # equal up to rounding: the two summation orders differ in the last bits, and Adam's normalisation
     # turns that into ~1e-6 steps at lr 1e-3 (most on the attention key bias, whose true gradient is 0)
@@ -475,8 +483,8 @@ def test_staleness_0_is_the_synchronous_loop(tmp_path, monkeypatch):
     recorded the figures; they are compared within rounding, as another CPU may round differently,
     which is still far tighter than any change of which rollouts train which weights."""
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
-    monkeypatch.setattr(grpo, "one_step_off_rollouts", refuse)
-    monkeypatch.setattr(grpo, "ThreadPoolExecutor", refuse)
+    monkeypatch.setattr(family, "one_step_off_rollouts", refuse)
+    monkeypatch.setattr(family, "sampler_copy", refuse)
     run = T.train(dict(TINY, **SMALL, max_iters=3, learning_rate=1e-3, minibatches=2, share_prompt=False,
                        out_dir=str(tmp_path / "sync")))
     rows = [json.loads(line) for line in open(tmp_path / "sync" / "metrics.jsonl")]
@@ -497,13 +505,13 @@ def test_rollouts_of_each_iteration_come_from_the_right_weights(staleness, tmp_p
     at_start, sampled = {}, []
     batches, rollout_shard = grpo.batches, grpo.rollout_shard
 
-    def recorded_batches(run, it):
+    def recorded_batches(run, state, it):
         at_start[it] = weights_hash(run.raw_model)
-        return batches(run, it)
+        return batches(run, state, it)
 
-    def recorded_shard(run, model, it, shard):
+    def recorded_shard(run, state, model, it, shard):
         sampled.append((it, weights_hash(model)))  # (list.append is atomic: the sampler thread may call it)
-        return rollout_shard(run, model, it, shard)
+        return rollout_shard(run, state, model, it, shard)
 
     monkeypatch.setattr(grpo, "batches", recorded_batches)
     monkeypatch.setattr(grpo, "rollout_shard", recorded_shard)
@@ -527,9 +535,9 @@ def test_staleness_1_resumes_exactly_with_lora_and_enforces_its_bound(tmp_path, 
     T.train(dict(cfg, max_iters=2, out_dir=str(tmp_path / "resumed")))
     resumed = T.train(dict(algo="grpo", init_from="resume", max_iters=4, out_dir=str(tmp_path / "resumed")))
     assert weights_hash(resumed.raw_model) == weights_hash(straight.raw_model)
-    resumed.sampler_iter = 2
+    resumed.state.sampler.iter = 2
     with pytest.raises(RuntimeError, match="staleness 2 > 1"):
-        grpo.batches(resumed, 4)
+        grpo.batches(resumed, resumed.state, 4)
     with pytest.raises(ValueError, match="staleness=2"):
         T.train(dict(cfg, staleness=2, max_iters=1, out_dir=str(tmp_path / "bad")))
 
@@ -537,7 +545,7 @@ def test_staleness_1_resumes_exactly_with_lora_and_enforces_its_bound(tmp_path, 
 @pytest.mark.parametrize("recipe", ["grpo", "dapo", "dr_grpo", "rloo", "gspo", "cispo"])
 def test_recipe_configs_train_and_evaluate(recipe, tmp_path, monkeypatch):
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
-    overrides = T.parse_args([os.path.join(ROOT, "config", f"{recipe}.py")])
+    overrides = options.parse_args([os.path.join(ROOT, "config", f"{recipe}.py")])
     overrides.update(TINY, **SMALL, max_iters=2, eval_interval=2, eval_problems=4, eval_samples=2,
                      out_dir=str(tmp_path / recipe))
     if recipe == "dapo":

@@ -8,6 +8,7 @@ import pytest
 
 import bands
 import ladder
+import options
 import sft
 import train as T
 from conftest import SFT_DATA, TINY
@@ -16,7 +17,7 @@ from conftest import SFT_DATA, TINY
 TINY_LADDER = ladder.command_line(dict(TINY, max_iters=2)) + [
     "--pretrain.corpus_docs=64", "--pretrain.val_examples=8", "--sft.train_problems=64", "--sft.val_examples=8",
     "--rm.train_prompts=8", "--rm.heldout_prompts=4", "--rm.eval_interval=2",  # (an evaluation: its pair accuracy)
-    "--dpo.train_prompts=8", "--dpo.heldout_prompts=4", "--ppo.prompts_pool=64", "--ppo.max_new_tokens=8",
+    "--dpo.train_prompts=8", "--dpo.heldout_prompts=4", "--ppo.prompt_pool=64", "--ppo.max_new_tokens=8",
     "--grpo.prompts_per_iter=4", "--grpo.group_size=2", "--grpo.max_new_tokens=8",
     "--opd.prompts_per_iter=4", "--opd.max_new_tokens=8", "--opsd.prompts_per_iter=4", "--opsd.max_new_tokens=8",
     "--calc_sft.train_problems=64", "--calc_sft.val_examples=8",
@@ -146,12 +147,12 @@ def test_a_stage_needs_its_start_and_teacher(tmp_path):
 def test_missing_start_checkpoint_names_the_command(tmp_path):
     """(The command line's one-line form of the error: the failing-stage test above.)"""
     with pytest.raises(ValueError, match="--algo grpo starts from a trained policy.*`python train.py --algo sft"):
-        T.check_start(dict(algo="grpo"))
-    T.check_start(dict(algo="sft"))  # SFT may start from scratch
+        options.check_start(dict(algo="grpo"))
+    options.check_start(dict(algo="sft"))  # SFT may start from scratch
     missing = str(tmp_path / "pretrain")
     with pytest.raises(ValueError, match=f"--init_from={missing} has no ckpt.pt; make it with "
                                          f"`python train.py --algo pretrain --out_dir={missing}`"):
-        T.check_start(dict(algo="sft", init_from=missing))
+        options.check_start(dict(algo="sft", init_from=missing))
 
 
 def test_train_tokens_sums_the_masked_targets(tiny):
@@ -159,6 +160,6 @@ def test_train_tokens_sums_the_masked_targets(tiny):
     cfg = dict(tiny, **SFT_DATA, algo="sft", max_iters=2)
     T.train(cfg)
     run = T.train(dict(cfg, init_from="resume", max_iters=4))
-    expected = sum(float(mask[:, 1:].sum()) for it in range(4) for step in sft.batches(run, it) for _, mask in step)
+    expected = sum(float(mask[:, 1:].sum()) for it in range(4) for step in sft.batches(run, run.state, it)[0] for _, mask in step)
     rows = [json.loads(line) for line in open(os.path.join(tiny["out_dir"], "metrics.jsonl"))]
     assert rows[-1]["train_tokens"] == expected and rows[-1]["tokens"] < expected

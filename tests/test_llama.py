@@ -12,11 +12,14 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"  # a local save_pretrained directory must never touch the network
 transformers = pytest.importorskip("transformers")
 
-import common as C
 import export
+import options
 import train as T
+from checkpoints import build_model, load_model
 from conftest import TINY, random_ids
+from data import config_env, dataset_splits
 from envs import GSM8K
+from hf import from_pretrained, to_transformers
 from model import GPT, GPTConfig, sequence_logprobs
 
 VOCAB = 96
@@ -55,7 +58,7 @@ def hf_dir(request, tmp_path_factory):
 
 def test_logits_match_transformers(hf_dir):
     path, hf = hf_dir
-    ours = GPT.from_pretrained(path).eval()
+    ours = from_pretrained(path).eval()
     c = ours.config
     assert (c.norm, c.mlp, c.pos, c.n_kv_head, c.tie_embeddings) == (
         "rmsnorm", "swiglu", "rope", 2, hf.config.tie_word_embeddings)
@@ -95,7 +98,7 @@ def test_greedy_generate_matches_transformers(hf_dir):
     asked twice (one shared prefill): the same tokens and log-probs as transformers' generate on the
     batch (left-padded with its attention mask), and on a prompt alone."""
     path, hf = hf_dir
-    ours = GPT.from_pretrained(path).eval()
+    ours = from_pretrained(path).eval()
     prompts = [random_ids(VOCAB, 1, 5, seed=2)[0].tolist(), random_ids(VOCAB, 1, 11, seed=3)[0].tolist(), [7],
                random_ids(VOCAB, 1, 5, seed=2)[0].tolist()]
     new = 16
@@ -111,7 +114,7 @@ def test_tool_hook_and_gqa_cache_with_rotary_positions(hf_dir):
     sampler continues as transformers does from the prompt, the sampled token and the tool's."""
     from sampler import KVCache
     path, hf = hf_dir
-    ours = GPT.from_pretrained(path).eval()
+    ours = from_pretrained(path).eval()
     prompts = [random_ids(VOCAB, 1, 6, seed=6)[0].tolist(), random_ids(VOCAB, 1, 3, seed=7)[0].tolist()]
     hook = lambda row, generated: [11, 12, 13] if len(generated) == 1 else None
     tokens, _, forced = ours.generate(prompts, max_new_tokens=12, temperature=0.0, tool_hook=hook)
@@ -126,14 +129,14 @@ def test_tool_hook_and_gqa_cache_with_rotary_positions(hf_dir):
 
 def test_export_round_trip(hf_dir, tmp_path):
     path, hf = hf_dir
-    ours = GPT.from_pretrained(path).eval()
-    back = ours.to_transformers()
+    ours = from_pretrained(path).eval()
+    back = to_transformers(ours)
     assert type(back) is type(hf)
     ids = random_ids(VOCAB, 2, 30, seed=4)
     with torch.no_grad():
         torch.testing.assert_close(back(ids).logits, hf(ids).logits, atol=1e-5, rtol=0)
     back.save_pretrained(tmp_path / "again")
-    again = GPT.from_pretrained(str(tmp_path / "again"))
+    again = from_pretrained(str(tmp_path / "again"))
     assert again.config == ours.config
     for (name, p), (_, q) in zip(ours.state_dict().items(), again.state_dict().items()):
         assert torch.equal(p, q), name
@@ -142,7 +145,7 @@ def test_export_round_trip(hf_dir, tmp_path):
 def test_shared_prompt_logprobs_match_plain(hf_dir):
     """Rotary positions through SharedPrompts (GRPO's G answers of one prompt, DPO's pair): the
     same log-probs as scoring each row alone."""
-    ours = GPT.from_pretrained(hf_dir[0]).eval()
+    ours = from_pretrained(hf_dir[0]).eval()
     ids = random_ids(VOCAB, 4, 20, seed=5)
     ids[1, :6] = ids[0, :6]  # rows 0 and 1 share a 6-token prompt
     lens = torch.tensor([6, 6, 3, 9])
@@ -156,13 +159,13 @@ def test_unsupported_architecture_is_an_error_naming_it(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"], "model_type": "mamba"}))
     with pytest.raises(ValueError, match="MambaForCausalLM.*supported: GPT2LMHeadModel, LlamaForCausalLM, "
                                          "Qwen2ForCausalLM"):
-        GPT.from_pretrained(str(tmp_path))
+        from_pretrained(str(tmp_path))
     cfg = dict(init_from=str(tmp_path), block_size=64, dropout=0.0)
     with pytest.raises(ValueError, match="MambaForCausalLM"):
-        C.build_model(cfg, None)
+        build_model(cfg, None)
     # a hub name that cannot be reached (offline here) is a one-line error too, for weights, tokenizer, dataset
     from tokenizer import make_tokenizer
-    for load in (GPT.from_pretrained, make_tokenizer, lambda name: C.dataset_splits(name, GSM8K.check_row)):
+    for load in (from_pretrained, make_tokenizer, lambda name: dataset_splits(name, GSM8K.check_row)):
         with pytest.raises(ValueError, match="nobody/nothing.*(no transformers checkpoint|cannot load it)"):
             load("nobody/nothing")
 
@@ -178,12 +181,12 @@ def test_llama3_rope_scaling_matches_transformers(tmp_path):
         for p in hf.parameters():
             p.copy_(0.3 * torch.randn_like(p))
     hf.save_pretrained(tmp_path / "llama3")
-    ours = GPT.from_pretrained(str(tmp_path / "llama3")).eval()
+    ours = from_pretrained(str(tmp_path / "llama3")).eval()
     assert ours.config.rope_llama3 == (8.0, 1.0, 4.0, 16.0)
     ids = random_ids(VOCAB, 2, 60, seed=9)
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-4, rtol=0)
-        torch.testing.assert_close(ours.to_transformers()(ids).logits, hf(ids).logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(to_transformers(ours)(ids).logits, hf(ids).logits, atol=1e-5, rtol=0)
     plain = GPT(dataclasses.replace(ours.config, rope_llama3=()))
     plain.load_state_dict(ours.state_dict())
     with torch.no_grad():
@@ -195,7 +198,7 @@ def test_rope_scaling_is_an_error(tmp_path):
     hf.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}
     hf.config.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="rope scaling 'linear'"):
-        GPT.from_pretrained(str(tmp_path))
+        from_pretrained(str(tmp_path))
 
 
 def test_options_build_from_scratch_and_grow_an_untied_head():
@@ -303,12 +306,12 @@ def test_gsm8k_verifier_and_splits(tmp_path):
     assert env.parses("so #### 7") and not env.parses("so 7") and env.shows_work("3+4=7 #### 7")
     path = write_jsonl(tmp_path / "bad.jsonl", gsm8k_rows(3)[:2] + [{"question": "Q?", "answer": "4"}])
     with pytest.raises(ValueError, match="bad.jsonl: row 3: field 'answer': no final number after '####'"):
-        C.config_env(dict(env="gsm8k", env_data=path))
+        config_env(dict(env="gsm8k", env_data=path))
     with pytest.raises(ValueError, match="--algo grpo takes its prompts from the environment, not --data"):
-        T.make_config(dict(algo="grpo", data=path))
-    T.check_start(dict(algo="grpo", init_from="Qwen/Qwen2.5-0.5B-Instruct"))  # a hub name: RL may start from it
+        options.make_config(dict(algo="grpo", data=path))
+    options.check_start(dict(algo="grpo", init_from="Qwen/Qwen2.5-0.5B-Instruct"))  # a hub name: RL may start from it
     with pytest.raises(ValueError, match="has no ckpt.pt; make it with `python train.py --algo sft"):
-        T.check_start(dict(algo="grpo", init_from="no_such_out/sft"))  # owner/name-shaped, but the ladder's path
+        options.check_start(dict(algo="grpo", init_from="no_such_out/sft"))  # owner/name-shaped, but the ladder's path
 
 
 def gsm8k_rows(n):
@@ -332,7 +335,7 @@ def chat_model_dir(tmp_path_factory):
 
 def recipe(name, init_from, tokenizer, out_dir, **overrides):
     """A config/ recipe as the command line reads it, pointed at the tiny local model, at a tiny size."""
-    cfg = T.parse_args([f"config/{name}.py"])
+    cfg = options.parse_args([f"config/{name}.py"])
     cfg.update(init_from=init_from, tokenizer=tokenizer, out_dir=str(out_dir), device="cpu", plot=False,
                block_size=256, max_iters=1, batch_size=2, gradient_accumulation_steps=1, eval_interval=1,
                eval_problems=2, eval_batch_size=4, max_new_tokens=6, log_interval=1, warmup_iters=0)
@@ -344,7 +347,7 @@ def test_gsm8k_recipes_sft_then_grpo(chat_model_dir, tmp_path):
     data = write_jsonl(tmp_path / "gsm8k.jsonl", gsm8k_rows(12))
     run = T.train(recipe("gsm8k_sft", chat_model_dir, chat_model_dir, tmp_path / "sft", env_data=data, train_problems=8, val_examples=2))
     tok = run.tok
-    ids, mask = run.train_examples[0]
+    ids, mask = run.state.train_examples[0]
     problem = run.env.problems("train", 8, seed=0)[0]
     prompt = tok.prompt_ids(problem["prompt"])
     assert ids[:len(prompt)] == prompt and not any(mask[:len(prompt)])
@@ -358,7 +361,7 @@ def test_gsm8k_recipes_sft_then_grpo(chat_model_dir, tmp_path):
     # transformers (export.py): the same logits, and the tokenizer's chat template with it
     T.train(recipe("gsm8k_sft", chat_model_dir, chat_model_dir, tmp_path / "lora", env_data=data, train_problems=8,
                    val_examples=2, lora_rank=2, learning_rate=0.05, eval_interval=0))
-    merged, base = C.load_model(str(tmp_path / "lora")), GPT.from_pretrained(chat_model_dir)
+    merged, base = load_model(str(tmp_path / "lora")), from_pretrained(chat_model_dir)
     moved = (merged.transformer.h[0].attn.c_attn.weight - base.transformer.h[0].attn.c_attn.weight).abs().max()
     assert moved > 1e-3 and torch.equal(merged.transformer.wte.weight, base.transformer.wte.weight)
     export.export(str(tmp_path / "lora"), str(tmp_path / "hf"))
@@ -370,7 +373,7 @@ def test_gsm8k_recipes_sft_then_grpo(chat_model_dir, tmp_path):
                                                          add_generation_prompt=True, tokenize=True, return_dict=False)
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, merged(ids), atol=1e-4, rtol=0)
-    ppo = T.train(recipe("gsm8k_ppo", sft_dir, chat_model_dir, tmp_path / "ppo", env_data=data, prompts_pool=8,
+    ppo = T.train(recipe("gsm8k_ppo", sft_dir, chat_model_dir, tmp_path / "ppo", env_data=data, prompt_pool=8,
                          minibatches=1, ppo_epochs=1))
     assert "heldout_acc" in ppo.metrics
     # OPD (the SFT model as its teacher) takes the dataset's prompts through the same environment
@@ -404,7 +407,7 @@ def test_preference_recipes_rm_then_dpo_on_implicit_prompts(chat_model_dir, tmp_
     messages = write_jsonl(tmp_path / "messages.jsonl", [{"messages": row["chosen"]} for row in rows])
     sft = T.train(recipe("gsm8k_sft", chat_model_dir, chat_model_dir, tmp_path / "sft", env="arithmetic", data=messages,
                          eval_interval=0))
-    assert sorted(sft.train_examples + sft.val_examples) == sorted(
+    assert sorted(sft.state.train_examples + sft.state.val_examples) == sorted(
         tuple(sft.tok.render_chat(row["chosen"])) for row in rows)
     dpo = T.train(recipe("pref_dpo", chat_model_dir, chat_model_dir, tmp_path / "dpo", data=data, heldout_prompts=2))
     assert dpo.raw_model.config.qkv_bias and dpo.metrics

@@ -11,12 +11,13 @@ import torch
 import torch.nn.functional as F
 
 import opd
+import opd_family as family
 import train as T
 from conftest import TINY, run_ddp
 from model import GPT, GPTConfig
 from tokenizer import Tokenizer
 
-SMALL = dict(algo="opd", prompts_per_iter=4, samples_per_prompt=2, max_new_tokens=16, checkpoint=False,
+SMALL = dict(algo="opd", prompts_per_iter=4, group_size=2, max_new_tokens=16, checkpoint=False,
              eval_samples=2, learning_rate=1e-3, warmup_iters=0)
 
 
@@ -44,7 +45,7 @@ def opd_run(models, tmp_path, **overrides):
 
 
 def losses(student_logits, targets, teacher_logprobs, mask, **kw):
-    return {e: opd.distillation_loss(student_logits, targets, teacher_logprobs, mask, e, **kw)
+    return {e: opd.distillation_loss(student_logits, targets, teacher_logprobs, mask, opd.ESTIMATORS[e], **kw)
             for e in opd.ESTIMATORS}
 
 
@@ -57,7 +58,7 @@ def test_kl_and_its_gradient_are_zero_when_student_equals_teacher():
     teacher = F.log_softmax(logits.detach() / 0.7, dim=-1)
     targets, mask = torch.randint(7, (2, 3)), torch.ones(2, 3)
     for estimator in ("full", "sampled", "topk"):  # teacher_samples is a cross-entropy: the teacher's entropy
-        loss_sum, count, reverse_kl, _, _ = opd.distillation_loss(logits, targets, teacher, mask, estimator, 0.7, topk=3)
+        loss_sum, count, reverse_kl, _, _ = opd.distillation_loss(logits, targets, teacher, mask, opd.ESTIMATORS[estimator], 0.7, topk=3)
         grad, = torch.autograd.grad(loss_sum, logits)
         assert abs(float(loss_sum.detach())) < 1e-6 and abs(float(reverse_kl)) < 1e-6 and int(count) == 6, estimator
         assert grad.abs().max() < 1e-6, estimator
@@ -68,7 +69,7 @@ def test_full_kl_gradient_matches_finite_differences():
     logits = torch.randn(1, 2, 5, requires_grad=True)
     teacher = F.log_softmax(torch.randn(1, 2, 5), dim=-1)
     targets, mask = torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2)
-    kl = lambda x: opd.distillation_loss(x, targets, teacher, mask, "full", temperature=1.3)[0]
+    kl = lambda x: opd.distillation_loss(x, targets, teacher, mask, opd.ESTIMATORS["full"], temperature=1.3)[0]
     grad, = torch.autograd.grad(kl(logits), logits)
     eps, numeric = 1e-2, torch.zeros_like(grad)
     for index in range(logits.numel()):
@@ -88,25 +89,25 @@ def test_sampled_and_topk_agree_with_full_in_expectation():
     teacher = F.log_softmax(torch.randn(1, 1, V) / tau, dim=-1)
     mask = torch.ones(1, 1)
     p = F.softmax(logits.detach() / tau, dim=-1).flatten()
-    full, _, exact, _, _ = opd.distillation_loss(logits, torch.zeros(1, 1, dtype=torch.long), teacher, mask, "full", tau)
+    full, _, exact, _, _ = opd.distillation_loss(logits, torch.zeros(1, 1, dtype=torch.long), teacher, mask, opd.ESTIMATORS["full"], tau)
     full_grad, = torch.autograd.grad(full, logits)
 
     expected_grad, expected_k1 = torch.zeros_like(full_grad), 0.0
     for y in range(V):
         y_tensor = torch.full((1, 1), y)
-        sampled = opd.distillation_loss(logits, y_tensor, teacher, mask, "sampled", tau)[0]
+        sampled = opd.distillation_loss(logits, y_tensor, teacher, mask, opd.ESTIMATORS["sampled"], tau)[0]
         expected_grad += p[y] * torch.autograd.grad(sampled, logits)[0]
         expected_k1 += float(p[y] * (torch.log(p[y]) - teacher.flatten()[y]))
     torch.testing.assert_close(expected_grad, full_grad, atol=1e-6, rtol=1e-5)
     assert expected_k1 == pytest.approx(float(exact), abs=1e-6) and float(full.detach()) == pytest.approx(float(exact))
 
-    topk_all = opd.distillation_loss(logits, y_tensor, teacher, mask, "topk", tau, topk=V)[0]
+    topk_all = opd.distillation_loss(logits, y_tensor, teacher, mask, opd.ESTIMATORS["topk"], tau, topk=V)[0]
     torch.testing.assert_close(topk_all, full)
     torch.testing.assert_close(torch.autograd.grad(topk_all, logits)[0], full_grad)
     k = 3
     top = teacher.flatten().topk(k).indices
     p_k, q_k = p[top] / p[top].sum(), teacher.flatten()[top].exp() / teacher.flatten()[top].exp().sum()
-    topk = opd.distillation_loss(logits, y_tensor, teacher, mask, "topk", tau, topk=k)[0]
+    topk = opd.distillation_loss(logits, y_tensor, teacher, mask, opd.ESTIMATORS["topk"], tau, topk=k)[0]
     assert float(topk.detach()) == pytest.approx(float((p_k * (p_k / q_k).log()).sum()), abs=1e-6)
 
 
@@ -116,10 +117,11 @@ def test_teacher_samples_is_the_cross_entropy_and_follows_the_forward_kl():
     logits = torch.tensor([[[1.0, 0.0, -1.0]]], requires_grad=True)
     q = torch.tensor([0.2, 0.5, 0.3])
     teacher, mask = q.log().view(1, 1, 3), torch.ones(1, 1)
-    loss = opd.distillation_loss(logits, torch.tensor([[1]]), teacher, mask, "teacher_samples")[0]
+    loss = opd.distillation_loss(logits, torch.tensor([[1]]), teacher, mask, opd.ESTIMATORS["teacher_samples"])[0]
     assert round(float(loss.detach()), 4) == 1.4076  # −log softmax([1, 0, −1])[1] = log(e + 1 + 1/e)
     expected = sum(q[y] * torch.autograd.grad(opd.distillation_loss(logits, torch.tensor([[y]]), teacher, mask,
-                                                                     "teacher_samples")[0], logits)[0] for y in range(3))
+                                                                     opd.ESTIMATORS["teacher_samples"])[0], logits)[0]
+                   for y in range(3))
     forward_kl = (q * (q.log() - F.log_softmax(logits[0, 0], -1))).sum()
     torch.testing.assert_close(expected, torch.autograd.grad(forward_kl, logits)[0])
 
@@ -131,15 +133,15 @@ def test_anchor_pulls_to_the_geometric_mixture_of_teacher_and_start():
     logits = torch.randn(1, 2, 5, requires_grad=True)
     q, r = F.log_softmax(torch.randn(1, 2, 5), -1), F.log_softmax(torch.randn(1, 2, 5), -1)
     targets, mask, beta = torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), 0.5
-    loss, _, _, _, anchor_kl = opd.distillation_loss(logits, targets, q, mask, "full", anchor_logprobs=r,
+    loss, _, _, _, anchor_kl = opd.distillation_loss(logits, targets, q, mask, opd.ESTIMATORS["full"], anchor_logprobs=r,
                                                      anchor_coef=beta)
     m = F.log_softmax((q + beta * r) / (1 + beta), -1)
     p = F.log_softmax(logits, -1)
     mixture = (1 + beta) * (p.exp() * (p - m)).sum()
     torch.testing.assert_close(torch.autograd.grad(loss, logits)[0], torch.autograd.grad(mixture, logits)[0])
     torch.testing.assert_close(anchor_kl, (p.exp() * (p - r)).sum().detach())
-    plain = opd.distillation_loss(logits, targets, q, mask, "full", anchor_logprobs=r, anchor_coef=0.0)[0]
-    torch.testing.assert_close(plain, opd.distillation_loss(logits, targets, q, mask, "full")[0])
+    plain = opd.distillation_loss(logits, targets, q, mask, opd.ESTIMATORS["full"], anchor_logprobs=r, anchor_coef=0.0)[0]
+    torch.testing.assert_close(plain, opd.distillation_loss(logits, targets, q, mask, opd.ESTIMATORS["full"])[0])
 
 
 def test_prompt_and_padding_positions_contribute_nothing():
@@ -157,7 +159,7 @@ def test_prompt_and_padding_positions_contribute_nothing():
         results = []
         for x, t, y in ((logits, teacher, targets), (garbage_logits, garbage_teacher, garbage_targets)):
             x = x.clone().requires_grad_(True)
-            loss_sum, count, reverse_kl, _, _ = opd.distillation_loss(x, y, t, mask, estimator, topk=3)
+            loss_sum, count, reverse_kl, _, _ = opd.distillation_loss(x, y, t, mask, opd.ESTIMATORS[estimator], topk=3)
             results.append((loss_sum.detach(), reverse_kl, torch.autograd.grad(loss_sum, x)[0]))
             assert int(count) == 4
         (a, kl_a, grad_a), (b, kl_b, grad_b) = results
@@ -172,14 +174,14 @@ def test_prompt_and_padding_positions_contribute_nothing():
 
 def test_teacher_gets_no_gradient_and_the_student_does(models, tmp_path):
     run = opd_run(models, tmp_path, max_iters=0)
-    assert not any(p.requires_grad for p in run.teacher.parameters())
-    (micro_batches,) = opd.batches(run, 0)
+    assert not any(p.requires_grad for p in run.state.teacher.parameters())
+    (micro_batches,) = opd.batches(run, run.state, 0)[0]
     for batch in micro_batches:
         assert not batch.teacher_logprobs.requires_grad
-        loss_sum, count, metrics = opd.loss(run, run.model, batch)
+        loss_sum, count, metrics = opd.loss(run, run.state, run.model, batch)
         loss_sum.backward()
         assert metrics["tokens"] == float(count) == float(batch.mask.sum())
-    assert all(p.grad is None for p in run.teacher.parameters())
+    assert all(p.grad is None for p in run.state.teacher.parameters())
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in run.raw_model.parameters())
 
 
@@ -189,7 +191,7 @@ def test_temperature_reaches_teacher_and_student(models, tmp_path, teacher):
     OPSD the privileged one) + the student's answer, and the student's KL at τ."""
     tau = 2.0
     run = opd_run(models, tmp_path, max_iters=0, temperature=tau, **({"teacher": "self"} if teacher == "self" else {}))
-    ro, ungraded = opd.rollout_shard(run, 0, 0)
+    ro, ungraded = opd.rollout_shard(run, run.state, 0, 0)
     for i in range(len(ro.ids)):
         problem = ro.problems[i]
         prompt_text = problem["prompt"] + (f"\n(Reference answer: {problem['answer']})" if teacher == "self" else "")
@@ -197,16 +199,16 @@ def test_temperature_reaches_teacher_and_student(models, tmp_path, teacher):
         answer = ro.ids[i, 1:][ro.mask[i] > 0].tolist()
         ids = torch.tensor([prompt + answer])
         with torch.no_grad():
-            expected = F.log_softmax(run.teacher(ids[:, :-1])[0, len(prompt) - 1:] / tau, dim=-1)
+            expected = F.log_softmax(run.state.teacher(ids[:, :-1])[0, len(prompt) - 1:] / tau, dim=-1)
         torch.testing.assert_close(ro.teacher_logprobs[i][ro.mask[i] > 0], expected, atol=1e-5, rtol=1e-5)
     with torch.no_grad():
         logits = run.raw_model(ro.ids[:, :-1])
     p = F.log_softmax(logits / tau, dim=-1)
     manual = ((p.exp() * (p - ro.teacher_logprobs)).sum(-1) * ro.mask).sum()
-    got = opd.distillation_loss(logits, ro.ids[:, 1:], ro.teacher_logprobs, ro.mask, "full", tau)[0]
+    got = opd.distillation_loss(logits, ro.ids[:, 1:], ro.teacher_logprobs, ro.mask, opd.ESTIMATORS["full"], tau)[0]
     torch.testing.assert_close(got, manual)
     assert not torch.allclose(got, opd.distillation_loss(logits, ro.ids[:, 1:], ro.teacher_logprobs,
-                                                         ro.mask, "full", 1.0)[0])
+                                                         ro.mask, opd.ESTIMATORS["full"], 1.0)[0])
 
 
 def test_opsd_grades_only_what_fits_the_teachers_context(models, tmp_path):
@@ -214,7 +216,7 @@ def test_opsd_grades_only_what_fits_the_teachers_context(models, tmp_path):
     than some answers take, and they are graded only as far as the teacher sees (96 + 1 with the target)."""
     student = write_checkpoint(tmp_path / "short", seed=0, block_size=96)
     run = opd_run((student, models[1]), tmp_path, max_iters=0, teacher="self", prompts_per_iter=8)
-    ro, ungraded = opd.rollout_shard(run, 0, 0)
+    ro, ungraded = opd.rollout_shard(run, run.state, 0, 0)
     for i, problem in enumerate(ro.problems):
         prompt = run.tok.prompt_ids(f"{problem['prompt']}\n(Reference answer: {problem['answer']})")
         assert int(ro.mask[i].sum()) == max(0, min(int(ro.lengths[i]), 97 - len(prompt)))
@@ -227,15 +229,14 @@ def test_opsd_solution_grades_every_answer_position_at_the_default_context(model
     prompt (problem + answer) leaves room for every worked demonstration, not for 64 tokens."""
     run = opd_run(models, tmp_path, max_iters=0, teacher="self", privileged="solution", max_new_tokens=64)
     problems = run.env.problems("train", 2000)
-    longest = max(len(run.tok.prompt_ids(opd.teacher_prompt(run, p))) for p in problems)
+    longest = max(len(run.tok.prompt_ids(run.state.teacher_prompt(p))) for p in problems)
     assert longest + 64 <= 128 + 1, longest
-    ro, ungraded = opd.rollout_shard(run, 0, 0)
+    ro, ungraded = opd.rollout_shard(run, run.state, 0, 0)
     assert ungraded == 0 and float(ro.mask.sum()) == float(ro.lengths.sum())
-    assert opd.teacher_prompt(run, problems[0]) == f"(Reference solution: {run.env.solve(problems[0])})"
-    run.cfg["privileged"] = "answer"
-    needed = [len(run.tok.prompt_ids(opd.teacher_prompt(run, p))) + len(run.tok.response_ids(run.env.solve(p)))
-              for p in problems]
-    assert max(needed) <= 128 + 1 < max(len(run.tok.prompt_ids(opd.teacher_prompt(run, p))) for p in problems) + 64
+    assert run.state.teacher_prompt(problems[0]) == f"(Reference solution: {run.env.solve(problems[0])})"
+    answer = lambda p: family.privileged_prompt(run.env, p, "answer")
+    needed = [len(run.tok.prompt_ids(answer(p))) + len(run.tok.response_ids(run.env.solve(p))) for p in problems]
+    assert max(needed) <= 128 + 1 < max(len(run.tok.prompt_ids(answer(p))) for p in problems) + 64
 
 
 def test_a_checkpoint_teacher_reads_the_privileged_prompt_when_asked(models, tmp_path):
@@ -244,17 +245,17 @@ def test_a_checkpoint_teacher_reads_the_privileged_prompt_when_asked(models, tmp
     would write after the solution, and OPSD without a privileged context is refused."""
     problem = opd_run(models, tmp_path, max_iters=0).env.problems("train", 1)[0]
     plain = opd_run(models, tmp_path, max_iters=0)
-    assert opd.teacher_prompt(plain, problem) == problem["prompt"]
+    assert plain.state.teacher_prompt(problem) == problem["prompt"]
     frozen = opd_run(models, tmp_path, max_iters=0, privileged="solution")
-    assert opd.teacher_prompt(frozen, problem) == f"(Reference solution: {frozen.env.solve(problem)})"
-    ro, _ = opd.rollout_shard(frozen, 0, 0)
+    assert frozen.state.teacher_prompt(problem) == f"(Reference solution: {frozen.env.solve(problem)})"
+    ro, _ = opd.rollout_shard(frozen, frozen.state, 0, 0)
     i = 0
-    prompt = frozen.tok.prompt_ids(opd.teacher_prompt(frozen, ro.problems[i]))
+    prompt = frozen.tok.prompt_ids(frozen.state.teacher_prompt(ro.problems[i]))
     answer = ro.ids[i, 1:][ro.mask[i] > 0]
     with torch.no_grad():
-        direct = F.log_softmax(frozen.teacher(torch.tensor([prompt + answer.tolist()])).float(), -1)[0]
+        direct = F.log_softmax(frozen.state.teacher(torch.tensor([prompt + answer.tolist()])).float(), -1)[0]
     torch.testing.assert_close(ro.teacher_logprobs[i][ro.mask[i] > 0], direct[len(prompt) - 1:-1])
-    assert opd.teacher_prompt(opd_run(models, tmp_path, max_iters=0, teacher="self"), problem).endswith(
+    assert opd_run(models, tmp_path, max_iters=0, teacher="self").state.teacher_prompt(problem).endswith(
         f"(Reference answer: {problem['answer']})")
     with pytest.raises(ValueError, match="privileged=none"):
         opd_run(models, tmp_path, max_iters=0, teacher="self", privileged="none")
@@ -264,16 +265,16 @@ def test_offpolicy_rollouts_are_the_teachers_and_the_anchor_starts_at_zero(model
     """kl_estimator=teacher_samples: the sampler's log-probs are the teacher's on its own prompt, not
     the student's. anchor_coef: π_init is a frozen copy, so before any step the anchor KL is 0."""
     run = opd_run(models, tmp_path, max_iters=0, kl_estimator="teacher_samples", anchor_coef=0.5)
-    ro, _ = opd.rollout_shard(run, 0, 0)
+    ro, _ = opd.rollout_shard(run, run.state, 0, 0)
     with torch.no_grad():
         scored = {name: F.log_softmax(m(ro.ids[:, :-1]), -1).gather(-1, ro.ids[:, 1:, None])[..., 0]
-                  for name, m in (("teacher", run.teacher), ("student", run.raw_model))}
+                  for name, m in (("teacher", run.state.teacher), ("student", run.raw_model))}
     on = ro.mask > 0
     torch.testing.assert_close(ro.old_logprobs[on], scored["teacher"][on], atol=1e-4, rtol=1e-4)
     assert not torch.allclose(ro.old_logprobs[on], scored["student"][on], atol=1e-2)
-    assert not any(p.requires_grad for p in run.ref_model.parameters())
-    batch = opd.batches(run, 0)[0][0]
-    _, _, metrics = opd.loss(run, run.model, batch)
+    assert not any(p.requires_grad for p in run.state.reference.parameters())
+    batch = opd.batches(run, run.state, 0)[0][0][0]
+    _, _, metrics = opd.loss(run, run.state, run.model, batch)
     assert abs(metrics["anchor_kl"]) < 1e-6
     with pytest.raises(ValueError, match="teacher_samples"):
         opd_run(models, tmp_path, max_iters=0, teacher="self", kl_estimator="teacher_samples")

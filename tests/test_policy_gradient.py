@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-import common as C
 import envs
 import grpo
+import grpo_family as family
+import monitors
 import train as T
 from conftest import TINY, run_ddp
+from distributed import rollout_cost
+from paperwork import unparsed, verification_text, verifier_check
 
 
 def cfg(**kw):
@@ -26,7 +29,7 @@ def cfg(**kw):
 def grad(logp, old, adv, mask, c, tis=None):
     """d(loss_sum / count) / d logp."""
     logp = logp.detach().requires_grad_(True)
-    loss_sum, count, metrics = grpo.policy_loss(logp, old, adv, mask, c, tis_weight=tis)
+    loss_sum, count, metrics = grpo.policy_loss(logp, old, adv, mask, c, weights=1.0 if tis is None else tis)
     (loss_sum / count).backward()
     return logp.grad, metrics
 
@@ -79,27 +82,27 @@ def test_batch_vs_group_scaling_by_hand():
     """Groups [1,0,0,0] and [1,1,0,0]: centred (0.75, −0.25 ×3) and (±0.5); the group std is 0.4330
     and 0.5, the batch std of all eight centred values √(1.75/8) = 0.46771."""
     rewards = torch.tensor([[1., 0., 0., 0.], [1., 1., 0., 0.]])
-    group, _ = grpo.group_advantages(rewards, "dr_grpo", "group")
+    group, _ = family.group_advantages(rewards, "dr_grpo", "group")
     assert group[0].tolist() == pytest.approx([1.7320508, -0.5773503, -0.5773503, -0.5773503], rel=1e-6)
     assert group[1].tolist() == pytest.approx([1.0, 1.0, -1.0, -1.0])
-    assert torch.equal(group, grpo.group_advantages(rewards, "grpo")[0])  # grpo = its baseline + group std
-    none, _ = grpo.group_advantages(rewards, "grpo", "none")
-    assert torch.equal(none, grpo.group_advantages(rewards, "dr_grpo")[0])  # the explicit scale wins
-    (batch,) = grpo.batch_scale([none.flatten()], [torch.ones(8, dtype=torch.bool)], types.SimpleNamespace(ddp=False))
+    assert torch.equal(group, family.group_advantages(rewards, "grpo")[0])  # grpo = its baseline + group std
+    none, _ = family.group_advantages(rewards, "grpo", "none")
+    assert torch.equal(none, family.group_advantages(rewards, "dr_grpo")[0])  # the explicit scale wins
+    (batch,) = family.batch_scale([none.flatten()], [torch.ones(8, dtype=torch.bool)], types.SimpleNamespace(ddp=False))
     assert batch.tolist() == pytest.approx([1.6035675, -0.5345225, -0.5345225, -0.5345225,
                                             1.0690450, 1.0690450, -1.0690450, -1.0690450], rel=1e-6)
     kept = torch.tensor([True] * 4 + [False] * 4)  # a dropped group is in no std
-    (only_first,) = grpo.batch_scale([none.flatten()], [kept], types.SimpleNamespace(ddp=False))
+    (only_first,) = family.batch_scale([none.flatten()], [kept], types.SimpleNamespace(ddp=False))
     assert only_first[:4].tolist() == pytest.approx(group[0].tolist(), rel=1e-6)
 
 
 def test_tis_weight_is_one_when_sampler_and_trainer_agree_and_capped_when_not():
     mask = torch.tensor([[1., 1., 1., 0.]])
     old = torch.log(torch.tensor([[.5, .2, .4, .3]]))
-    w, capped = grpo.tis_weights(old, old.clone(), mask, 2.0)
+    w, capped = family.tis_weights(old, old.clone(), mask, 2.0)
     assert torch.equal(w, mask) and capped == 0
     sampler = old + torch.tensor([[-np.log(3.0), np.log(2.0), 0.0, 5.0]])  # ratios 3, 0.5, 1 (and padding)
-    w, capped = grpo.tis_weights(old, sampler, mask, 2.0)
+    w, capped = family.tis_weights(old, sampler, mask, 2.0)
     assert w.tolist()[0] == pytest.approx([2.0, 0.5, 1.0, 0.0]) and capped == 1
     g, _ = grad(LOGP[:1], LOGP[:1], ADV[:1], MASK[:1], cfg(loss_agg="token_mean"), tis=torch.tensor([[2.0, .5, 1., 1.]]))
     assert torch.allclose(g, -torch.tensor([[2.0, .5, 1., 1.]]) / 4, atol=1e-7)
@@ -111,7 +114,7 @@ def test_edge_draw_stays_in_the_band_while_in_band_prompts_remain():
         success = rng.uniform(size=64)
         success[rng.uniform(size=64) < 0.2] = np.nan
         n = int(rng.integers(1, 40))
-        drawn = grpo.edge_draw(success, n, np.random.default_rng(seed), 0.2, 0.8)
+        drawn = family.edge_draw(success, n, np.random.default_rng(seed), 0.2, 0.8)
         unseen = np.flatnonzero(np.isnan(success))
         in_band = np.flatnonzero((success >= 0.2) & (success <= 0.8))
         assert len(set(drawn.tolist())) == len(drawn) == n
@@ -120,7 +123,7 @@ def test_edge_draw_stays_in_the_band_while_in_band_prompts_remain():
         k = min(len(later), len(in_band))
         assert set(later[:k].tolist()) <= set(in_band.tolist())  # the band before anything outside it
     s = np.array([np.nan, 0.5, 0.0])
-    grpo.edge_update(s, np.array([0, 1]), np.array([0.25, 1.0]))
+    family.edge_update(s, np.array([0, 1]), np.array([0.25, 1.0]))
     assert s.tolist() == [0.25, 0.75, 0.0]
 
 
@@ -138,11 +141,11 @@ def test_edge_sampling_resumes_exactly(tmp_path, monkeypatch):
     straight = T.train(dict(EDGE, max_iters=4, out_dir=str(tmp_path / "straight")))
     T.train(dict(EDGE, max_iters=2, out_dir=str(tmp_path / "resumed")))
     resumed = T.train(dict(algo="grpo", init_from="resume", max_iters=4, out_dir=str(tmp_path / "resumed")))
-    assert np.array_equal(straight.pool_success, resumed.pool_success, equal_nan=True)
-    assert np.array_equal(straight.edge_draw, resumed.edge_draw)
+    assert np.array_equal(straight.state.prompts.success, resumed.state.prompts.success, equal_nan=True)
+    assert np.array_equal(straight.state.prompts.drawn, resumed.state.prompts.drawn)
     assert all(torch.equal(a, b) for a, b in zip(straight.raw_model.state_dict().values(),
                                                  resumed.raw_model.state_dict().values()))
-    assert not np.isnan(straight.pool_success).any()  # 16 draws from a pool of 6: every prompt came back
+    assert not np.isnan(straight.state.prompts.success).any()  # 16 draws from a pool of 6: every prompt came back
 
 
 def edge_run(cfg):
@@ -153,7 +156,7 @@ def edge_run(cfg):
         run = T.train(cfg)
     finally:
         envs.Arithmetic.verify = real
-    return run.pool_success.tolist(), run.edge_draw.tolist()
+    return run.state.prompts.success.tolist(), run.state.prompts.drawn.tolist()
 
 
 @pytest.mark.slow
@@ -166,20 +169,20 @@ def test_edge_sampling_is_identical_on_two_ranks(tmp_path):
 
 def test_verifier_check_catches_a_broken_verifier():
     env = envs.make_env("arithmetic")
-    assert C.verifier_check(env, env.verify)["verifier_error_rate"] == 0
-    always = C.verifier_check(env, lambda p, r: 1.0)
+    assert verifier_check(env, env.verify)["verifier_error_rate"] == 0
+    always = verifier_check(env, lambda p, r: 1.0)
     assert always["verifier_false_positives"] == always["verifier_probes"] - 64 > 50
-    assert C.verifier_check(env, lambda p, r: 0.0)["verifier_false_negatives"] == 64
-    assert C.verifier_check(env, grpo.lax_verify)["verifier_false_positives"] > 0  # the format exploit
+    assert verifier_check(env, lambda p, r: 0.0)["verifier_false_negatives"] == 64
+    assert verifier_check(env, family.lax_verify)["verifier_false_positives"] > 0  # the format exploit
     assert env.parses("3+4=7. Answer: 7") and not env.parses("Answer: 7 8")
-    unsolved = C.verifier_check(types.SimpleNamespace(), env.verify)  # no solver: unknown, not 0
-    assert np.isnan(unsolved["verifier_error_rate"]) and "unchecked" in C.verification_text(unsolved)
-    assert not C.unparsed(types.SimpleNamespace(), "anything") and C.unparsed(env, "Answer: 7 8")
+    unsolved = verifier_check(types.SimpleNamespace(), env.verify)  # no solver: unknown, not 0
+    assert np.isnan(unsolved["verifier_error_rate"]) and "unchecked" in verification_text(unsolved)
+    assert not unparsed(types.SimpleNamespace(), "anything") and unparsed(env, "Answer: 7 8")
 
 
 def test_rollout_cost_example():
     """SPEC §5 / M14 §11: 256 × 8 × 4,000 tokens at 8 × 209.4 tok/s against 6ND at 8 × 990 TFLOP/s × 0.4."""
-    c = grpo.rollout_cost(256, 8, 4000, 8, 209.4, 8.03e9, 990e12, 0.4)
+    c = rollout_cost(256, 8, 4000, 8, 209.4, 8.03e9, 990e12, 0.4)
     assert c["tokens"] == 8_192_000 and round(c["decode_s"], 1) == 4890.2 and round(c["decode_min"], 1) == 81.5
     assert round(c["train_min"], 6) == 2.076444 and round(c["ratio"], 4) == 39.2511
 
@@ -204,7 +207,7 @@ BREAK = dict(TINY, algo="grpo", prompts_per_iter=4, group_size=8, max_new_tokens
 def alarms_of(tmp_path, name, **overrides):
     run = T.train(dict(BREAK, out_dir=str(tmp_path / name), **overrides))
     rows = [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
-    return grpo.alarms(rows, run.cfg)
+    return monitors.alarms(rows, run.cfg)
 
 
 @pytest.mark.parametrize("overrides,alarm", [
@@ -228,9 +231,9 @@ def test_reward_hacking_fires_when_reward_rises_and_held_out_accuracy_falls():
     rows = [dict(iter=0, heldout_acc=0.50), row(1, 0.40), row(2, 0.60), dict(iter=2, heldout_acc=0.49), row(3, 0.70),
             dict(iter=3, heldout_acc=0.45)]
     cfg = dict(minibatches=1, inner_epochs=1)
-    assert grpo.alarms(rows, cfg) == {"reward_hacking": 3}  # at 2 the accuracy fell by 0.01 only
+    assert monitors.alarms(rows, cfg) == {"reward_hacking": 3}  # at 2 the accuracy fell by 0.01 only
     rows[-1]["heldout_acc"] = 0.52
-    assert grpo.alarms(rows, cfg) == {}
+    assert monitors.alarms(rows, cfg) == {}
 
 
 def test_the_unbroken_run_fires_no_monitor(tmp_path, monkeypatch):
@@ -244,7 +247,7 @@ PAIRS_TINY = dict(pairs="style", train_prompts=4, heldout_prompts=2)
 
 
 @pytest.mark.parametrize("algo,extra", [("sft", SFT_TINY), ("rm", PAIRS_TINY), ("dpo", PAIRS_TINY),
-                                        ("ppo", dict(prompts_pool=16)), ("rft", dict(round_prompts=2, candidates=2)),
+                                        ("ppo", dict(prompt_pool=16)), ("rft", dict(round_prompts=2, group_size=2)),
                                         ("opd", dict(teacher="self")), ("grpo", {})])
 def test_every_algorithm_writes_its_passport(tmp_path, algo, extra):
     """SPEC §6: the four parts of the passport, and in every RL and OPD run the verifier's own error rate."""
@@ -261,7 +264,7 @@ def test_batch_scaling_in_the_loop_gives_unit_std_over_the_kept_responses(tmp_pa
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
     run = T.train(dict(TINY, algo="grpo", prompts_per_iter=4, group_size=4, max_new_tokens=8, max_iters=0, estimator=estimator,
                        adv_scale="batch", on_degenerate="drop", out_dir=str(tmp_path / "run")))
-    rows = [mb for step in grpo.batches(run, 0)[:1] for mb in step]
+    rows = [mb for step in grpo.batches(run, run.state, 0)[0][:1] for mb in step]
     kept = torch.cat([mb.mask.sum(1) > 0 for mb in rows])
     adv = torch.cat([mb.advantages for mb in rows])[kept]
     assert len(adv) >= 8 and float(adv.std(correction=0)) == pytest.approx(1.0, abs=1e-5)

@@ -12,18 +12,22 @@ import numpy as np
 import pytest
 import torch
 
-import common as C
+import checkpoints
 import envs
 import ppo
+import ppo_family as family
 import train as T
+from checkpoints import load_model
 from conftest import forward_calls, run_ddp
+from distributed import stage_memory_gib
 from model import GPT, GPTConfig, ScalarHeadGPT, kl_estimate, token_logprobs
+from rollouts import old_logprobs_mode, score_responses
 
 
 def ppo_config(tiny, **overrides):
     """TINY plus small PPO settings: two minibatches × two epochs per rollout batch of 8."""
     return {**tiny, **dict(algo="ppo", batch_size=4, minibatches=2, ppo_epochs=2, max_new_tokens=8,
-                           prompts_pool=64, learning_rate=1e-3, min_lr=1e-3, warmup_iters=0), **overrides}
+                           prompt_pool=64, learning_rate=1e-3, min_lr=1e-3, warmup_iters=0), **overrides}
 
 
 def metrics_rows(out_dir):
@@ -35,24 +39,24 @@ def metrics_rows(out_dir):
 
 def test_stage_memory_gib_reproduces_the_worked_example():
     n = 8.03e9
-    trained, frozen = ppo.stage_memory_gib(n, ["train"]), ppo.stage_memory_gib(n, ["frozen_bf16"])
-    ppo_gib = ppo.stage_memory_gib(n, ["train", "train", "frozen_bf16", "frozen_bf16"])
-    dpo_gib = ppo.stage_memory_gib(n, ["train", "frozen_bf16"])
+    trained, frozen = stage_memory_gib(n, ["train"]), stage_memory_gib(n, ["frozen_bf16"])
+    ppo_gib = stage_memory_gib(n, ["train", "train", "frozen_bf16", "frozen_bf16"])
+    dpo_gib = stage_memory_gib(n, ["train", "frozen_bf16"])
     assert f"{trained:.1f} {frozen:.2f} {ppo_gib:.1f} {dpo_gib:.1f}" == "119.7 14.96 269.2 134.6"
     assert f"{ppo_gib / dpo_gib:.2f}" == "2.00"
     assert f"{trained / ppo_gib:.0%}" == "44%"  # the critic's share of the PPO budget
     assert trained == pytest.approx(16 * n / 2**30) and ppo_gib == pytest.approx(36 * n / 2**30)
     with pytest.raises(ValueError, match="positive"):
-        ppo.stage_memory_gib(float("nan"), ["train"])
+        stage_memory_gib(float("nan"), ["train"])
     with pytest.raises(ValueError, match="unknown model state"):
-        ppo.stage_memory_gib(n, ["train", "fp8"])
+        stage_memory_gib(n, ["train", "fp8"])
 
 
 # ----------------------------------------------------------------------------------------------
 # GAE and the reward shaping
 
 def random_rollout_layout(rng, n_rows=5, width=12):
-    """A (rows, width) mask like C.rollouts': prompt zeros, a contiguous response, padding zeros."""
+    """A (rows, width) mask like rollouts': prompt zeros, a contiguous response, padding zeros."""
     mask = torch.zeros(n_rows, width)
     for i in range(n_rows):
         start = int(rng.integers(1, 5))
@@ -113,14 +117,18 @@ def test_every_reward_mode_carries_one_kl_penalty():
     kl = torch.tensor([[0.0, 0.5, -1.0, 2.0], [1.0, 0.25, 0.0, 0.0]]) * mask
     steps = torch.tensor([[0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]])
     path = torch.tensor([[0.0, -1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
-    mb = SimpleNamespace(kl=kl, mask=mask, score=torch.tensor([1.0, 0.0]), step_rewards=steps, path_rewards=path)
     penalty = -0.1 * kl
     outcome = torch.tensor([[0, 0, 0, 1.0], [0, 0, 0, 0]])
-    cfg = dict(rlvp_beta=0.5)
-    for mode, channel in (("outcome", outcome), ("process", steps), ("path", path), ("rlvp", outcome + 0.5 * path)):
-        got = ppo.mode_rewards(mb, dict(cfg, reward_mode=mode), kl_coef=0.1)
-        assert torch.allclose(got, penalty + channel, atol=1e-7), mode
-    assert float(ppo.mode_rewards(mb, dict(cfg, reward_mode="path"), 0.1)[0, 2]) == pytest.approx(0.1 + 1.0)
+
+    def token_rewards(mode, signals):  # what ppo.setup chooses for the mode
+        mb = SimpleNamespace(kl=kl, mask=mask, reward=torch.tensor([1.0, 0.0]), signals=signals)
+        run = SimpleNamespace(cfg=dict(rlvp_beta=0.5, reward_mode=mode))
+        rewards = ppo.shaped_rewards_of if mode == "outcome" else family.mode_rewards(run, ppo.shaped_rewards)[0]
+        return rewards(mb, 0.1)
+    for mode, channel, signals in (("outcome", outcome, None), ("process", steps, steps), ("path", path, path),
+                                   ("rlvp", outcome + 0.5 * path, path)):
+        assert torch.allclose(token_rewards(mode, signals), penalty + channel, atol=1e-7), mode
+    assert float(token_rewards("path", path)[0, 2]) == pytest.approx(0.1 + 1.0)
 
 
 def test_kl_estimators_worked_value_and_exact_expectation():
@@ -185,7 +193,7 @@ def test_masked_tokens_contribute_nothing():
 
     def loss_and_grads(batch):
         model.zero_grad()
-        loss_sum, count, _ = ppo.loss(run, model, batch)
+        loss_sum, count, _ = ppo.loss(run, None, model, batch)
         loss_sum.backward()
         return float(loss_sum.detach()), float(count), [p.grad.clone() for p in model.parameters()]
 
@@ -232,14 +240,15 @@ def test_rollouts_score_the_reference_only_when_the_kl_penalty_is_on(tiny, monke
     gives); π_ref runs only when β > 0."""
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(ascii_share))
     run = T.train(ppo_config(tiny, max_iters=0, kl_coef=0.0))
-    assert run.old_logprobs_mode == "sampler"
-    with forward_calls(policy=run.raw_model.policy, critic=run.raw_model.critic, reference=run.ref_model) as calls:
-        micro = next(ppo.batches(run, 0))
+    assert old_logprobs_mode(run) == "sampler"
+    with forward_calls(policy=run.raw_model.policy, critic=run.raw_model.critic, reference=run.state.reference) as calls:
+        steps, figures = ppo.batches(run, run.state, 0)
+        micro = steps[0]
         assert calls == ["critic"] * run.cfg["minibatches"]  # one forward per micro-batch of rollouts
-        assert "kl_ref" not in run.stats and 0 <= run.stats["work_frac"] <= 1
-        run.kl_coef = 0.05
-        next(ppo.batches(run, 0))
-        assert sorted(set(calls)) == ["critic", "reference"] and "kl_ref" in run.stats
+        assert "kl_ref" not in figures and 0 <= figures["work_frac"] <= 1
+        run.state.kl_coef = 0.05
+        _, figures = ppo.batches(run, run.state, 0)
+        assert sorted(set(calls)) == ["critic", "reference"] and "kl_ref" in figures
     for mb in micro:  # the sampler's log-probs are π_old: what the loss's forward gives before an update
         with torch.no_grad():
             logits, values = run.raw_model(mb.ids[:, :-1])
@@ -252,7 +261,7 @@ def test_beta_zero_trains_exactly_as_when_the_reference_is_scored(tiny, monkeypa
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(ascii_share))
     cfg = ppo_config(tiny, max_iters=2, kl_coef=0.0, checkpoint=False)
     skipped = T.train(dict(cfg, out_dir=tiny["out_dir"] + "_skipped"))
-    monkeypatch.setattr(ppo, "scores_reference", lambda run: True)
+    monkeypatch.setattr(ppo, "scores_reference", lambda state: True)
     scored = T.train(cfg)
     assert "kl_ref" in metrics_rows(scored.cfg["out_dir"])[-1]
     assert "kl_ref" not in metrics_rows(skipped.cfg["out_dir"])[-1]
@@ -264,39 +273,39 @@ def test_reward_model_path_scores_rollouts_with_rm_score(tiny, monkeypatch, caps
     # a tiny reward-model checkpoint from --algo rm (one step is enough: only the plumbing is tested)
     rm_dir = os.path.join(tiny["out_dir"], "rm")
     T.train(dict(tiny, algo="rm", out_dir=rm_dir, max_iters=1, train_prompts=4, heldout_prompts=2,
-                 samples_per_prompt=1, max_new_tokens=8))
+                 group_size=1, max_new_tokens=8))
     calls = []
-    real_score = C.score_responses
+    real_score = score_responses
 
     def recording_score(reward_model, ids, mask):
         out = real_score(reward_model, ids, mask)
         calls.append((reward_model, ids.clone(), mask.clone(), out.clone()))
         return out
 
-    monkeypatch.setattr(C, "score_responses", recording_score)
-    real_load, loaded = C.load_model, []
-    monkeypatch.setattr(C, "load_model", lambda ckpt_dir, *a: loaded.append(ckpt_dir) or real_load(ckpt_dir, *a))
+    monkeypatch.setattr(family, "score_responses", recording_score)
+    real_load, loaded = load_model, []
+    monkeypatch.setattr(checkpoints, "load_model", lambda ckpt_dir, *a: loaded.append(ckpt_dir) or real_load(ckpt_dir, *a))
     run = T.train(ppo_config(tiny, max_iters=1, reward="rm", reward_model=rm_dir, critic_init="reward_model"))
-    assert loaded.count(rm_dir) == 1  # one load serves the reward and the critic's start
+    assert loaded.count(rm_dir) == 2  # the frozen reward, and the critic's start
     reward_model = real_load(rm_dir)
     assert len(calls) == 2  # one per micro-batch of the rollout batch
     for model, ids, mask, out in calls:
-        assert model is run.reward_model
+        assert model is run.state.reward_model
         with torch.no_grad():
             values = reward_model(ids)  # the scalar at each row's last response token, found by hand
             expected = [float(values[i, int(mask[i].nonzero().max()) + 1]) for i in range(len(ids))]
         assert out.tolist() == pytest.approx(expected, abs=1e-5)
-    assert run.stats["rm_score"] == pytest.approx(float(torch.cat([c[3] for c in calls]).mean()), abs=1e-6)
+    assert metrics_rows(run.cfg["out_dir"])[-1]["rm_score"] == pytest.approx(float(torch.cat([c[3] for c in calls]).mean()), abs=1e-6)
     for name, p in reward_model.state_dict().items():  # the frozen RM did not move; the critic (its copy) did
-        assert torch.equal(p, run.reward_model.state_dict()[name])
+        assert torch.equal(p, run.state.reward_model.state_dict()[name])
     assert not torch.equal(run.raw_model.critic.head.weight, reward_model.head.weight)
     # the memory anatomy printed at setup, for this run's four roles (two trained, two frozen)
     sizes = [sum(p.numel() for p in m.state_dict().values()) - m.config.n_embd * m.config.vocab_size
-             for m in (run.raw_model.policy, run.raw_model.critic, run.ref_model, run.reward_model)]  # tied: once
-    expected = sum(ppo.stage_memory_gib(n, [kind]) for n, kind in zip(sizes, ["train", "train", "frozen_bf16",
+             for m in (run.raw_model.policy, run.raw_model.critic, run.state.reference, run.state.reward_model)]  # tied: once
+    expected = sum(stage_memory_gib(n, [kind]) for n, kind in zip(sizes, ["train", "train", "frozen_bf16",
                                                                             "frozen_bf16"]))
     printed = capsys.readouterr().out
-    assert f"= {expected:.4g} GiB; critic {ppo.stage_memory_gib(sizes[1], ['train']) / expected:.0%}" in printed
+    assert f"= {expected:.4g} GiB; critic {stage_memory_gib(sizes[1], ['train']) / expected:.0%}" in printed
 
 
 def test_bad_reward_settings_are_clear_errors(tiny):
@@ -317,7 +326,7 @@ def test_lora_trains_policy_and_critic_adapters_and_the_critic_head(tiny):
     assert any(n.startswith("critic.") and "lora_B" in n for n in trainable)
     assert {"critic.head.weight", "critic.head.bias"} <= trainable
     assert all("lora_" in n or n.startswith("critic.head") for n in trainable)
-    exported = C.load_model(run.cfg["out_dir"])  # the policy alone, LoRA merged
+    exported = load_model(run.cfg["out_dir"])  # the policy alone, LoRA merged
     assert isinstance(exported, GPT)
     ids = torch.randint(0, 256, (2, 12))
     assert torch.allclose(exported(ids), run.raw_model.policy(ids), atol=1e-5)
@@ -333,8 +342,8 @@ def test_adaptive_kl_coef_moves_and_resumes_exactly(tiny, monkeypatch):
     # iteration 1: π_θ = π_ref, KL 0 < target, β × (1 − 0.1·0.2); then KL ≫ target, β × (1 + 0.1·0.2)
     betas = [r["kl_coef"] for r in metrics_rows(straight.cfg["out_dir"]) if "kl_coef" in r]
     assert betas == pytest.approx([0.1, 0.098, 0.09996])
-    assert straight.kl_coef == pytest.approx(0.1 * 0.98 * 1.02 * 1.02)
-    assert resumed.kl_coef == pytest.approx(straight.kl_coef, rel=1e-12)
+    assert straight.state.kl_coef == pytest.approx(0.1 * 0.98 * 1.02 * 1.02)
+    assert resumed.state.kl_coef == pytest.approx(straight.state.kl_coef, rel=1e-12)
     for (name, a), b in zip(straight.raw_model.state_dict().items(), resumed.raw_model.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6), name
 
@@ -344,7 +353,7 @@ def test_adaptive_kl_coef_moves_and_resumes_exactly(tiny, monkeypatch):
 
 def report(run):
     return dict(state={k: v.numpy().copy() for k, v in run.raw_model.state_dict().items()},
-                kl_coef=run.kl_coef, steps=run.stats["ppo_steps"])
+                kl_coef=run.state.kl_coef, steps=metrics_rows(run.cfg["out_dir"])[-1]["ppo_steps"])
 
 
 def train_with_ascii_reward(overrides):

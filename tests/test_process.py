@@ -10,12 +10,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import common as C
 import envs
 import grpo
+import grpo_family as family
 import ppo
 import train as T
 from conftest import TINY
+from rewards import check_reward_mode, token_rewards
 from tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,7 +39,7 @@ def test_step_rewards_land_on_the_last_token_of_each_step():
     env, run = envs.Arithmetic(), SimpleNamespace(tok=TOK)
     p = {"start": 7, "steps": [("+", 8), ("-", 3)], "answer": 12}
     text = "7+8=15. 15-3=11. Answer: 12"  # the second equation is wrong, the answer right
-    values, marked = C.token_rewards(run, fake_roll([p], [text]), env.step_rewards)
+    values, marked = token_rewards(run, fake_roll([p], [text]), env.step_rewards)
     response = TOK.assistant_ids(text)[0]
     columns = marked[0].nonzero().flatten().tolist()
     tokens = [response[c - 4] for c in columns]  # column c scores response token c − (prompt_len − 1)
@@ -48,7 +49,7 @@ def test_step_rewards_land_on_the_last_token_of_each_step():
     calc = envs.Calculator()
     q = {"start": 347, "steps": [("*", 28), ("+", 51)], "answer": 9767}
     demo = calc.solve(q)
-    values, marked = C.token_rewards(run, fake_roll([q], [demo]), calc.step_rewards)
+    values, marked = token_rewards(run, fake_roll([q], [demo]), calc.step_rewards)
     response = TOK.assistant_ids(demo)[0]
     tokens = [response[c - 4] for c in marked[0].nonzero().flatten().tolist()]
     assert tokens == [TOK.special["/tool_call"]] * 2 + [TOK.eos]  # each call's closing tag, never a tool token
@@ -62,14 +63,14 @@ def test_process_advantages_normalise_over_the_group_and_sum_the_steps_that_foll
     ends[0, 1] = ends[0, 3] = ends[1, 4] = True
     mask = torch.ones(2, 5)
     mask[0, 4] = 0.0
-    adv, degenerate = grpo.process_advantages(steps, ends, mask, 2, "grpo")
+    adv, degenerate = family.process_advantages(steps, ends, mask, 2, "grpo")
     hi, lo = (1 - 2 / 3) / (2 / 9) ** 0.5, (0 - 2 / 3) / (2 / 9) ** 0.5  # R = {1, 0, 1}: mean 2/3, std √(2/9)
     expected = torch.tensor([[hi + lo, hi + lo, lo, lo, 0.0], [hi] * 5])
     torch.testing.assert_close(adv, expected)
     assert not degenerate.any()
-    flat, degenerate = grpo.process_advantages(torch.ones(2, 5) * ends, ends, mask, 2, "grpo")
+    flat, degenerate = family.process_advantages(torch.ones(2, 5) * ends, ends, mask, 2, "grpo")
     assert degenerate.all() and not flat.any()
-    dr, _ = grpo.process_advantages(steps, ends, mask, 2, "dr_grpo")  # no std: r − mean
+    dr, _ = family.process_advantages(steps, ends, mask, 2, "dr_grpo")  # no std: r − mean
     torch.testing.assert_close(dr[1], torch.full((5,), 1 / 3))
 
 
@@ -88,21 +89,21 @@ def test_gae_passes_over_tool_tokens_and_is_unchanged_without_them():
 def test_rlvp_channels_are_normalised_separately():
     outcome = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
     path = torch.tensor([[-2.0, 1.0, 1.0, 1.0]])
-    adv, degenerate = grpo.rlvp_advantages(outcome, path, "grpo", 0.5)
+    adv, degenerate = family.rlvp_advantages(outcome, path, "grpo", 0.5)
     z = lambda x: (x - x.mean()) / x.std(correction=0)
     torch.testing.assert_close(adv, z(outcome) + 0.5 * z(path))
     # a denser or larger path signal (ten times the actions) weighs the same: it cannot drown the outcome
-    torch.testing.assert_close(grpo.rlvp_advantages(outcome, 10 * path, "grpo", 0.5)[0], adv)
+    torch.testing.assert_close(family.rlvp_advantages(outcome, 10 * path, "grpo", 0.5)[0], adv)
     # rule 2, the outcome stays the main driver: the one success, though it broke the rule, still leads
     assert adv[0, 0] > adv[0, 1:].max() and not degenerate.any()
-    only_path, degenerate = grpo.rlvp_advantages(torch.zeros(1, 4), path, "grpo", 0.5)
+    only_path, degenerate = family.rlvp_advantages(torch.zeros(1, 4), path, "grpo", 0.5)
     torch.testing.assert_close(only_path, 0.5 * z(path))
     assert not degenerate.any()
-    assert grpo.rlvp_advantages(torch.ones(1, 4), torch.ones(1, 4), "grpo", 0.5)[1].all()
+    assert family.rlvp_advantages(torch.ones(1, 4), torch.ones(1, 4), "grpo", 0.5)[1].all()
 
 
 def test_the_four_rlvp_rules_of_the_calculator_rule_engine():
-    """SPEC §3 RLVP's four rules, on envs.Calculator.path_signals and common.check_reward_mode."""
+    """SPEC §3 RLVP's four rules, on envs.Calculator.path_signals and rewards.check_reward_mode."""
     env = envs.Calculator()
     p = {"start": 347, "steps": [("*", 28), ("+", 51), ("-", 86)], "answer": 9681}
     call = lambda e: f"{envs.TOOL_CALL}{e}{envs.END_CALL}{envs.TOOL_RESULT}{envs.calculator(e)}{envs.END_RESULT}"
@@ -126,9 +127,9 @@ def test_the_four_rlvp_rules_of_the_calculator_rule_engine():
     # 2. the outcome stays the main driver: β ≤ 1 on channels of the same scale (test above), checked
     cfg = dict(reward_mode="rlvp", rlvp_beta=1.5, rlvp_penalty=1.0, rlvp_bonus=1.0)
     with pytest.raises(ValueError, match="main driver"):
-        C.check_reward_mode(cfg, env)
+        check_reward_mode(cfg, env)
     with pytest.raises(ValueError, match="step_rewards"):
-        C.check_reward_mode(dict(cfg, reward_mode="process", rlvp_beta=0.5), envs.GeneralPoints())
+        check_reward_mode(dict(cfg, reward_mode="process", rlvp_beta=0.5), envs.GeneralPoints())
 
 
 def small(tmp_path, algo, **cfg):
@@ -157,8 +158,8 @@ def test_process_mode_trains_on_per_token_advantages(tmp_path):
     run = small(tmp_path, "grpo", reward_mode="process", max_iters=0)
     # a random model writes no equation: two made-up steps per response, at its middle and its end
     run.env.step_rewards = lambda p, text: [(len(text) // 2, float(len(text) % 2)), (len(text), float(len(text) % 3))]
-    mb = next(iter(grpo.batches(run, 0)))[0]
-    adv = mb.step_advantages
+    mb = grpo.batches(run, run.state, 0)[0][0][0]
+    adv = mb.advantages
     assert adv.shape == mb.mask.shape and bool((adv[mb.mask == 0] == 0).all())
     assert adv[mb.mask > 0].abs().sum() > 0
     for row, m in zip(adv, mb.mask):  # constant up to the middle step, then constant to the end

@@ -2,11 +2,11 @@
 
 import torch
 
-import common as C
 import envs
 import rft
 import train as T
 from conftest import SFT_DATA
+from evaluation import sampled_accuracy
 
 
 def test_selection_keeps_verified_distinct_and_capped():
@@ -28,8 +28,8 @@ def test_tiny_rft_run_completes(tiny, tmp_path, monkeypatch):
     # the tiny model solves nothing: let every finished answer pass, so the pool is not empty
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(lambda problem, response: 1.0))
     run = T.train(dict(tiny, algo="rft", init_from=sft["out_dir"], max_iters=4, rounds=2, round_prompts=4,
-                       candidates=4, per_prompt_cap=2, eval_interval=4, eval_samples=2, max_new_tokens=32))
-    assert 0 < len(run.pool) <= 4 * 2
+                       group_size=4, per_prompt_cap=2, eval_interval=4, eval_samples=2, max_new_tokens=32))
+    assert 0 < len(run.state.pool) <= 4 * 2
     assert set(run.metrics) >= {"heldout_acc", "ood_acc", "heldout_pass@2"}
     assert run.metrics["heldout_pass@2"] == 1.0
 
@@ -48,14 +48,14 @@ def test_best_of_n_follows_one_minus_miss_rate_to_the_n(tiny, monkeypatch):
     with torch.no_grad():
         p = torch.stack([run.raw_model(torch.tensor([run.tok.prompt_ids(q["prompt"])]))[0, -1].softmax(-1)[right].sum()
                          for q in problems])
-    sampled = {N: C.sampled_accuracy(run, run.raw_model, n, N, temperature=1.0)[0] for N in (1, 3, 8)}
+    sampled = {N: sampled_accuracy(run, run.raw_model, n, N, temperature=1.0)[0] for N in (1, 3, 8)}
     figures = [sampled[1]["heldout_sampled_acc"], sampled[3]["heldout_pass@3"], sampled[8]["heldout_pass@8"]]
     expected = [float((1 - (1 - p) ** N).mean()) for N in (1, 3, 8)]
     assert 0.1 < expected[0] < 0.4 and expected[-1] - expected[0] > 0.3
     for got, want in zip(figures, expected):
         assert abs(got - want) < 0.1  # 3 standard errors of a mean of 200 Bernoullis
     assert figures == sorted(figures) and figures[-1] - figures[0] > 0.3
-    assert C.sampled_accuracy(run, run.raw_model, n, 1, temperature=1.0)[0] == sampled[1]  # fixed seed
+    assert sampled_accuracy(run, run.raw_model, n, 1, temperature=1.0)[0] == sampled[1]  # fixed seed
     assert abs(sampled[8]["heldout_sampled_acc"] - expected[0]) < 0.05  # 1,600 samples: the plain accuracy
 
 

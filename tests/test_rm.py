@@ -10,11 +10,13 @@ import sys
 import pytest
 import torch
 
-import common as C
+import options
 import pairs
 import rm
 import train as T
+from checkpoints import build_model, load_model
 from envs import parse_answer
+from rollouts import response_text, rollouts, score_responses
 from tokenizer import Tokenizer
 
 
@@ -47,20 +49,20 @@ def test_score_reads_the_last_response_token():
     mask[1, 0:7] = 1  # ends at the last column -> position 7
     mask[2, 4] = 1    # a one-token response ids[2, 5] -> position 5
     stand_in = lambda x: 100 * torch.arange(3.0)[:, None] + torch.arange(x.size(1), dtype=torch.float32)
-    assert C.score_responses(stand_in, ids, mask).tolist() == [5.0, 107.0, 205.0]
+    assert score_responses(stand_in, ids, mask).tolist() == [5.0, 107.0, 205.0]
     mask[2] = 0
     with pytest.raises(ValueError, match=r"rows \[2\] have no response token"):
-        C.score_responses(stand_in, ids, mask)
+        score_responses(stand_in, ids, mask)
 
 
 def test_score_of_rollouts_is_the_scalar_at_the_end_token(tiny):
-    # score_responses() on C.rollouts output picks the head's value at the last sampled token of each row
+    # score_responses() on rollouts output picks the head's value at the last sampled token of each row
     run = T.train(rm_config(tiny, max_iters=0, pairs="style", train_prompts=4, heldout_prompts=2))
     problems = run.env.problems("heldout", 3, seed=0)
-    roll = C.rollouts(run, run.raw_model.gpt, problems, 2, temperature=1.0, max_new_tokens=12, seed=0)
+    roll = rollouts(run, run.raw_model.gpt, problems, 2, temperature=1.0, max_new_tokens=12, seed=0)
     with torch.no_grad():
         values = run.raw_model(roll.ids)
-        got = C.score_responses(run.raw_model, roll.ids, roll.mask)
+        got = score_responses(run.raw_model, roll.ids, roll.mask)
     for i in range(len(got)):
         last = len(run.tok.prompt_ids(roll.problems[i]["prompt"])) + int(roll.lengths[i]) - 1
         assert got[i].item() == pytest.approx(values[i, last].item(), abs=1e-6)
@@ -69,24 +71,24 @@ def test_score_of_rollouts_is_the_scalar_at_the_end_token(tiny):
 def test_builtin_pairs_verifier_style_both(tiny):
     for kind in ("verifier", "style", "both"):
         run = T.train(rm_config(tiny, max_iters=0, pairs=kind, train_prompts=12, heldout_prompts=6,
-                                samples_per_prompt=3, out_dir=tiny["out_dir"] + kind))
+                                group_size=3, out_dir=tiny["out_dir"] + kind))
         problems = {run.tok.decode(p["prompt"]): p for split in ("train", "heldout")
                     for p in [dict(q, prompt=run.tok.prompt_ids(q["prompt"])) for q in
                               run.env.problems(split, 12 if split == "train" else 6, seed=1)]}
-        train_prompts = {run.tok.decode(ex["prompt"]) for ex in run.train_pairs}
-        heldout_prompts = {run.tok.decode(ex["prompt"]) for ex in run.heldout_pairs}
+        train_prompts = {run.tok.decode(ex["prompt"]) for ex in run.state.train_pairs}
+        heldout_prompts = {run.tok.decode(ex["prompt"]) for ex in run.state.heldout_pairs}
         assert train_prompts and heldout_prompts and not train_prompts & heldout_prompts
         n_style = 0
-        for ex in run.train_pairs + run.heldout_pairs:
+        for ex in run.state.train_pairs + run.state.heldout_pairs:
             problem = problems[run.tok.decode(ex["prompt"])]
-            chosen, rejected = (C.response_text(run, r) for r in ex["responses"])
+            chosen, rejected = (response_text(run, r) for r in ex["responses"])
             assert run.env.verify(problem, chosen) == 1.0  # chosen is always verified correct
             style = run.env.verify(problem, rejected) == 1.0
             if style:  # a style pair: same answer, padded, longer
                 assert parse_answer(rejected) == parse_answer(chosen) and len(rejected) > len(chosen) + 15
                 n_style += 1
             assert len(ex["prompt"]) + max(map(len, ex["responses"])) <= run.cfg["block_size"]
-        n = len(run.train_pairs) + len(run.heldout_pairs)
+        n = len(run.state.train_pairs) + len(run.state.heldout_pairs)
         assert n_style == {"verifier": 0, "style": n, "both": n_style}[kind]
         if kind == "both":  # one style pair per prompt, plus the verifier pairs
             assert n_style == 18 and n > n_style
@@ -109,16 +111,16 @@ def test_rm_learns_a_separable_preference(tiny, tmp_path):
     assert run.metrics["val_margin"] > 2.0         # P(chosen ≻ rejected) = σ(margin) > 0.88
     assert run.metrics["val_loss"] < 0.1 < math.log(2)  # log 2: the loss at margin 0
     # the checkpoint is a scalar model that T.load_model gives back with the same scores
-    loaded = C.load_model(run.cfg["out_dir"])
-    batch = pairs.collate(run, run.heldout_pairs)
+    loaded = load_model(run.cfg["out_dir"])
+    batch = pairs.collate(run, run.state.heldout_pairs)
     with torch.no_grad():
-        assert torch.allclose(C.score_responses(loaded, batch["ids"], batch["mask"]),
-                              C.score_responses(run.raw_model, batch["ids"], batch["mask"]), atol=1e-5)
+        assert torch.allclose(score_responses(loaded, batch["ids"], batch["mask"]),
+                              score_responses(run.raw_model, batch["ids"], batch["mask"]), atol=1e-5)
 
 
 def test_rm_with_lora(tiny, tmp_path):
     path = write_jsonl(tmp_path / "pairs.jsonl", separable_rows(40, seed=1))
-    before = C.build_model(T.make_config(rm_config(tiny)), Tokenizer("byte"))
+    before = build_model(options.make_config(rm_config(tiny)), Tokenizer("byte"))
     run = T.train(rm_config(tiny, data=path, max_iters=4, lora_rank=2))
     model = run.raw_model
     # frozen base weights unchanged, LoRA factors and the scalar head trained
@@ -126,11 +128,11 @@ def test_rm_with_lora(tiny, tmp_path):
     assert torch.equal(base, before.transformer.h[0].attn.c_attn.weight) and not base.requires_grad
     assert model.gpt.transformer.h[0].attn.c_attn.lora_B.abs().sum() > 0
     assert model.head.weight.requires_grad
-    loaded = C.load_model(run.cfg["out_dir"])  # LoRA merged into W
-    batch = pairs.collate(run, run.heldout_pairs)
+    loaded = load_model(run.cfg["out_dir"])  # LoRA merged into W
+    batch = pairs.collate(run, run.state.heldout_pairs)
     with torch.no_grad():
-        assert torch.allclose(C.score_responses(loaded, batch["ids"], batch["mask"]),
-                              C.score_responses(model, batch["ids"], batch["mask"]), atol=1e-5)
+        assert torch.allclose(score_responses(loaded, batch["ids"], batch["mask"]),
+                              score_responses(model, batch["ids"], batch["mask"]), atol=1e-5)
 
 
 GOOD = {"prompt": "Say hi", "chosen": "hi", "rejected": "no"}
@@ -160,8 +162,8 @@ def test_skip_bad_rows_counts_them(tiny, tmp_path):
                     "chosen": [{"role": "assistant", "content": "Hello"}], "rejected": "Go"})  # messages: fine
     path = write_jsonl(tmp_path / "mixed.jsonl", rows)
     run = T.train(rm_config(tiny, data=path, max_iters=1, skip_bad_rows=True))
-    assert run.skipped_rows == len(MALFORMED)
-    assert len(run.train_pairs) + len(run.heldout_pairs) == 13
+    assert run.state.skipped_rows == len(MALFORMED)
+    assert len(run.state.train_pairs) + len(run.state.heldout_pairs) == 13
 
 
 def test_rm_refuses_single_examples(tiny, tmp_path):

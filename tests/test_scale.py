@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-import common as C
 import train as T
+from checkpoints import CHECKPOINT_FORMAT, load_model
 from conftest import SFT_DATA, TINY, run_ddp
+from distributed import autocast_dtype, cuda_device, gpu_memory_gib, setup_device, stage_memory_gib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,12 +32,12 @@ def test_requirements_torch_floor_has_what_the_code_calls():
 
 
 def test_device_choice():
-    assert C.cuda_device(1, 2) == "cuda:1"
+    assert cuda_device(1, 2) == "cuda:1"
     with pytest.raises(ValueError, match="LOCAL_RANK=2 but this machine has 2 CUDA device"):
-        C.cuda_device(2, 2)
-    assert C.autocast_dtype("cuda:0", True) == torch.bfloat16
-    assert C.autocast_dtype("cuda:0", False) is None  # pre-Ampere: fp32, not emulated bf16
-    assert C.autocast_dtype("cpu", True) is None
+        cuda_device(2, 2)
+    assert autocast_dtype("cuda:0", True) == torch.bfloat16
+    assert autocast_dtype("cuda:0", False) is None  # pre-Ampere: fp32, not emulated bf16
+    assert autocast_dtype("cpu", True) is None
 
 
 # -- checkpoints -------------------------------------------------------------------------------
@@ -45,19 +46,19 @@ def test_checkpoint_has_a_format_and_loads_weights_only(tmp_path):
     out = tmp_path / "run"
     T.train(dict(TINY, **SFT_DATA, algo="sft", out_dir=str(out), max_iters=1))
     ckpt = torch.load(out / "ckpt.pt", weights_only=True)  # no pickled code in it
-    assert ckpt["format"] == C.CHECKPOINT_FORMAT and len(ckpt["rng"]) == 1
+    assert ckpt["format"] == CHECKPOINT_FORMAT and len(ckpt["rng"]) == 1
     # a format-1 checkpoint (no number, numpy's RNG state as an array): weights load, resume is a clear error
     old = {k: v for k, v in ckpt.items() if k != "format"}
     old["rng"] = dict(python=None, numpy=np.random.get_state(), torch=torch.get_rng_state(), cuda=None)
     os.makedirs(tmp_path / "old")
     torch.save(old, tmp_path / "old" / "ckpt.pt")
-    assert C.load_model(str(tmp_path / "old")).config.n_embd == TINY["n_embd"]
+    assert load_model(str(tmp_path / "old")).config.n_embd == TINY["n_embd"]
     with pytest.raises(ValueError, match="checkpoint format 1, written by an older version"):
         T.train(dict(init_from="resume", out_dir=str(tmp_path / "old"), max_iters=2))
-    newer = dict(ckpt, format=C.CHECKPOINT_FORMAT + 1)
+    newer = dict(ckpt, format=CHECKPOINT_FORMAT + 1)
     torch.save(newer, out / "ckpt.pt")
     with pytest.raises(ValueError, match="newer than this code"):
-        C.load_model(str(out))
+        load_model(str(out))
 
 
 def _weights(run):
@@ -94,13 +95,13 @@ def test_two_ranks_resume_their_own_rng_streams(tmp_path):
 
 def _bf16_autocast_on_cpu(monkeypatch):
     """The run's autocast as on a GPU, bf16, here on the CPU."""
-    setup = C.setup_device
+    setup = setup_device
 
     def with_bf16(cfg):
         run = setup(cfg)
         run.autocast, run.dtype = torch.autocast("cpu", dtype=torch.bfloat16), torch.bfloat16
         return run
-    monkeypatch.setattr(C, "setup_device", with_bf16)
+    monkeypatch.setattr(T, "setup_device", with_bf16)
 
 
 def test_first_on_policy_ratio_is_exactly_one_under_bf16_autocast(tmp_path, monkeypatch):
@@ -140,7 +141,7 @@ def test_heads_are_fp32_under_bf16_autocast():
 
 def _eval_or_pairs(run):
     """GRPO's evaluation figures; DPO's setup products: sampled pairs and their reference log-probs."""
-    return {k: v for k, v in run.metrics.items() if k != "eval_time"} if run.cfg["algo"] == "grpo" else [(ex["responses"], ex["ref"]) for ex in run.train_examples]
+    return {k: v for k, v in run.metrics.items() if k != "eval_time"} if run.cfg["algo"] == "grpo" else [(ex["responses"], ex["ref"]) for ex in run.state.train_examples]
 
 
 @pytest.mark.slow  # (two processes, three runs: ~15 s of CPU)
@@ -151,7 +152,7 @@ def test_more_ranks_than_eval_problems_and_setup_work_shared_out(tmp_path):
     runs = [dict(TINY, algo="grpo", out_dir=str(tmp_path / "grpo"), max_iters=1, eval_interval=1, eval_problems=1,
                  prompts_per_iter=2, group_size=2, batch_size=2, max_new_tokens=8, eval_best_of_n=2, eval_pass_k=2),
             dict(TINY, algo="dpo", out_dir=str(tmp_path / "dpo"), max_iters=0, train_prompts=12, heldout_prompts=4,
-                 samples_per_prompt=2, eval_batch_size=4, max_new_tokens=8),
+                 group_size=2, eval_batch_size=4, max_new_tokens=8),
 ]
     one = _in_turn([dict(r, out_dir=r["out_dir"] + "1") for r in runs], _eval_or_pairs)
     ranks = run_ddp(_in_turn, runs, _eval_or_pairs)
@@ -169,13 +170,13 @@ def test_gpu_memory_reproduces_the_spec_and_shards_under_fsdp():
     on 8 GPUs an eighth, plus each model's bf16 weights while they are gathered for sampling (none
     with sharded rollouts)."""
     n = 8.03e9
-    ppo, _ = C.gpu_memory_gib(n, "ppo", 8, fsdp=False)
-    dpo, _ = C.gpu_memory_gib(n, "dpo", 1, fsdp=False)
+    ppo, _ = gpu_memory_gib(n, "ppo", 8, fsdp=False)
+    dpo, _ = gpu_memory_gib(n, "dpo", 1, fsdp=False)
     assert round(ppo, 1) == 269.2 and round(dpo, 1) == 134.6 and round(ppo / dpo, 2) == 2.00
-    assert round(C.gpu_memory_gib(n, "sft", 1, fsdp=False)[0], 1) == 119.7
-    assert round(C.stage_memory_gib(n, ["train"]) / ppo, 2) == 0.44
-    train, rollouts = C.gpu_memory_gib(n, "ppo", 8, fsdp=True)
+    assert round(gpu_memory_gib(n, "sft", 1, fsdp=False)[0], 1) == 119.7
+    assert round(stage_memory_gib(n, ["train"]) / ppo, 2) == 0.44
+    train, rollouts = gpu_memory_gib(n, "ppo", 8, fsdp=True)
     assert round(train, 2) == 33.65 and round(rollouts, 1) == round(33.65 + 4 * 14.96, 1) == 93.5
-    assert C.gpu_memory_gib(n, "grpo", 8, fsdp=True) == pytest.approx((134.6 / 8, 134.6 / 8 + 2 * 14.96), abs=0.01)
+    assert gpu_memory_gib(n, "grpo", 8, fsdp=True) == pytest.approx((134.6 / 8, 134.6 / 8 + 2 * 14.96), abs=0.01)
     # sharded (lockstep) rollouts hold no full copy: PPO at 8 B fits an 80 GB GPU on 8 GPUs throughout
-    assert C.gpu_memory_gib(n, "ppo", 8, fsdp=True, rollouts="sharded") == pytest.approx((33.65, 33.65), abs=0.01)
+    assert gpu_memory_gib(n, "ppo", 8, fsdp=True, rollouts="sharded") == pytest.approx((33.65, 33.65), abs=0.01)

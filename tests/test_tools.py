@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn as nn
 
-import common as C
 import dpo
 import envs
 import grpo
@@ -17,8 +16,11 @@ import pairs
 import ppo
 import train as T
 from conftest import SFT_DATA, TINY
+from data import collate
 from model import GPT, GPTConfig, sequence_logprobs
+from rollouts import last_response_column, rollouts, tool_hook
 from sampler import sample
+from sft import loss as sft_loss
 from tokenizer import Tokenizer
 
 TOK = Tokenizer()
@@ -33,7 +35,7 @@ def model():
 
 
 def fake_run(trigger, opener=None, tool=envs.calculator, limit=2):
-    """What common.tool_hook reads, with `trigger` and `opener` standing for the closing and opening
+    """What rollouts.tool_hook reads, with `trigger` and `opener` standing for the closing and opening
     call tags (tokens the random model writes) and a counting tool."""
     tok = Tokenizer()
     tok.special = dict(tok.special, **{"/tool_call": trigger, "tool_call": opener or tok.special["tool_call"]})
@@ -49,7 +51,7 @@ def test_rows_pause_independently_and_equal_the_same_row_alone(model):
     free = sample(model, PROMPTS, 40, temperature=0)[0]
     trigger = max(set(free[0]), key=free[0].count)  # a token row 0 writes, others at other steps or never
     run, calls = fake_run(trigger, opener=free[0][0])
-    hook = C.tool_hook(run, PROMPTS)
+    hook = tool_hook(run, PROMPTS)
     tokens, logprobs, forced = sample(model, PROMPTS, 40, temperature=0, tool_hook=hook)
     assert any(forced) and len({tuple(f) for f in forced}) > 1  # rows paused at different steps
     for i, prompt in enumerate(PROMPTS):
@@ -65,7 +67,7 @@ def test_rows_pause_independently_and_equal_the_same_row_alone(model):
 
 def test_call_bound_and_hook_output():
     run, calls = fake_run(TOK.special["/tool_call"], limit=2)
-    hook, s = C.tool_hook(run, PROMPTS), TOK.special
+    hook, s = tool_hook(run, PROMPTS), TOK.special
     call = [s["tool_call"], *TOK.encode("347*28"), s["/tool_call"]]
     result = [s["tool_result"], *TOK.encode("9716"), s["/tool_result"]]
     assert hook(0, call[:-1]) is None
@@ -75,14 +77,14 @@ def test_call_bound_and_hook_output():
                                                               s["/tool_result"]]
     assert len(calls) == 2  # the call past the bound never ran
     assert TOK.decode(hook(0, TOK.encode("1+1") + [s["/tool_call"]])[1:-1]).startswith("error:")
-    assert C.tool_hook(SimpleNamespace(env=envs.Arithmetic(), tok=TOK, cfg={}), PROMPTS) is None  # no tool: no hook
+    assert tool_hook(SimpleNamespace(env=envs.Arithmetic(), tok=TOK, cfg={}), PROMPTS) is None  # no tool: no hook
 
 
 def test_sampled_logprobs_equal_a_training_forward_across_turns(model):
     """Tokens in = tokens out: the ids the sampler returns, tool results included, scored in one
     training forward give the sampler's log-probs on every sampled token (temperature 0.8)."""
     model, (run, _) = calling_model(model), fake_run(TOK.special["/tool_call"])
-    tokens, logprobs, forced = sample(model, PROMPTS, 40, temperature=0.8, seed=1, tool_hook=C.tool_hook(run, PROMPTS))
+    tokens, logprobs, forced = sample(model, PROMPTS, 40, temperature=0.8, seed=1, tool_hook=tool_hook(run, PROMPTS))
     assert sum(map(sum, forced)) > 0
     for prompt, toks, lps, f in zip(PROMPTS, tokens, logprobs, forced):
         full = sequence_logprobs(model, torch.tensor([prompt + toks]), 0.8)[0, len(prompt) - 1:]
@@ -155,17 +157,17 @@ def test_grpo_rollouts_mask_tool_tokens_and_they_carry_no_weight(tmp_path):
     # shared-prompt forward does not keep (tests/test_grpo.py shows both forwards give equal losses)
     run, policy = tool_run(tmp_path, algo="grpo", prompts_per_iter=2, group_size=4, kl="k3_loss",
                            reward_mode="process", learning_rate=1e-3, share_prompt=False)
-    roll = C.rollouts(run, policy, run.env.problems("train", 2), 4, seed=0)
+    roll = rollouts(run, policy, run.env.problems("train", 2), 4, seed=0)
     assert roll.forced.sum() > 0 and not bool((roll.forced * roll.mask).any())
     assert bool(((roll.forced > 0) <= (roll.old_logprobs == 0)).all())
     for i, (toks, start) in enumerate(zip(roll.responses, roll.prompt_lens.tolist())):  # ids hold every token
         assert roll.ids[i, start:start + len(toks)].tolist() == toks
-    step = next(iter(grpo.batches(run, 0)))
+    step = grpo.batches(run, run.state, 0)[0][0]
     for mb in step:
-        forced = (mb.mask == 0) & (torch.arange(mb.mask.size(1)) < C.last_response_column(mb.mask)[:, None])
+        forced = (mb.mask == 0) & (torch.arange(mb.mask.size(1)) < last_response_column(mb.mask)[:, None])
         forced &= torch.arange(mb.mask.size(1)) >= (mb.mask > 0).float().argmax(1, keepdim=True)
         if forced.any():
-            assert_forced_weightless(lambda: grpo.loss(run, run.model, mb), policy, [policy.lm_head], forced)
+            assert_forced_weightless(lambda: grpo.loss(run, run.state, run.model, mb), policy, [policy.lm_head], forced)
             break
     else:
         pytest.fail("no minibatch with tool tokens inside a response")
@@ -173,31 +175,31 @@ def test_grpo_rollouts_mask_tool_tokens_and_they_carry_no_weight(tmp_path):
 
 def test_ppo_and_sft_and_opd_give_tool_tokens_no_weight(tmp_path):
     run, policy = tool_run(tmp_path, algo="ppo", batch_size=4, minibatches=1, reward_mode="rlvp")
-    mb = next(iter(ppo.batches(run, 0)))[0]
+    mb = ppo.batches(run, run.state, 0)[0][0][0]
     forced = (mb.mask == 0) & (mb.ids[:, 1:] != run.tok.pad)
     forced &= torch.arange(mb.mask.size(1)) >= (mb.mask > 0).float().argmax(1, keepdim=True)
     assert forced.any()
-    assert_forced_weightless(lambda: ppo.loss(run, run.model, mb), run.raw_model,
+    assert_forced_weightless(lambda: ppo.loss(run, run.state, run.model, mb), run.raw_model,
                              [policy.lm_head, run.raw_model.critic.head], forced)
 
     sft = T.train(dict(TINY, **SFT_DATA, env="calculator", env_direct_frac=0.0, max_iters=0,
                        out_dir=str(tmp_path / "sft")))
-    ids, mask = C.collate(sft.train_examples[:4], sft.tok.pad, "cpu")
+    ids, mask = collate(sft.state.train_examples[:4], sft.tok.pad, "cpu")
     results = (mask[:, 1:] == 0) & (ids[:, 1:] != sft.tok.pad) & (mask.cumsum(1)[:, 1:] > 0)
     assert results.any()
-    assert_forced_weightless(lambda: C.masked_nll_loss(sft, sft.raw_model, (ids, mask)), sft.raw_model,
+    assert_forced_weightless(lambda: sft_loss(sft, sft.state, sft.raw_model, (ids, mask)), sft.raw_model,
                              [sft.raw_model.lm_head], results)
 
     # OPD: the teacher reads the tool's tokens but grades only sampled ones
     run, policy = tool_run(tmp_path, algo="opd", teacher="self")
-    roll = C.rollouts(run, policy, run.env.problems("train", 4), 1, seed=0)
-    logprobs, graded = opd.teacher_logprobs(run, roll)
+    roll = rollouts(run, policy, run.env.problems("train", 4), 1, seed=0)
+    logprobs, graded = opd.teacher_logprobs(run, run.state, roll)
     assert bool((graded <= roll.mask).all())
     tool_before = roll.forced.cumsum(1) > 0  # a graded token with tool tokens before it
     i, col = (graded.bool() & tool_before).nonzero()[-1].tolist()
     k = col - (int(roll.prompt_lens[i]) - 1)  # its index in the response
-    seq = run.tok.prompt_ids(opd.teacher_prompt(run, roll.problems[i])) + roll.responses[i][:k + 1]
-    expected = torch.log_softmax(run.teacher(torch.tensor([seq[:-1]]))[0, -1], -1)
+    seq = run.tok.prompt_ids(run.state.teacher_prompt(roll.problems[i])) + roll.responses[i][:k + 1]
+    expected = torch.log_softmax(run.state.teacher(torch.tensor([seq[:-1]]))[0, -1], -1)
     torch.testing.assert_close(logprobs[i, col], expected, atol=1e-5, rtol=0)
 
 
@@ -207,12 +209,12 @@ def test_preference_pairs_give_tool_results_no_weight(tmp_path):
     run = T.train(dict(TINY, algo="dpo", env="calculator", env_direct_frac=0.0, pairs="style", train_prompts=6,
                        heldout_prompts=2, max_iters=0, checkpoint=False, share_prompt=False,  # (as above)
                        out_dir=str(tmp_path / "dpo")))
-    batch = pairs.collate(run, run.train_examples[:4])
+    batch = pairs.collate(run, run.state.train_examples[:4])
     results = (batch["mask"] == 0) & (batch["ids"][:, 1:] != run.tok.pad) & (batch["mask"].cumsum(1) > 0)
     assert results.any()
     assert bool((batch["ids"][:, 1:][results] != run.tok.special["tool_call"]).all())  # calls are the model's
     open_tag, close_tag = run.tok.special["tool_result"], run.tok.special["/tool_result"]
-    for ex in run.train_examples[:4]:
+    for ex in run.state.train_examples[:4]:
         for ids, mask in zip(ex["responses"], ex["masks"]):
             expected, inside = [], False
             for token in ids:  # 0 from each opening result tag through its closing tag
@@ -220,4 +222,4 @@ def test_preference_pairs_give_tool_results_no_weight(tmp_path):
                 expected.append(0 if inside else 1)
                 inside = inside and token != close_tag
             assert mask == expected and 0 in mask
-    assert_forced_weightless(lambda: dpo.loss(run, run.model, batch), run.raw_model, [run.raw_model.lm_head], results)
+    assert_forced_weightless(lambda: dpo.loss(run, run.state, run.model, batch), run.raw_model, [run.raw_model.lm_head], results)

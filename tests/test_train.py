@@ -7,25 +7,28 @@ import os
 import pytest
 import torch
 
-import common as C
+import options
 import train as T
+from checkpoints import build_model, load_model
 from conftest import SFT_DATA, TINY, run_ddp
+from data import load_rows
+from sft import masked_nll
 from tokenizer import Tokenizer
 
 
 # -- configuration -----------------------------------------------------------------------------
 
 def test_config_overrides_and_types():
-    cfg = T.make_config(T.parse_args(["--algo", "sft", "--batch_size=8", "--learning_rate=1e-3",
+    cfg = options.make_config(options.parse_args(["--algo", "sft", "--batch_size=8", "--learning_rate=1e-3",
                                       "--out_dir=/tmp/x", "--bias=False", "--lora_alpha=4"]))
     assert (cfg["batch_size"], cfg["learning_rate"], cfg["bias"], cfg["lora_alpha"]) == (8, 1e-3, False, 4.0)
-    assert cfg["out_dir"] == "/tmp/x" and T.make_config({"algo": "pretrain"})["out_dir"] == "out/pretrain"
+    assert cfg["out_dir"] == "/tmp/x" and options.make_config({"algo": "pretrain"})["out_dir"] == "out/pretrain"
 
 
 def test_config_file(tmp_path):
     path = tmp_path / "x.py"
     path.write_text("batch_size = 3\nmax_iters = 7\n")
-    cfg = T.make_config(T.parse_args([str(path), "--max_iters=9"]))
+    cfg = options.make_config(options.parse_args([str(path), "--max_iters=9"]))
     assert (cfg["batch_size"], cfg["max_iters"]) == (3, 9)
 
 
@@ -38,7 +41,7 @@ def test_config_file(tmp_path):
 ])
 def test_config_errors_name_the_key(args, message):
     with pytest.raises(ValueError, match=message):
-        T.make_config(T.parse_args(args))
+        options.make_config(options.parse_args(args))
 
 
 # -- the loop: same global batch, same gradient ----------------------------------------------------
@@ -59,7 +62,7 @@ def test_ddp_and_accumulation_equal_one_process(tmp_path):
         torch.testing.assert_close(one_by_one[k], one_by_four[k], atol=2e-5, rtol=0)
         torch.testing.assert_close(ranks[0][k], one_by_four[k], atol=2e-5, rtol=0)
         assert torch.equal(ranks[0][k], ranks[1][k]), f"ranks disagree on {k}"
-    assert any(not torch.equal(v, C.build_model(T.make_config(base), Tokenizer()).state_dict()[k])
+    assert any(not torch.equal(v, build_model(options.make_config(base), Tokenizer()).state_dict()[k])
                for k, v in one_by_four.items())  # training moved the weights
 
 
@@ -80,7 +83,7 @@ def test_checkpoint_is_atomic_and_loadable_with_lora(tmp_path):
     T.train(dict(TINY, **SFT_DATA, algo="sft", out_dir=str(out), lora_rank=2, max_iters=2, eval_interval=2, plot=True))
     # no .tmp left behind
     assert sorted(os.listdir(out)) == ["ckpt.pt", "config.json", "metrics.jsonl", "metrics.png", "passport.md", "samples.txt"]
-    model = C.load_model(str(out))
+    model = load_model(str(out))
     assert not any("lora" in k for k in model.state_dict())
     run = T.train(dict(TINY, **SFT_DATA, algo="sft", out_dir=str(tmp_path / "next"), init_from=str(out), max_iters=1))
     assert run.raw_model.config.n_embd == TINY["n_embd"]
@@ -127,7 +130,7 @@ def test_compiled_training_gives_the_eager_losses(tiny):
 
 
 def test_lr_schedule_warmup_then_cosine():
-    cfg = dict(T.DEFAULTS, max_iters=100, warmup_iters=10, learning_rate=1.0, min_lr=0.1)
+    cfg = dict(options.DEFAULTS, max_iters=100, warmup_iters=10, learning_rate=1.0, min_lr=0.1)
     assert T.lr_at(cfg, 0) == pytest.approx(0.1) and T.lr_at(cfg, 9) == pytest.approx(1.0)
     assert T.lr_at(cfg, 55) == pytest.approx(0.55) and T.lr_at(cfg, 100) == pytest.approx(0.1)
 
@@ -167,7 +170,7 @@ def test_sft_loss_ignores_prompt_and_padding():
 
     def grads(i, m):
         model.zero_grad()
-        s, n = C.masked_nll(model, i, m)
+        s, n = masked_nll(model, i, m)
         (s / n).backward()
         return s.item(), [p.grad.clone() for p in model.parameters()]
 
@@ -195,10 +198,10 @@ def test_sft_from_files_in_every_layout(tmp_path, tiny):
     for name, layout in rows.items():
         data = _write_jsonl(tmp_path / f"{name}.jsonl", layout)
         run = T.train(dict(tiny, algo="sft", data=data, out_dir=str(tmp_path / name), max_iters=2))
-        assert run.skipped_rows == 0 and len(run.train_examples) == 38
+        assert run.state.skipped_rows == 0 and len(run.state.train_examples) == 38
     run = T.train(dict(tiny, algo="pretrain", data=str(tmp_path / "text.jsonl"), out_dir=str(tmp_path / "pt"),
                        max_iters=2))
-    assert len(run.stream) > 64
+    assert len(run.state.stream) > 64
 
 
 @pytest.mark.parametrize("bad,field,why", [
@@ -216,7 +219,7 @@ def test_malformed_rows_name_file_row_and_field(tmp_path, tiny, bad, field, why)
     with pytest.raises(ValueError, match=rf"d\.jsonl: row 3: field '{field}'.*{why}"):
         T.train(dict(tiny, algo="sft", data=data))
     run = T.train(dict(tiny, algo="sft", data=data, skip_bad_rows=True, max_iters=1))
-    assert run.skipped_rows == 1
+    assert run.state.skipped_rows == 1
 
 
 def test_missing_data_file_is_a_clear_error(tiny):
@@ -232,13 +235,13 @@ def test_broken_json_line_names_its_line(tmp_path, tiny):
         T.train(dict(tiny, algo="sft", data=str(path)))
     path.write_text("\n".join([good, "[1, 2]"]))
     with pytest.raises(ValueError, match=r"d\.jsonl: line 2: expected a JSON object, got list"):
-        C.load_rows(str(path))
+        load_rows(str(path))
     array = tmp_path / "a.json"  # a .json file may also hold one array of rows
     array.write_text("[\n" + ",\n".join([good] * 3) + "\n]")
-    assert C.load_rows(str(array)) == [json.loads(good)] * 3
+    assert load_rows(str(array)) == [json.loads(good)] * 3
     array.write_text("[\n" + good + ",\n" + '{"prompt": q},' + "\n" + good + "\n]")
     with pytest.raises(ValueError, match=r"a\.json: line 3: invalid JSON"):
-        C.load_rows(str(array))
+        load_rows(str(array))
 
 
 @pytest.mark.parametrize("text", ["", "\n  \n"])
@@ -257,15 +260,15 @@ def test_empty_data_file_says_it_is_empty(tmp_path, tiny, text):
 def test_unknown_keys_suggest_common_aliases(algo, arg, suggestion):
     key = arg[2:].split("=")[0]
     with pytest.raises(ValueError, match=rf"unknown config key '{key}' for --algo {algo}; did you mean {suggestion}"):
-        T.make_config(T.parse_args([f"--algo={algo}", arg]))
+        options.make_config(options.parse_args([f"--algo={algo}", arg]))
 
 
 def test_unknown_algo_or_missing_module_lists_the_choices(monkeypatch):
-    monkeypatch.setitem(T.ALGOS, "ghost", "no_such_module")  # named in ALGOS, its file not written yet
+    monkeypatch.setitem(options.ALGOS, "ghost", "no_such_module")  # named in ALGOS, its file not written yet
     with pytest.raises(ValueError, match=r"^--algo ghost: its module no_such_module\.py does not exist yet; "
                                          r"choose from .*dpo, grpo, .*sft$"):
-        T.make_config({"algo": "ghost"})
-    choices = T.available_algos()
+        options.make_config({"algo": "ghost"})
+    choices = options.available_algos()
     assert "ghost" not in choices and {"sft", "pretrain", "rm", "dpo", "grpo", "ppo"} <= set(choices)
 
 
@@ -294,7 +297,8 @@ def test_config_comments_read_the_line_then_the_lines_above_then_merged_dicts(tm
     (tmp_path / "main_cfg.py").write_text(
         "import other_cfg\n"
         "defaults = dict(\n"
-        "    a=1,            # a's own comment\n"
+        "    a=1,            # a's own comment,\n"
+        "                    # continued below it\n"
         "    # b's comment,\n"
         "    # on two lines\n"
         "    b=2,\n"
@@ -303,15 +307,16 @@ def test_config_comments_read_the_line_then_the_lines_above_then_merged_dicts(tm
         ")\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import main_cfg
-    assert T.config_comments(main_cfg, "defaults") == {
-        "merged": "from the other file", "a": "a's own comment", "b": "b's comment, on two lines",
+    assert options.config_comments(main_cfg, "defaults") == {
+        "merged": "from the other file", "a": "a's own comment, continued below it", "b": "b's comment, on two lines",
         "c": "shared by c and d", "d": "shared by c and d"}
 
 
-@pytest.mark.parametrize("algo", T.available_algos())
+@pytest.mark.parametrize("algo", options.available_algos())
 def test_help_describes_every_option_with_its_default(algo):
-    cfg = T.make_config(dict(algo=algo))
-    lines = {line.split("=", 1)[0].strip(): line for line in T.help_text(algo).splitlines() if line.startswith("  --")}
+    cfg = options.make_config(options.after_the_ladder(dict(algo=algo))[0])
+    lines = {line.split("=", 1)[0].strip(): line for line in options.help_text(dict(algo=algo)).splitlines()
+             if line.startswith("  --")}
     assert set(lines) == {f"--{key}" for key in cfg}
     for key, value in cfg.items():
         shown, description = lines[f"--{key}"].split(None, 1)[0], lines[f"--{key}"][40:].strip()
@@ -322,6 +327,42 @@ def test_help_on_the_command_line():
     out = run_script("train.py", "--algo", "grpo", "--help")
     assert out.returncode == 0 and out.stderr == ""
     assert "--kl_coef=0.04" in out.stdout and "--learning_rate=0.0001*" in out.stdout and "usage: python train.py" in out.stdout
+    out = run_script("export.py", "--help")
+    assert out.returncode == 0 and out.stdout.startswith("usage: python export.py CKPT_DIR OUT_DIR")
+
+
+def help_lines(overrides):
+    """{key: its --help line's description}, and the keys in the order --help prints them."""
+    lines = [line for line in options.help_text(overrides).splitlines() if line.startswith("  --")]
+    return {line.split("=", 1)[0].strip()[2:]: line[40:].strip() for line in lines}, [line.split("=", 1)[0][4:] for line in lines]
+
+
+@pytest.mark.parametrize("algo", options.available_algos())
+def test_help_prints_whole_descriptions_and_the_algorithms_own_options_first(algo):
+    described, order = help_lines(dict(algo=algo))
+    own = [key for key in order if key not in options.DEFAULTS]
+    assert order == own + list(options.DEFAULTS)
+    assert not any("see above" in text or "see the docstring" in text for text in described.values())
+    if algo == "grpo":  # descriptions that run over two comment lines come whole
+        assert described["group_size"].endswith("still has a correct and a wrong answer in most groups")
+        assert described["minibatches"].endswith("more reuse each rollout batch, off-policy")
+        assert described["eval_samples"].endswith("0 = greedy only")
+    if algo == "ppo":  # keys that once shared a line have their own descriptions
+        assert described["gamma"] != described["lam"] and "λ" in described["lam"]
+
+
+def test_help_shows_the_defaults_after_the_ladder(tmp_path, monkeypatch):
+    """Once the ladder has run, --help shows what a run would take: its checkpoint, and out/my_ALGO."""
+    for name in ("sft", "grpo"):
+        os.makedirs(tmp_path / "out" / name)
+        for file in ("ckpt.pt", "ladder.json"):
+            (tmp_path / "out" / name / file).write_text("{}")
+        (tmp_path / "out" / name / "config.json").write_text(json.dumps(dict(algo=name, env="arithmetic")))
+    monkeypatch.chdir(tmp_path)
+    text = options.help_text(dict(algo="grpo"))
+    assert "--init_from='out/sft'*" in text and "--out_dir='out/my_grpo'" in text
+    assert "grpo: --init_from=out/sft (the ladder's sft stage)" in text
+    assert "--init_from='x'*" in options.help_text(dict(algo="grpo", init_from="x"))
 
 
 def test_after_the_ladder_a_run_starts_from_its_stages_and_writes_elsewhere(tmp_path, monkeypatch):
@@ -334,16 +375,16 @@ def test_after_the_ladder_a_run_starts_from_its_stages_and_writes_elsewhere(tmp_
             (tmp_path / "out" / name / file).write_text("{}")
         (tmp_path / "out" / name / "config.json").write_text(json.dumps(dict(algo=algo, env=env)))
     monkeypatch.chdir(tmp_path)
-    overrides, line = T.after_the_ladder(dict(algo="dpo"))
+    overrides, line = options.after_the_ladder(dict(algo="dpo"))
     assert overrides == dict(algo="dpo", init_from="out/sft", out_dir="out/my_dpo")
     assert line == ("dpo: --init_from=out/sft (the ladder's sft stage), --out_dir=out/my_dpo (out/dpo is a ladder "
                     "stage); pass these keys to choose others")
-    assert T.after_the_ladder(dict(algo="grpo", env="calculator"))[0]["init_from"] == "out/calc_sft"
-    assert T.after_the_ladder(dict(algo="opd"))[0] == dict(algo="opd", init_from="out/sft", teacher="out/grpo")
-    assert T.after_the_ladder(dict(algo="dpo", init_from="x", out_dir="y")) == (dict(algo="dpo", init_from="x", out_dir="y"), "")
-    assert T.after_the_ladder(dict(algo="dpo", init_from="resume"))[0] == dict(algo="dpo", init_from="resume", out_dir="out/my_dpo")
-    assert T.after_the_ladder(dict(algo="sft"))[0] == dict(algo="sft", out_dir="out/my_sft")  # from scratch, as always
-    assert T.after_the_ladder(dict(algo="ppo", env="generalpoints")) == (dict(algo="ppo", env="generalpoints"), "")
+    assert options.after_the_ladder(dict(algo="grpo", env="calculator"))[0]["init_from"] == "out/calc_sft"
+    assert options.after_the_ladder(dict(algo="opd"))[0] == dict(algo="opd", init_from="out/sft", teacher="out/grpo")
+    assert options.after_the_ladder(dict(algo="dpo", init_from="x", out_dir="y")) == (dict(algo="dpo", init_from="x", out_dir="y"), "")
+    assert options.after_the_ladder(dict(algo="dpo", init_from="resume"))[0] == dict(algo="dpo", init_from="resume", out_dir="out/my_dpo")
+    assert options.after_the_ladder(dict(algo="sft"))[0] == dict(algo="sft", out_dir="out/my_sft")  # from scratch, as always
+    assert options.after_the_ladder(dict(algo="ppo", env="generalpoints")) == (dict(algo="ppo", env="generalpoints"), "")
 
 
 def test_a_missing_optional_package_is_one_line(tmp_path, tiny):
@@ -363,3 +404,25 @@ def test_progress_bar_does_not_flood_a_log(tiny, capsys):
     """Into a pipe or a file (pytest's capture) the bar redraws every 30 s, not 10 times a second."""
     T.train(dict(tiny, max_iters=40, log_interval=10))
     assert capsys.readouterr().err.count("\r") <= 3
+
+
+def test_old_key_names_work_for_one_release_and_say_the_new_one(tmp_path, tiny, capsys):
+    """One name per idea: responses per prompt is group_size (was samples_per_prompt, candidates), a
+    pool of train prompts is prompt_pool (was prompts_pool). The old names still work, each with a
+    one-line note: on the command line, in a ladder stage's keys and in a resumed run's saved config."""
+    cfg = options.make_config(dict(algo="ppo", prompts_pool=64, samples_per_prompt=2))
+    assert (cfg["prompt_pool"], cfg["group_size"]) == (64, 2) and "prompts_pool" not in cfg
+    assert options.make_config(dict(algo="rft", candidates=5))["group_size"] == 5
+    out = capsys.readouterr().out
+    assert "note: config key 'prompts_pool' is now 'prompt_pool'" in out and "'candidates' is now 'group_size'" in out
+    import ladder
+    _, wide, per_stage = ladder.parse_command_line(["--ppo.prompts_pool=64", "--samples_per_prompt=2"])
+    assert per_stage["ppo"] == dict(prompt_pool=64) and wide == dict(group_size=2)
+    # a checkpoint whose saved config has the old names resumes, under the new ones
+    T.train(dict(tiny, algo="ppo", prompt_pool=16, batch_size=4, minibatches=1, max_new_tokens=8, max_iters=1))
+    path = os.path.join(tiny["out_dir"], "ckpt.pt")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["config"]["prompts_pool"] = ckpt["config"].pop("prompt_pool")
+    torch.save(ckpt, path)
+    resumed = T.train(dict(algo="ppo", init_from="resume", out_dir=tiny["out_dir"], max_iters=2))
+    assert resumed.cfg["prompt_pool"] == 16 and "'prompts_pool' is now 'prompt_pool'" in capsys.readouterr().out

@@ -9,11 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 
-import common as C
 import envs
+import options
 import train as T
 from conftest import SFT_DATA, TINY
 from envs import END_CALL, END_RESULT, TOOL_CALL, TOOL_RESULT, Treasure
+from rewards import check_reward_mode
+from rollouts import tool_hook
 from tokenizer import Tokenizer
 
 ENV, TOK = Treasure(), Tokenizer()
@@ -64,7 +66,7 @@ def test_tool_hook_replays_a_transcript_from_its_ids():
     problems = ENV.problems("heldout", 2) + ENV.problems("ood", 1)
     prompts = [TOK.prompt_ids(p["prompt"]) for p in problems]
     run = SimpleNamespace(env=ENV, tok=TOK, cfg={"max_tool_calls": 16})
-    hook = C.tool_hook(run, prompts)
+    hook = tool_hook(run, prompts)
     for row in (2, 0, 1):  # rows in any order: the hook keeps no state
         ids, mask = TOK.assistant_ids(ENV.demonstration(problems[row]))
         answered = 0
@@ -75,11 +77,11 @@ def test_tool_hook_replays_a_transcript_from_its_ids():
             assert ids[k + 1:k + 1 + len(injected)] == injected and not any(mask[k + 1:k + 1 + len(injected)])
             answered += 1
         assert answered == 11
-    other = C.tool_hook(run, prompts[::-1])  # another map: the same calls meet other rooms
+    other = tool_hook(run, prompts[::-1])  # another map: the same calls meet other rooms
     ids = TOK.assistant_ids(ENV.demonstration(problems[0]))[0]
     second_call_end = [k for k, t in enumerate(ids) if t == TOK.special["/tool_call"]][1]
     assert TOK.decode(other(0, ids[:second_call_end + 1])).startswith("<|tool_result|>cannot go to")
-    short = C.tool_hook(SimpleNamespace(env=ENV, tok=TOK, cfg={"max_tool_calls": 3}), prompts)
+    short = tool_hook(SimpleNamespace(env=ENV, tok=TOK, cfg={"max_tool_calls": 3}), prompts)
     fourth_call_end = [k for k, t in enumerate(ids) if t == TOK.special["/tool_call"]][3]
     assert TOK.decode(short(0, ids[:fourth_call_end + 1])) == "<|tool_result|>error: at most 3 calls<|/tool_result|>"
 
@@ -96,14 +98,14 @@ def test_heldout_and_ood_maps_differ_from_train():
 def test_sft_then_grpo_run_on_the_treasure_hunt(tmp_path):
     """train.py takes --env=treasure with the environment's own defaults (a longer block_size, 16
     calls), SFT learns from the tool-using demonstrations, GRPO starts from that checkpoint."""
-    cfg = T.make_config(dict(env="treasure"))
+    cfg = options.make_config(dict(env="treasure"))
     assert (cfg["block_size"], cfg["max_tool_calls"], cfg["env_direct_frac"]) == (576, 16, 0.0)
-    assert T.make_config(dict(env="treasure", block_size=640))["block_size"] == 640
+    assert options.make_config(dict(env="treasure", block_size=640))["block_size"] == 640
     tiny = {k: v for k, v in TINY.items() if k != "block_size"}
     sft = T.train(dict(tiny, **SFT_DATA, env="treasure", max_iters=2, eval_interval=2, eval_problems=2,
                        max_new_tokens=48, out_dir=str(tmp_path / "sft")))
     assert sft.metrics["heldout_acc"] == 0.0 and "ood_acc" in sft.metrics
-    ids, mask = sft.train_examples[0]
+    ids, mask = sft.state.train_examples[0]
     assert sum(mask) < len(ids) - len(TOK.prompt_ids(ENV.problems("train", 1)[0]["prompt"]))  # results masked
     run = T.train(dict(tiny, algo="grpo", env="treasure", init_from=str(tmp_path / "sft"), prompts_per_iter=2,
                        group_size=2, max_iters=1, max_new_tokens=48, eval_samples=0, out_dir=str(tmp_path / "grpo")))
@@ -143,9 +145,9 @@ def test_rule_engine_judges_each_call_of_hand_made_plays():
 
 
 def test_rlvp_and_process_modes_accept_the_treasure_hunt():
-    cfg = T.make_config(dict(algo="grpo", env="treasure", reward_mode="rlvp"))
-    C.check_reward_mode(cfg, ENV)
-    C.check_reward_mode(dict(cfg, reward_mode="process"), ENV)
+    cfg = options.make_config(dict(algo="grpo", env="treasure", reward_mode="rlvp"))
+    check_reward_mode(cfg, ENV)
+    check_reward_mode(dict(cfg, reward_mode="process"), ENV)
 
 
 @pytest.mark.slow

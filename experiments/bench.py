@@ -2,13 +2,13 @@
 Benchmarks (speed figures, not tests). One JSON line per measurement, then one line per target, then
 a summary table (figure, value, target, met?); every row also goes into one JSON file.
 
-    python bench.py                      # every benchmark
-    python bench.py sampler train_loop   # only these (names of the functions below)
-    python bench.py --device=cuda        # on a GPU (default: cpu)
-    python bench.py --out=FILE           # where the JSON file goes (default: out/bench.json)
-    python bench.py --tiny               # every benchmark at a tiny size: checks they run, figures mean nothing
-    python bench.py --init_from=out/sft  # the RL benchmarks start from this checkpoint (default: a random
-                                         # model, whose responses all run to max_new_tokens)
+    python experiments/bench.py                     # every benchmark
+    python experiments/bench.py sampler train_loop  # only these (names of the functions below)
+    python experiments/bench.py --device=cuda       # on a GPU (default: cpu)
+    python experiments/bench.py --out=FILE          # where the JSON file goes (default: out/bench.json)
+    python experiments/bench.py --tiny              # every benchmark at a tiny size: checks they run, figures mean nothing
+    python experiments/bench.py --init_from=out/sft # the RL benchmarks start from this checkpoint (default: a random
+                                                    # model, whose responses all run to max_new_tokens)
 
 Every ratio compares two things measured side by side in this one process: same model, same
 inputs, warm-up first, then the median of several repeats. On a CPU that other jobs share, run
@@ -28,14 +28,21 @@ import tempfile
 import time
 import types
 
-import torch
-import torch.nn.functional as F
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
-import common as C
-import sft
-import train as T
-from sampler import draw, sample
-from tokenizer import Tokenizer
+import torch  # noqa: E402  (after the path: the script runs from anywhere)
+import torch.nn.functional as F  # noqa: E402
+
+import options  # noqa: E402
+import sft  # noqa: E402
+import train as T  # noqa: E402
+from checkpoints import build_model  # noqa: E402
+from hf import to_transformers  # noqa: E402
+from rollouts import Rollout, score_tokens, shard_problems  # noqa: E402
+from sampler import draw, sample  # noqa: E402
+from sft import masked_nll  # noqa: E402
+from tokenizer import Tokenizer  # noqa: E402
 
 BENCHMARKS = {}  # name -> function(args) returning its summary rows; main() runs them in order
 MEASUREMENTS = []  # every row `report` printed, for the JSON file
@@ -113,8 +120,8 @@ PROMPT_LEN, NEW_TOKENS, SAMPLER_BATCHES = 32, 128, (1, 8, 64)
 
 def default_model(device, block_size):
     """train.py's default (from-scratch) model, with block_size raised to at least `block_size`."""
-    cfg = T.make_config(dict(block_size=max(T.DEFAULTS["block_size"], block_size)))
-    return C.build_model(cfg, Tokenizer(cfg["tokenizer"])).to(device).eval()
+    cfg = options.make_config(dict(block_size=max(options.DEFAULTS["block_size"], block_size)))
+    return build_model(cfg, Tokenizer(cfg["tokenizer"])).to(device).eval()
 
 
 @torch.no_grad()
@@ -137,7 +144,7 @@ def sampler(args):
     targets = []
     hf = None
     try:
-        hf = model.to_transformers()
+        hf = to_transformers(model)
     except ImportError:
         report(bench="sampler", note="transformers is not installed: no comparison with its generate")
     if hf is not None:  # identical weights: the same logits, else the comparison means nothing
@@ -195,7 +202,7 @@ def attention(args):
     from model import GPTConfig
     from sampler import KVCache
     device, B, max_len, repeats = args["device"], ATTENTION_BATCH, PROMPT_LEN + NEW_TOKENS, ATTENTION_REPEATS
-    cfg = GPTConfig(**{k: T.DEFAULTS[k] for k in ("n_layer", "n_head", "n_embd")})
+    cfg = GPTConfig(**{k: options.DEFAULTS[k] for k in ("n_layer", "n_head", "n_embd")})
     H, D = cfg.n_head, cfg.n_embd // cfg.n_head
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, 1, D, generator=gen).to(device) for _ in range(3))
@@ -245,7 +252,7 @@ def bare_step(model, optimizer, micro_batches, cfg, autocast):
     masked loss, PyTorch's default AdamW on every parameter, mean loss, clipping, no logging."""
     for ids, mask in micro_batches:
         with autocast:  # bf16 on CUDA, as in train.train
-            loss_sum, count = C.masked_nll(model, ids, mask)
+            loss_sum, count = masked_nll(model, ids, mask)
         (loss_sum / count / len(micro_batches)).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
     optimizer.step()
@@ -261,16 +268,16 @@ def interleaved_loop_times(overrides):
     progress bar) is inside. Also returns the mean model input tokens of an iteration, and the run."""
     marks, bare_times, tokens, bare = [], [], [], {}
 
-    def interleaved_batches(run, it):
+    def interleaved_batches(run, state, it):
         sync(run.device)
         start = clocks()
         if not bare:  # (torch's RNG forked: building it leaves the shared run's randomness alone)
             with torch.random.fork_rng(devices=[]):
-                bare["model"] = C.build_model(run.cfg, run.tok).to(run.device).train()
+                bare["model"] = build_model(run.cfg, run.tok).to(run.device).train()
             bare["optimizer"] = torch.optim.AdamW(bare["model"].parameters(), lr=run.cfg["learning_rate"],
                                                   betas=(run.cfg["beta1"], run.cfg["beta2"]),
                                                   weight_decay=run.cfg["weight_decay"])
-        micro_batches = sft.batches(run, it)[0]  # this iteration's batches (they depend only on seed and it)
+        micro_batches = sft.batches(run, state, it)[0][0]  # this iteration's batches (they depend only on seed and it)
         tokens.append(sum(ids[:, :-1].numel() for ids, _ in micro_batches))  # model input tokens
         sync(run.device)
         bare_start = clocks()
@@ -279,7 +286,7 @@ def interleaved_loop_times(overrides):
         end = clocks()
         bare_times.append((end[0] - bare_start[0], end[1] - bare_start[1]))
         marks.append((start, end))
-        return sft.batches(run, it)
+        return sft.batches(run, state, it)
 
     # sft as the loop sees it, its batches wrapped: passed to train, nothing patched
     run = T.train(overrides, algo=types.SimpleNamespace(**{**vars(sft), "batches": interleaved_batches}))
@@ -323,9 +330,9 @@ def dpo_step(args):
     # style pairs need no sampling: setup is just the pairs and their cached reference log-probs
     run = T.train(dict(algo="dpo", loss="dpo", pairs="style", train_prompts=DPO_PAIRS, heldout_prompts=2,
                        max_iters=0, eval_interval=0, checkpoint=False, device=args["device"], out_dir=out_dir))
-    batch = pairs.collate(run, run.train_examples[:DPO_PAIRS])
+    batch = pairs.collate(run, run.state.train_examples[:DPO_PAIRS])
     sft_mask = F.pad(batch["mask"], (1, 0))  # masked_nll wants the mask aligned with ids, not ids[:, 1:]
-    model = C.build_model(run.cfg, run.tok).to(run.device).train()
+    model = build_model(run.cfg, run.tok).to(run.device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=run.device.startswith("cuda"))
 
     def step(loss_fn):
@@ -338,10 +345,10 @@ def dpo_step(args):
     def dpo_fn(share):
         def fn():
             run.cfg["share_prompt"] = share
-            step(lambda: dpo.loss(run, model, batch)[:2])
+            step(lambda: dpo.loss(run, run.state, model, batch)[:2])
         return fn
 
-    sft_fn = lambda: step(lambda: C.masked_nll(model, batch["ids"], sft_mask))
+    sft_fn = lambda: step(lambda: masked_nll(model, batch["ids"], sft_mask))
     times = {"dpo": [], "dpo_shared": [], "sft": []}
     for _ in range(3):  # alternate, so a change in machine load hits all alike
         for name, fn in (("dpo", dpo_fn(False)), ("dpo_shared", dpo_fn(True)), ("sft", sft_fn)):
@@ -376,7 +383,7 @@ def rl_update(run, optimizer, steps):
     for micro_batches in steps:
         optimizer.zero_grad(set_to_none=True)
         with run.autocast:  # bf16 on CUDA, as in train.train
-            losses = [grpo.loss(run, run.model, mb)[:2] for mb in micro_batches]
+            losses = [grpo.loss(run, run.state, run.model, mb)[:2] for mb in micro_batches]
         (sum(s for s, _ in losses) / max(sum(float(n) for _, n in losses), 1e-8)).backward()
         torch.nn.utils.clip_grad_norm_(params, run.cfg["grad_clip"])
         optimizer.step()
@@ -401,10 +408,10 @@ def rl_rollout(args):
     for it in range(RL_ITERS):  # one shard, one round: the problems and seed are grpo.sample_round's
         sync(run.device)
         t0 = time.perf_counter()
-        steps = grpo.batches(run, it)  # returns before the update: the rollout phase only
+        steps, figures = grpo.batches(run, run.state, it)  # returns before the update: the rollout phase only
         sync(run.device)
         t_rollout = time.perf_counter() - t0
-        problems, seed = C.shard_problems(run, it, 0, 0)
+        problems, seed = shard_problems(run, it, 0, 0)
         prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(cfg["group_size"])]
         t0 = time.perf_counter()
         out = run.raw_model.generate(prompts, cfg["max_new_tokens"], temperature=cfg["temperature"],
@@ -412,16 +419,16 @@ def rl_rollout(args):
         sync(run.device)
         t_bare = time.perf_counter() - t0
         n = sum(len(t) for t in out)
-        if n != run.stats["len_mean"] * len(prompts):
+        if n != figures["len_mean"] * len(prompts):
             raise RuntimeError("the bare sampler did not reproduce the step's tokens: not the same work")
         t0 = time.perf_counter()
         rl_update(run, optimizer, steps)
         sync(run.device)
         t_update = time.perf_counter() - t0
         if it >= RL_WARMUP:
-            in_step.append(n / run.stats["time_decode"]), phase.append(n / t_rollout), bare.append(n / t_bare)
+            in_step.append(n / figures["time_decode"]), phase.append(n / t_rollout), bare.append(n / t_bare)
             tokens.append(n)
-            seconds = dict(update=t_update, **{k: run.stats[f"time_{k}"] for k in RL_PHASES[:3]})
+            seconds = dict(update=t_update, **{k: figures[f"time_{k}"] for k in RL_PHASES[:3]})
             split.append({k: v / (t_rollout + t_update) for k, v in seconds.items()})
     step_tok_s, phase_tok_s, bare_tok_s = (statistics.median(x) for x in (in_step, phase, bare))
     split_pct = {k: 100 * statistics.mean(s[k] for s in split) for k in RL_PHASES}
@@ -448,16 +455,17 @@ def rl_shared_prompt(args):
     import grpo
     run = T.train(dict(algo="grpo", max_iters=0, eval_interval=0, checkpoint=False, device=args["device"],
                        out_dir=tempfile.mkdtemp(prefix="bench_shared_"), init_from=args["init_from"], **GRPO_SIZES))
-    steps = grpo.batches(run, 0)
-    rows = C.Rollout.cat([mb for step in steps for mb in step], run.tok.pad)
+    steps, _ = grpo.batches(run, run.state, 0)
+    rows = Rollout.cat([mb for step in steps for mb in step], run.tok.pad)
     start = {k: v.clone() for k, v in run.raw_model.state_dict().items()}
     optimizer = torch.optim.AdamW(run.raw_model.parameters(), lr=run.cfg["learning_rate"])
 
     def iteration(share):
         def fn():
-            run.cfg["share_prompt"] = share
+            run.cfg["share_prompt"] = share  # (π_ref's scoring reads it; the loss, the function setup chose for it)
+            run.state.logprobs = grpo.shared_prompt_logprobs if share else grpo.policy_logprobs
             run.raw_model.load_state_dict(start)
-            grpo.score(run, run.ref_model, rows.ids, rows.prompt_lens)
+            score_tokens(run, run.state.reference, rows.ids, rows.prompt_lens)
             rl_update(run, optimizer, steps)
         return fn
 

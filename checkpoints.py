@@ -1,0 +1,244 @@
+"""
+Models in and out of files: the model a run starts from (scratch, a checkpoint, transformers
+weights), ckpt.pt read and written atomically with every rank's RNG streams (an exact resume),
+FSDP2's sharded states, and the frozen models an algorithm reads (reference, teacher, reward model).
+"""
+
+import copy
+import dataclasses
+import os
+import random
+import shutil
+
+import numpy as np
+import torch
+
+import hf
+from distributed import gather_objects, place
+from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora
+from tokenizer import make_tokenizer
+
+
+def build_model(cfg, tok):
+    """The model a run starts from (before the algorithm wraps it and before LoRA)."""
+    init = cfg["init_from"]
+    if init == "scratch":
+        vocab = -(-tok.n_vocab // 64) * 64
+        with torch.random.fork_rng():  # the same init every time it is built (π_ref == π_0), RNG untouched
+            torch.manual_seed(cfg["seed"])
+            return GPT(GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, n_layer=cfg["n_layer"],
+                                 n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"],
+                                 bias=cfg["bias"]))
+    if os.path.isfile(os.path.join(init, "ckpt.pt")):
+        return load_model(init)
+    if not is_hf_checkpoint(init):
+        raise ValueError(f"init_from={init!r}: not 'scratch', 'resume', a checkpoint directory (with ckpt.pt), "
+                         f"a transformers directory (with config.json) or a hub name (owner/name, gpt2)")
+    model = hf.from_pretrained(init, dropout=cfg["dropout"])  # its config.json names the architecture
+    if cfg["block_size"] > model.config.block_size:
+        raise ValueError(f"block_size={cfg['block_size']} is longer than {init}'s "
+                         f"{model.config.block_size} positions")
+    model.resize_vocab(tok.n_vocab)
+    return model
+
+
+def is_hf_checkpoint(name):
+    """A transformers directory (config.json), or a name from_pretrained would look up on the hub:
+    GPT-2's names, or owner/name where no such local path exists."""
+    if os.path.isfile(os.path.join(name, "config.json")):
+        return True
+    return name.startswith("gpt2") or (not os.path.exists(name) and name.count("/") == 1
+                                       and not name.startswith((".", "/")))
+
+
+# The layout of ckpt.pt. 1: before format numbers (one RNG state, numpy's as an array); 2: a format
+# number, each rank's RNG state as tensors, nothing but tensors, containers and numbers (weights_only)
+CHECKPOINT_FORMAT = 2
+
+
+def read_checkpoint(ckpt_dir, device="cpu"):
+    """ckpt.pt of a checkpoint directory, loaded with weights_only=True: tensors, containers and
+    numbers only, no pickled code runs. Format 1's numpy RNG state (an array) is allowed for its
+    weights to load; a newer format than this code's is an error."""
+    path = os.path.join(ckpt_dir, "ckpt.pt")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    multiarray = (np._core if hasattr(np, "_core") else np.core).multiarray  # numpy 2 renamed core
+    numpy_array = [np.dtype, np.ndarray, type(np.dtype(np.uint32)), multiarray._reconstruct]
+    with torch.serialization.safe_globals(numpy_array):
+        ckpt = torch.load(path, map_location=device, weights_only=True, mmap=True)
+    if ckpt.get("format", 1) > CHECKPOINT_FORMAT:
+        raise ValueError(f"{path}: checkpoint format {ckpt['format']} is newer than this code's "
+                         f"{CHECKPOINT_FORMAT}: update the code")
+    return ckpt
+
+
+def check_resumable(ckpt, ckpt_dir):
+    """init_from=resume needs this code's layout: an older checkpoint's weights still load (init_from=DIR)."""
+    if ckpt.get("format", 1) != CHECKPOINT_FORMAT:
+        raise ValueError(f"{ckpt_dir}/ckpt.pt: checkpoint format {ckpt.get('format', 1)}, written by an older "
+                         f"version; this one resumes format {CHECKPOINT_FORMAT} only. Start a new run from its "
+                         f"weights with --init_from={ckpt_dir}, or resume it with the version that wrote it")
+
+
+def rng_state(run):
+    """This rank's RNG states (Python, numpy, torch CPU, its own CUDA device), as tensors and numbers."""
+    version, state, gauss = random.getstate()
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    return dict(python=dict(version=version, state=torch.tensor(state), gauss=gauss),
+                numpy=dict(keys=torch.from_numpy(keys.astype(np.int64)), pos=pos, has_gauss=has_gauss, cached=cached),
+                torch=torch.get_rng_state(),
+                cuda=torch.cuda.get_rng_state(run.device) if run.device.startswith("cuda") else None)
+
+
+def set_rng_state(run, state):
+    python, numpy = state["python"], state["numpy"]
+    random.setstate((python["version"], tuple(python["state"].tolist()), python["gauss"]))
+    np.random.set_state(("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"],
+                         numpy["cached"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and run.device.startswith("cuda"):
+        torch.cuda.set_rng_state(state["cuda"], run.device)
+
+
+def restore_rng(run, states, it):
+    """Each rank takes back its own RNG streams (its dropout masks go on as if never stopped). On a
+    different number of ranks there is no stream to take back: each rank is seeded afresh, by rank
+    and iteration, and the run goes on correctly but not bit-identically."""
+    if len(states) == run.world_size:
+        return set_rng_state(run, states[run.rank])
+    if run.master:
+        print(f"resume: the checkpoint holds the RNG streams of {len(states)} rank(s), this run has "
+              f"{run.world_size}: streams seeded afresh (dropout masks differ from an uninterrupted run)")
+    seed = run.cfg["seed"] + 1000 * it + run.rank
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_model(ckpt_dir, device="cpu"):
+    """A trained model from a checkpoint directory, LoRA merged, in eval mode; a GPT or a ScalarHeadGPT."""
+    ckpt = read_checkpoint(ckpt_dir)  # on the CPU, memory-mapped: the optimizer state is never read
+    model = GPT(GPTConfig(**ckpt["model_args"]))
+    model = ScalarHeadGPT(model) if ckpt["kind"] == "scalar" else model
+    if ckpt["lora_rank"]:
+        apply_lora(model, ckpt["lora_rank"], ckpt["lora_alpha"])
+    model.load_state_dict(ckpt["model"])
+    return merge_lora(model).to(device).eval()
+
+
+def load_tokenizer(ckpt_dir):
+    """The tokenizer a checkpoint was trained with."""
+    return make_tokenizer(read_checkpoint(ckpt_dir)["tokenizer"])
+
+
+def frozen(model):
+    """A frozen copy (reference policy, teacher, reward model): eval mode, no gradients."""
+    model = copy.deepcopy(model).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def load_reference(run):
+    """The frozen starting point of this run (π_ref): what init_from named, before any training."""
+    return place(run, frozen(build_model(run.cfg, run.tok)))
+
+
+def load_teacher(run):
+    """The frozen teacher --teacher names (a checkpoint directory sharing the student's tokenizer), or
+    under --teacher=self the trained model itself (read under no_grad by its user)."""
+    cfg = run.cfg
+    if not cfg["teacher"]:
+        raise ValueError(f"--algo {cfg['algo']} needs --teacher=DIR (a checkpoint with the student's tokenizer) "
+                         f"or --teacher=self")
+    if cfg["teacher"] == "self":
+        return run.raw_model
+    teacher = place(run, frozen(load_model(cfg["teacher"])))
+    teacher_vocab, student_vocab = teacher.config.vocab_size, run.raw_model.config.vocab_size
+    if teacher_vocab != student_vocab:
+        raise ValueError(f"teacher {cfg['teacher']} has a vocabulary of {teacher_vocab} tokens, the student "
+                         f"{student_vocab}: distillation compares their distributions token by token, so they "
+                         f"must share the tokenizer")
+    if load_tokenizer(cfg["teacher"]).name != run.tok.name:
+        raise ValueError(f"teacher {cfg['teacher']} uses tokenizer {load_tokenizer(cfg['teacher']).name!r}, "
+                         f"the student {run.tok.name!r}: they must share it")
+    return teacher
+
+
+def read_reward_model(run):
+    """The Bradley–Terry reward model --reward_model names (a checkpoint of --algo rm), checked, as
+    it was trained (PPO's critic may start from it)."""
+    cfg = run.cfg
+    if not cfg["reward_model"]:
+        raise ValueError("reward=rm and critic_init=reward_model need --reward_model=<checkpoint dir of --algo rm>")
+    model = load_model(cfg["reward_model"])
+    if not isinstance(model, ScalarHeadGPT):
+        raise ValueError(f"reward_model={cfg['reward_model']!r} is a language-model checkpoint, not a reward "
+                         f"model (train one with --algo rm)")
+    if model.config.vocab_size < run.tok.n_vocab:
+        raise ValueError(f"reward_model={cfg['reward_model']!r} has a vocabulary of {model.config.vocab_size}, "
+                         f"fewer than the {run.tok.n_vocab} ids of tokenizer {run.tok.name!r}")
+    return model
+
+
+def load_reward_model(run):
+    """The frozen reward model --reward_model names, on the run's device."""
+    return place(run, frozen(read_reward_model(run)))
+
+
+def save_checkpoint(run, optimizer, it, train_tokens, algo_state):
+    """Called by every rank (each adds its RNG streams); rank 0 writes. Atomic: a temporary file,
+    then a rename, so a crash never leaves a half-written ckpt.pt. algo_state: what the algorithm
+    keeps for a resume (its state_dict), or None.
+
+    "model" is what load_model() gives later scripts: the trained module itself, or its `policy` when
+    the algorithm trains several (PPO's policy + critic); "train_model" then holds all of them."""
+    rng = gather_objects(run, rng_state(run))
+    raw = run.raw_model
+    export = raw.policy if hasattr(raw, "policy") else raw
+    sharded = save_sharded(run, optimizer, it) if run.fsdp else None
+    if run.fsdp:  # the export gathered to rank 0's CPU, for load_model and later scripts
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        model = get_model_state_dict(export, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not run.master:
+        return
+    gpt = export.gpt if isinstance(export, ScalarHeadGPT) else export
+    ckpt = dict(
+        format=CHECKPOINT_FORMAT, sharded=sharded,  # --fsdp: the trained state is in out_dir/`sharded`
+        model=model if run.fsdp else export.state_dict(),
+        train_model=raw.state_dict() if export is not raw and not run.fsdp else None,
+        optimizer=None if run.fsdp else optimizer.state_dict(), iter=it, config=run.cfg,
+        model_args=dataclasses.asdict(gpt.config), kind="scalar" if isinstance(export, ScalarHeadGPT) else "lm",
+        lora_rank=run.cfg["lora_rank"], lora_alpha=run.cfg["lora_alpha"], tokenizer=run.tok.name,
+        rng=rng, algo_state=algo_state, train_tokens=train_tokens,
+    )
+    path = os.path.join(run.cfg["out_dir"], "ckpt.pt")
+    torch.save(ckpt, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    for name in os.listdir(run.cfg["out_dir"]):  # sharded states ckpt.pt no longer names
+        if name.startswith("sharded_") and name != sharded:
+            shutil.rmtree(os.path.join(run.cfg["out_dir"], name))
+
+
+def save_sharded(run, optimizer, it):
+    """--fsdp: every rank writes its shards of the trained weights and AdamW state with
+    torch.distributed.checkpoint into out_dir/sharded_ITER (nothing is gathered); ckpt.pt, written
+    after it, names it, so a crash midway leaves the last complete pair. Returns the name."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    name = f"sharded_{it:07d}"
+    model_state, optim_state = get_state_dict(run.raw_model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=os.path.join(run.cfg["out_dir"], name))
+    return name
+
+
+def load_sharded(run, optimizer, path):
+    """The weights and AdamW state save_sharded wrote, into this run's (sharded or not) model and
+    optimizer: DCP reshards them to this run's ranks."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model_state, optim_state = get_state_dict(run.raw_model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(run.raw_model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

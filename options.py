@@ -1,0 +1,350 @@
+"""
+Configuration and the command line: DEFAULTS (the keys every algorithm shares) plus the chosen
+algorithm module's own `defaults`, overridden by `--key=value` (a Python literal, else a string) and
+`config/x.py` files (their top-level names). An unknown key or a value of the wrong type is an
+error naming the closest valid keys; an old key name still works for one release and says its new
+one (RENAMED). `python train.py --algo NAME --help` prints every option with its value and its
+description, read from the comments beside the keys (config_comments). After `python ladder.py` the
+command line's defaults start from the ladder's checkpoints (after_the_ladder).
+"""
+
+import ast
+import difflib
+import importlib
+import importlib.util
+import io
+import json
+import os
+import sys
+import tokenize
+
+from checkpoints import is_hf_checkpoint
+from envs import ENVS
+
+DEFAULTS = dict(
+    algo="sft",                 # the algorithm: pretrain, sft, rm, dpo, ppo, grpo, opd, rft
+    out_dir="out/{algo}",       # where the run writes; {algo} is filled in
+    init_from="scratch",        # scratch | resume | a checkpoint dir | a transformers dir or hub name (GPT-2, Llama, Qwen2, Qwen3)
+    tokenizer="byte",           # byte (built in) | gpt2 | a dir with GPT-2's vocab.json | a checkpoint's own (dir or hub name, with its chat template)
+    data="",                    # a json/jsonl/parquet file or hub dataset; "" = the built-in environment
+    skip_bad_rows=False,        # malformed data rows: False = error naming file/row/field, True = skip and count
+    # the default task: 3-step chains of 1-digit operands; half the SFT demonstrations give only the
+    # answer, half the worked steps (envs/arithmetic.py, docs/task.md)
+    env="arithmetic",           # the task: arithmetic | generalpoints | calculator | treasure | gsm8k (envs/)
+    env_digits=1,               # digits of each operand
+    env_ops=3,                  # operations per problem
+    env_direct_frac=0.5,        # share of SFT demonstrations that give only the answer; 0.0 = every one worked
+    env_data="openai/gsm8k:main",  # --env=gsm8k's rows: a hub dataset NAME[:CONFIG] (train/test splits) or a local file (last tenth held out)
+    # the model, when init_from=scratch
+    n_layer=4,                  # transformer blocks
+    n_head=4,                   # attention heads per block
+    n_embd=128,                 # width of the residual stream
+    block_size=128,             # the longest sequence (prompt + response) in tokens
+    dropout=0.0,                # dropout probability in training
+    bias=True,                  # biases in the linear layers and layer norms (GPT-2 has them)
+    # optimisation
+    max_iters=1000,             # training iterations
+    lr_decay_iters=0,           # iterations of the cosine decay; 0 = max_iters
+    batch_size=32,              # rows per micro-batch
+    gradient_accumulation_steps=1,  # micro-batches per optimizer step (per process)
+    learning_rate=2e-3,         # peak learning rate, after the warm-up
+    min_lr=2e-4,                # learning rate at the end of the cosine decay
+    warmup_iters=30,            # iterations of linear warm-up
+    weight_decay=0.1,           # AdamW weight decay (matrices only)
+    beta1=0.9,                  # AdamW β1
+    beta2=0.95,                 # AdamW β2
+    grad_clip=1.0,              # clip the gradient's global norm to this; 0 = off
+    lora_rank=0,                # rank of LoRA adapters on every attention and MLP matrix; 0 = full fine-tuning
+    lora_alpha=32.0,            # LoRA scale = alpha / rank
+    # evaluation and logging
+    eval_interval=100,          # evaluate (and checkpoint) every this many iterations and at the end; 0 = never (a checkpoint at the end)
+    eval_at_start=True,         # evaluate the starting weights too, at iteration 0 (the ladder's stages skip it: its report has their start)
+    eval_problems=200,          # held-out problems per evaluation
+    eval_batch_size=100,        # rows per sampler call in evaluation
+    log_interval=10,            # write a metrics.jsonl row every this many iterations
+    eval_samples=0,             # answers sampled per held-out problem at the sampling temperature: their accuracy,
+                                # pass@k (= Best-of-k by the verifier) and the KL to the reference; 0 = greedy only
+    max_new_tokens=64,          # response length limit for sampling (evaluation and rollouts)
+    max_tool_calls=6,           # tool environments (--env=calculator, treasure): calls run per response; later ones get an error back
+    checkpoint=True,            # write ckpt.pt at every evaluation and at the end
+    plot=True,                  # redraw metrics.png at the last evaluation, and at others a minute or more after the last drawing
+    seed=1337,                  # seeds torch, numpy and random (each DDP rank adds its rank for dropout)
+    device="auto",              # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
+    compile=False,              # torch.compile the training forward and backward (sampling stays eager)
+    fsdp=False,                 # torchrun: shard weights, gradients and AdamW state over the ranks (FSDP2), not DDP copies
+    fsdp_rollouts="gathered",   # --fsdp: gathered = all-gather each model's full weights for sampling and scoring (fast, a full bf16 copy per GPU); sharded = forwards stay sharded, all ranks step together (models whose full weights do not fit one GPU)
+)
+
+READS_DATA = ("pretrain", "sft", "rm", "dpo")  # the algorithms that train on --data (RL reads its env)
+ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo", "grpo": "grpo", "opd": "opd", "rft": "rft"}
+
+# Names people often type for a key, from other trainers (HF, nanoGPT, ...): suggested first.
+ALIASES = dict(lr="learning_rate", bs="batch_size", batch="batch_size", micro_batch_size="batch_size",
+               iters="max_iters", steps="max_iters", max_steps="max_iters", num_iters="max_iters",
+               epochs="max_iters", num_train_epochs="max_iters", warmup="warmup_iters",
+               warmup_steps="warmup_iters", wd="weight_decay", clip="grad_clip", max_grad_norm="grad_clip",
+               grad_accum="gradient_accumulation_steps", gradient_accumulation="gradient_accumulation_steps",
+               seq_len="block_size", context_length="block_size", max_seq_len="block_size",
+               max_length="block_size", temp="temperature", output_dir="out_dir", dataset="data",
+               model="init_from", lora_r="lora_rank", n_layers="n_layer", n_heads="n_head")
+
+
+# Keys renamed in this version: the old name still works and says the new one (in a resumed run's
+# saved config too; where two old names meet, the later one counts)
+RENAMED = dict(eval_pass_k="eval_samples", eval_best_of_n="eval_samples", best_of_n="eval_samples",
+               # one name per idea: responses sampled per prompt in training, a pool of train prompts
+               samples_per_prompt="group_size", candidates="group_size", prompts_pool="prompt_pool")
+# Keys removed in this version: ignored, with a note saying why
+REMOVED = dict(eval_best_of_n_problems="Best-of-N by the verifier is pass@k, on the eval_problems held-out problems "
+                                       "that every sampled figure uses")
+
+
+def renamed(overrides):
+    """overrides with renamed keys under their new name and removed ones dropped, a note for each."""
+    out = {}
+    for key, value in overrides.items():
+        if key in REMOVED:
+            print(f"note: config key {key!r} is gone ({REMOVED[key]}); ignored")
+        elif key in RENAMED:
+            print(f"note: config key {key!r} is now {RENAMED[key]!r}")
+            out[RENAMED[key]] = value
+        else:
+            out[key] = value
+    return out
+
+# Optional packages: the features that need them import them lazily, and the scripts turn their
+# absence into one line naming the install command
+OPTIONAL = dict(transformers="pip install -r requirements-extra.txt", safetensors="pip install -r requirements-extra.txt",
+                trl="pip install -r experiments/peer_bench/peers/requirements.txt (in a second environment)")
+
+
+def optional_dependency(error):
+    """An ImportError of an optional package as one line: a missing module of OPTIONAL, or an error
+    that already names its install command; any other is raised again."""
+    package = (getattr(error, "name", None) or "").split(".")[0]
+    if package in OPTIONAL:
+        return f"this needs the optional package {package}: {OPTIONAL[package]}"
+    if "pip install" in str(error):
+        return str(error)
+    raise error
+
+
+def coerce(key, value, default):
+    """Accept `value` for `key` only if it has the default's type (an int is fine for a float)."""
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        raise ValueError(f"config key {key!r} expects {type(default).__name__}, "
+                         f"got {value!r} ({type(value).__name__})")
+    return value
+
+
+def available_algos():
+    """The --algo names whose module exists (ALGOS may name one that is still to be written)."""
+    return sorted(name for name, module in ALGOS.items() if importlib.util.find_spec(module) is not None)
+
+
+def algo_module(name):
+    choices = available_algos()
+    if name not in ALGOS:
+        close = difflib.get_close_matches(name, choices, n=3)
+        raise ValueError(f"unknown algo {name!r}; " + (f"did you mean {', '.join(close)}? " if close else "")
+                         + f"choose from {', '.join(choices)}")
+    if name not in choices:
+        raise ValueError(f"--algo {name}: its module {ALGOS[name]}.py does not exist yet; "
+                         f"choose from {', '.join(choices)}")
+    return importlib.import_module(ALGOS[name])
+
+
+def make_config(overrides):
+    """DEFAULTS + the algorithm's defaults, overridden by `overrides` (dict), type-checked."""
+    overrides = renamed(overrides)
+    algo = overrides.get("algo", DEFAULTS["algo"])
+    module = algo_module(algo)
+    defaults = dict(DEFAULTS)
+    for key, value in module.defaults.items():  # an algorithm may change a common default (e.g. its lr)
+        if key in DEFAULTS:
+            coerce(f"{module.__name__}.defaults[{key!r}]", value, DEFAULTS[key])
+        defaults[key] = value
+    # an environment may change common defaults too (the treasure hunt's long transcripts need a longer block_size)
+    defaults.update(getattr(ENVS.get(overrides.get("env", defaults["env"])), "train_defaults", {}))
+    cfg = dict(defaults)
+    for key, value in overrides.items():
+        if key not in defaults:
+            close = [ALIASES[key]] if ALIASES.get(key) in defaults else []
+            close += [k for k in difflib.get_close_matches(key, defaults, n=3) if k not in close]
+            raise ValueError(f"unknown config key {key!r} for --algo {algo}"
+                             + (f"; did you mean {', '.join(close)}?" if close else ""))
+        cfg[key] = coerce(key, value, defaults[key])
+    cfg["out_dir"] = cfg["out_dir"].format(algo=algo)
+    if cfg["data"] and algo not in READS_DATA:  # never ignored silently
+        raise ValueError(f"--algo {algo} takes its prompts from the environment, not --data: for a dataset's "
+                         f"prompts and reference answers use --env=gsm8k --env_data=NAME_OR_FILE")
+    return cfg
+
+
+def parse_args(argv):
+    """`--key=value` (a Python literal, else a string), `--algo name`, and config files `x.py`."""
+    overrides = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.endswith(".py") and not arg.startswith("--"):
+            scope = {}
+            with open(arg) as f:
+                exec(f.read(), scope)
+            overrides.update({k: v for k, v in scope.items() if not k.startswith("_")
+                              and not callable(v) and not isinstance(v, type(sys))})
+        elif arg.startswith("--"):
+            if "=" in arg:
+                key, raw = arg[2:].split("=", 1)
+            elif i + 1 < len(argv):
+                key, raw = arg[2:], argv[i + 1]
+                i += 1
+            else:
+                raise ValueError(f"argument {arg!r} has no value: use --key=value")
+            try:
+                overrides[key] = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                overrides[key] = raw
+        else:
+            raise ValueError(f"cannot parse argument {arg!r}: use --key=value or a config file ending in .py")
+        i += 1
+    return overrides
+
+
+def config_comments(module, name):
+    """{key: its description} for `name = dict(...)` in `module`'s source: the comment at the end of
+    the key's line with the comment lines that continue it below (indented past the key), else the
+    comment lines right above the key. Keys merged in from another module's dict
+    (`dict(pairs.PAIR_DEFAULTS, ...)`, `**X.KEYS`, `name.update(X.KEYS)`, or KEYS imported by
+    `from X import KEYS`) take that dict's comments."""
+    source = open(module.__file__).read()
+    comments = {}  # line -> (text, column of its '#', whether the comment stands alone on its line)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = (token.string.lstrip("#").strip(), token.start[1],
+                                        not token.line[:token.start[1]].strip())
+    body = ast.parse(source).body
+    call = next(node.value for node in body if isinstance(node, ast.Assign)
+                and any(getattr(target, "id", None) == name for target in node.targets))
+    updates = [node.value.args[0] for node in body if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+               and ast.unparse(node.value.func) == f"{name}.update"]
+    merged = call.args + [keyword.value for keyword in call.keywords if keyword.arg is None] + updates
+    imported = {alias.asname or alias.name: node.module for node in body if isinstance(node, ast.ImportFrom)
+                for alias in node.names}  # `from rewards import REWARD_KEYS`: REWARD_KEYS's module
+    found = {}
+    for other in merged:
+        if isinstance(other, ast.Attribute) and isinstance(other.value, ast.Name):
+            found.update(config_comments(getattr(module, other.value.id), other.attr))
+        elif isinstance(other, ast.Name) and other.id in imported:
+            found.update(config_comments(importlib.import_module(imported[other.id]), other.id))
+    for keyword in (keyword for keyword in call.keywords if keyword.arg):
+        line = keyword.value.end_lineno
+        text, _, alone = comments.get(line, ("", 0, True))
+        if alone:  # no comment at the end of its line: the comment lines right above, at the key's indent
+            above, line = [], keyword.lineno - 1
+            while line in comments and comments[line][2] and comments[line][1] <= keyword.col_offset:
+                above.insert(0, comments[line][0])
+                line -= 1
+            text = " ".join(above)
+        else:  # the lines below that continue it: alone, and indented past the key (not a heading)
+            line += 1
+            while line in comments and comments[line][2] and comments[line][1] > keyword.col_offset:
+                text += " " + comments[line][0]
+                line += 1
+        found[keyword.arg] = text
+    return found
+
+
+def help_text(overrides):
+    """--help for the run the command line describes: the algorithm's own options first, then the
+    shared ones, each with the value it takes (the ladder's stages included: after_the_ladder) and
+    its whole description."""
+    overrides, chosen = after_the_ladder(overrides)
+    cfg = make_config(overrides)
+    module = algo_module(cfg["algo"])
+    # a shared key keeps its shared description where an algorithm changes its default
+    described = {**config_comments(module, "defaults"), **config_comments(sys.modules[__name__], "DEFAULTS")}
+    lines = [f"usage: python train.py --algo {cfg['algo']} [config/FILE.py ...] [--key=value ...]",
+             "       (torchrun --standalone --nproc_per_node=N train.py ... on N processes)",
+             f"--algo: {', '.join(available_algos())}; `python train.py --algo NAME --help` shows its options.",
+             "A value is a Python literal (--learning_rate=3e-4, --lora_rank=8), else a string."]
+    lines += [chosen] if chosen else []
+    groups = [(f"--algo {cfg['algo']}'s own options ({module.__name__}.py defaults)",
+               [k for k in module.defaults if k not in DEFAULTS]),
+              ("shared options (options.DEFAULTS; * = not the shared default: set by this algorithm, its task, "
+               "the ladder or the command line)", list(DEFAULTS))]
+    for title, keys in groups:
+        lines += ["", title + ":"]
+        for key in keys:
+            mark = "*" if key in DEFAULTS and cfg[key] != DEFAULTS[key] and key != "out_dir" else " "
+            lines.append(f"  --{key}={cfg[key]!r}{mark}".ljust(40) + " " + described.get(key, ""))
+    return "\n".join(lines)
+
+
+def check_start(overrides):
+    """A missing input checkpoint is a one-line error naming the command that makes it: an algorithm
+    whose `starts_from` names an init_from (the algo whose checkpoint it usually starts from) never
+    starts from a random model, and --init_from=DIR needs DIR/ckpt.pt. Checked for the command line
+    only: the tests call train() on purpose with tiny random models for every algorithm."""
+    if overrides.get("init_from") == "resume":
+        return
+    cfg = make_config(overrides)
+    init, needs = cfg["init_from"], getattr(algo_module(cfg["algo"]), "starts_from", {}).get("init_from")
+    if os.path.isfile(os.path.join(init, "ckpt.pt")) or (  # a checkpoint, or transformers weights
+            is_hf_checkpoint(init) and os.path.basename(os.path.normpath(init)) not in ALGOS):
+        return
+    if init == "scratch" and needs:
+        out = DEFAULTS["out_dir"].format(algo=needs)
+        raise ValueError(f"--algo {cfg['algo']} starts from a trained policy, not init_from=scratch: make one "
+                         f"with `python train.py --algo {needs} --out_dir={out}` and pass --init_from={out}, "
+                         f"or run `python ladder.py`")
+    if init == "scratch":
+        return
+    maker = needs or os.path.basename(os.path.normpath(init))  # out/pretrain is made by --algo pretrain
+    if maker in ALGOS:
+        raise ValueError(f"--algo {cfg['algo']} starts from a trained model: --init_from={init} has no ckpt.pt; "
+                         f"make it with `python train.py --algo {maker} --out_dir={init}`, or run `python ladder.py`")
+
+
+def ladder_stage(root, algo, env):
+    """The directory of a finished `python ladder.py` stage under root that trained `algo` on `env`
+    (root/algo first, e.g. out/sft; else e.g. out/calc_sft for the calculator task), or None."""
+    names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+    for name in sorted(names, key=lambda name: name != algo):
+        stage = os.path.join(root, name)
+        if os.path.isfile(os.path.join(stage, "ladder.json")) and os.path.isfile(os.path.join(stage, "ckpt.pt")):
+            cfg = json.load(open(os.path.join(stage, "config.json")))
+            if cfg["algo"] == algo and cfg["env"] == env:
+                return stage
+    return None
+
+
+def after_the_ladder(overrides):
+    """The command line's defaults once `python ladder.py` has run (train() itself keeps the plain
+    defaults): each key of the algorithm's `starts_from` left at its default takes the ladder's
+    stage of the algo it names for the task (--init_from: the SFT checkpoint; OPD's --teacher: the
+    GRPO stage); with no --out_dir, a run never writes over a ladder stage (out/dpo is the ladder's:
+    the run goes to out/my_dpo). -> (overrides, a line saying what was chosen, or "")."""
+    overrides, chosen = dict(overrides), []
+    cfg = make_config(overrides)
+    module, root = algo_module(cfg["algo"]), os.path.dirname(DEFAULTS["out_dir"])
+    resuming = cfg["init_from"] == "resume"  # (its out_dir is chosen as the run's was)
+    for key, algo in getattr(module, "starts_from", {}).items():
+        given = cfg[key] != {**DEFAULTS, **module.defaults}[key]
+        stage = not given and not resuming and ladder_stage(root, algo, cfg["env"])
+        if stage:
+            overrides[key] = stage
+            chosen.append(f"--{key}={stage} (the ladder's {os.path.basename(stage)} stage)")
+    if "out_dir" not in overrides and os.path.isfile(os.path.join(cfg["out_dir"], "ladder.json")):
+        overrides["out_dir"] = os.path.join(os.path.dirname(cfg["out_dir"]), "my_" + os.path.basename(cfg["out_dir"]))
+        chosen.append(f"--out_dir={overrides['out_dir']} ({cfg['out_dir']} is a ladder stage)")
+    return overrides, (f"{cfg['algo']}: " + ", ".join(chosen) + "; pass these keys to choose others") if chosen else ""
