@@ -243,7 +243,7 @@ def script_flags(path):
 
 def train_keys():
     """{algo: the keys train.py accepts for it}, RENAMED and REMOVED (from train.py)."""
-    import train as T
+    import options as T
     return ({algo: set(T.make_config(dict(algo=algo))) for algo in T.available_algos()},
             dict(getattr(T, "RENAMED", {})), dict(getattr(T, "REMOVED", {})))
 
@@ -263,7 +263,7 @@ def key_problem(key, accepted, renamed, removed):
 def command_problems(words):
     """What is wrong with one documented command (a list of shell words): [why, ...]."""
     import ladder
-    import train as T
+    import options as T
     found = script_of(words)
     if not found:
         return []
@@ -313,8 +313,8 @@ def command_problems(words):
                     problems.append(f"--{key}: stage {stage} ({algo}): {problem}")
             elif problem := key_problem(key, every_train_key | set(ladder.OPTIONS), renamed, removed):
                 problems.append(problem)
-    elif name == "bench.py":  # its own parsing: benchmark names, then --device=, --out=, --init_from=, --tiny
-        import bench
+    elif name == os.path.join("experiments", "bench.py"):  # its own parsing: benchmark names, then --device=, --out=, --init_from=, --tiny
+        from experiments import bench
         problems += [f"{word}: no such benchmark ({', '.join(bench.BENCHMARKS)})" for word in positional
                      if word not in bench.BENCHMARKS]
     else:
@@ -347,7 +347,7 @@ def test_every_documented_command_uses_options_its_script_takes():
 
 
 def test_the_command_checker_catches_what_it_is_for():
-    import train as T
+    import options as T
 
     def problems(text):
         return [why for words in split_commands(text) for why in command_problems(words)]
@@ -357,13 +357,15 @@ def test_the_command_checker_catches_what_it_is_for():
     assert not problems('python sample.py out/grpo "What is 7 + 8 - 3 + 5?" --temperature=1')
     assert problems("python train.py --algo grpo --lr=3e-4")                         # an unknown key
     assert problems("python train.py --algo sft --group_size=8")                      # another algorithm's key
-    assert problems("python ladder.py --dpo.group_size=8")                            # a key the stage does not take
+    assert problems("python ladder.py --dpo.kl_coef=8")                               # a key the stage does not take
     assert problems("python ladder.py --nostage.max_iters=8")
     assert problems("python experiments/opd_vs_grpo.py --student=out/sft")           # a script that is gone
     assert problems("python experiments/gpu_check.py --device=cpu --tiny")            # a flag it does not have
     assert problems("python experiments/ood.py --init_from=out/sft && python experiments/ood.py --split=x --bogus=1")
     assert problems("python experiments/agentic.py --set no_such_key=1")
     assert problems("python train.py --algo grpo config/no_such_recipe.py")
-    assert problems("python bench.py no_such_benchmark") and not problems("python bench.py rl_rollout --tiny")
+    assert problems("python experiments/bench.py no_such_benchmark")
+    assert not problems("python experiments/bench.py rl_rollout --tiny")
+    assert problems("python bench.py rl_rollout")                                      # where it used to live
     for old, new in T.RENAMED.items():
         assert any(new in why for why in problems(f"python train.py --algo grpo --{old}=8")), old

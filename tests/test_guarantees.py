@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-import common as C
+import checkpoints as C
 import envs
 from envs.arithmetic import _EQUATION, _SYMBOL_FORM, _WORD_FORM, ANSWER_FORM, parse_answer
 from envs.calculator import _BINARY_OP, CALC_MAX_CHARS, calculator
