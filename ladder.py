@@ -59,7 +59,13 @@ STAGES = [
     ("rft", dict(algo="rft"), "sft"),
     # the GRPO stage as the teacher: how fast a dense per-token signal gets the SFT model there
     ("opd", dict(algo="opd", teacher="{out_root}/grpo"), "sft"),
-    ("opsd", dict(algo="opd", teacher="self"), "sft"),  # its own weights, shown the answer
+    # self-distillation that works (docs/distillation.md): OPSD given the answer collapses to bare answers, so the
+    # ladder first teaches the SFT model to read a reference (half its rows show the worked solution before the
+    # question), then distils it from its own weights shown that solution, anchored to where it started
+    ("reader", dict(algo="sft", reader_frac=0.5, max_iters=300, learning_rate=3e-4, min_lr=3e-5, warmup_iters=10,
+                    eval_interval=300), "sft"),
+    ("opsd", dict(algo="opd", teacher="self", privileged="solution", anchor_coef=1.0, max_iters=40, eval_interval=20),
+     "reader"),
     # the agentic branch: the calculator task (numbers too large to add in the head) with tool calls
     ("calc_sft", dict(algo="sft", env="calculator", eval_interval=250), "pretrain"),
     ("calc_grpo", dict(algo="grpo", env="calculator", reward_mode="rlvp", eval_interval=10), "calc_sft"),

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 import opd_family as family
 from checkpoints import load_reference, load_teacher
+from envs import PRIVILEGED, privileged_prompt
 from data import collate
 from distributed import all_reduce_sum, chunks
 from evaluation import evaluate_policy
@@ -162,12 +163,12 @@ def setup(run, saved):
     state.reference = load_reference(run) if cfg["anchor_coef"] else None  # π_init, the anchor's
     state.estimator = ESTIMATORS[cfg["kl_estimator"]]
     context = family.privileged(cfg)  # OPSD: what the teacher reads, the student not
-    state.teacher_prompt = ((lambda problem: family.privileged_prompt(run.env, problem, context)) if context != "none"
+    state.teacher_prompt = ((lambda problem: privileged_prompt(run.env, problem, context)) if context != "none"
                             else (lambda problem: problem["prompt"]))
     state.writer = state.teacher if cfg["kl_estimator"] == "teacher_samples" else run.raw_model  # off-policy: the teacher writes
     state.anchor_logprobs = family.anchor_logprobs if cfg["anchor_coef"] else (lambda run, state, ro: None)
     write_passport(run, opd_passport(run, state.verifier_check, state.teacher,
-                                     family.PRIVILEGED[context] if context != "none" else None))
+                                     PRIVILEGED[context] if context != "none" else None))
     return state
 
 

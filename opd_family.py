@@ -45,7 +45,7 @@ teacher — where π_t comes from:
           with privileged=answer|solution the privileged one below (the student's own starting
           checkpoint so: self-distillation from a frozen snapshot, whose teacher cannot drift).
     self  OPSD: the student's own current weights, run under torch.no_grad on a privileged prompt
-          (PRIVILEGED below, chosen by `privileged`), then the student's answer tokens unchanged:
+          (envs.PRIVILEGED, chosen by `privileged`), then the student's answer tokens unchanged:
           `answer` is the problem followed by "\n(Reference answer: <answer>)"; `solution` is a
           verified worked solution, "(Reference solution: <env.solve(problem)>)", the demonstration
           the verifier accepts, in place of the problem's text (it names every operand and step).
@@ -66,20 +66,15 @@ import torch
 import torch.nn.functional as F
 
 from distributed import chunks
+from envs import PRIVILEGED
 
 OPTIONS = dict(
     kl_estimator="full",       # full | sampled | topk | teacher_samples (off-policy: SFT on the teacher's answers)
     kl_topk=16,                # k of the topk estimator (k = vocab size: exactly full)
     anchor_coef=0.0,           # β: + β·KL(π_s‖π_init) on the student's samples, keeps its own way of answering (0 = off)
-    privileged="auto",         # the teacher's prompt: answer | solution (PRIVILEGED) | none (the student's); auto = answer
+    privileged="auto",         # the teacher's prompt: answer | solution (envs.PRIVILEGED) | none (the student's); auto = answer
                                # under --teacher=self (OPSD), none for a checkpoint (a frozen snapshot given a solution: solution)
 )
-
-# OPSD: what the teacher sees, the student not. The worked solution names every operand and operation,
-# so it stands in for the problem's text: problem + solution + answer would not fit the 128-token context
-PRIVILEGED = dict(answer="{prompt}\n(Reference answer: {answer})",
-                  solution="(Reference solution: {solution})")
-
 
 def check_config(run, estimators):
     cfg = run.cfg
@@ -133,11 +128,6 @@ def privileged(cfg):
     if cfg["privileged"] != "auto":
         return cfg["privileged"]
     return "answer" if cfg["teacher"] == "self" else "none"
-
-
-def privileged_prompt(env, problem, privileged):
-    """OPSD's user message for the teacher: the PRIVILEGED template `privileged` filled in."""
-    return PRIVILEGED[privileged].format(prompt=problem["prompt"], answer=problem["answer"], solution=env.solve(problem))
 
 
 @torch.no_grad()

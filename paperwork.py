@@ -65,7 +65,9 @@ def sft_passport(run, n_train, n_val):
         data = f"{c['corpus_docs']} documents of the `{c['env']}` environment's worked equations, packed into {c['block_size']}-token windows"
     else:
         data = (f"the `{c['env']}` solver's demonstrations of {c['train_problems']} *train* problems (a {c['env_direct_frac']} "
-                f"share give only the answer); validation on *heldout* problems, disjoint by equation")
+                f"share give only the answer"
+                + (f"; a {c['reader_frac']} share instead read the worked solution in the prompt and write it out"
+                   if c.get("reader_frac") else "") + "); validation on *heldout* problems, disjoint by equation")
     mask = "every token" if c["algo"] == "pretrain" else "the assistant's tokens only (prompt, template, tool output, padding masked)"
     return f"""# Post-training passport: {c['out_dir']}
 

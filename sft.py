@@ -12,12 +12,14 @@ pre-training) or --data=FILE (data.load_rows), rows as {"text"}, {"prompt", "com
 {"messages": [{"role", "content"}, ...]}.
 """
 
+import random
 from types import SimpleNamespace
 
 import torch
 
 from data import RowError, collate, encode_rows, load_rows, render_messages, require
 from distributed import all_reduce_sum, chunks, seeded_rng, shard
+from envs import privileged_prompt
 from evaluation import evaluate_policy
 from model import sequence_logprobs
 from paperwork import sft_passport, write_passport
@@ -26,6 +28,9 @@ defaults = dict(
     train_problems=20000,  # built-in SFT pool (solver demonstrations of train-split problems)
     corpus_docs=40000,     # built-in pre-training corpus size (documents)
     val_examples=256,      # held-out examples for the validation loss
+    reader_frac=0.0,       # share of the built-in training rows that show a verified worked solution before the
+                           # question (envs.PRIVILEGED["solution"]) and ask for that worked answer: a student that
+                           # can read a reference, which OPSD's self-teacher needs (the ladder's reader stage)
 )
 
 
@@ -79,11 +84,19 @@ def encode_row(run, row):
 
 
 def builtin_examples(run, split, n):
-    tok = run.tok
+    """(ids, loss mask) of n problems' demonstrations; in training a reader_frac share of them instead
+    reads the worked solution in the prompt and writes it out (the training rows only: the validation
+    loss stays the task's)."""
+    tok, env = run.tok, run.env
+    reading = random.Random(f"reader-{split}")  # which rows read: the same in every run and on every rank
     out = []
-    for p in run.env.problems(split, n, seed=0):
+    for p in env.problems(split, n, seed=0):
+        if split == "train" and reading.random() < run.cfg["reader_frac"]:
+            prompt, target = privileged_prompt(env, p, "solution"), env.solve(p)
+        else:
+            prompt, target = p["prompt"], env.demonstration(p)
         # a tool-using demonstration keeps its results as context with mask 0 (tokenizer.assistant_ids)
-        prompt, (answer, answer_mask) = tok.prompt_ids(p["prompt"]), tok.assistant_ids(run.env.demonstration(p))
+        prompt, (answer, answer_mask) = tok.prompt_ids(prompt), tok.assistant_ids(target)
         out.append((prompt + answer, [0] * len(prompt) + answer_mask))
     longest = max(len(ids) for ids, _ in out)
     if longest > run.cfg["block_size"] + 1:
@@ -96,6 +109,10 @@ def setup(run, saved):
     """The demonstrations: (ids, loss mask) examples for training and for the validation loss; for
     pre-training, the training documents packed into one stream of tokens."""
     cfg, state = run.cfg, SimpleNamespace(skipped_rows=0, stream=None)
+    if cfg["reader_frac"] and (cfg["data"] or cfg["algo"] == "pretrain"):
+        raise ValueError("reader_frac mixes reading rows into the built-in SFT demonstrations: not with --data or pretrain")
+    if not 0.0 <= cfg["reader_frac"] <= 1.0:
+        raise ValueError(f"reader_frac={cfg['reader_frac']}: a share, in [0, 1]")
     if cfg["data"]:
         examples, state.skipped_rows = encode_rows(run, cfg["data"], load_rows(cfg["data"]),
                                                    lambda row: encode_row(run, row))

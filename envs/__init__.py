@@ -24,12 +24,24 @@ from envs.gsm8k import GSM8K
 from envs.generalpoints import FACES, SPLIT_RULE, GeneralPoints, card_value, solutions
 from envs.treasure import ROOM_NAMES, ROOMS, START, Treasure, actions, actions_to_win, describe, shortest_solution, step
 
-__all__ = ["ENVS", "make_env", "HELDOUT_PERCENT", "Arithmetic", "parse_answer", "END_CALL", "END_RESULT", "TOOL_CALL",
+__all__ = ["ENVS", "make_env", "PRIVILEGED", "privileged_prompt", "HELDOUT_PERCENT", "Arithmetic", "parse_answer", "END_CALL", "END_RESULT", "TOOL_CALL",
            "TOOL_RESULT", "Calculator", "calculator", "tool_calls", "FACES", "SPLIT_RULE", "GeneralPoints", "card_value",
            "solutions", "ROOM_NAMES", "ROOMS", "START", "Treasure", "actions", "actions_to_win", "describe", "shortest_solution", "step", "GSM8K"]
 
 ENVS = {"arithmetic": Arithmetic, "generalpoints": GeneralPoints,
         "calculator": Calculator, "treasure": Treasure, "gsm8k": GSM8K}
+
+
+# A problem shown with what a learner may not see: OPSD's teacher context (opd.py) and the rows that teach
+# a student to read a reference (sft.py's reader_frac). The worked solution names every operand and
+# operation, so it stands in for the problem's text: problem + solution + answer would not fit 128 tokens.
+PRIVILEGED = dict(answer="{prompt}\n(Reference answer: {answer})",
+                  solution="(Reference solution: {solution})")
+
+
+def privileged_prompt(env, problem, privileged):
+    """The user message of `problem` with the PRIVILEGED context `privileged` (answer | solution)."""
+    return PRIVILEGED[privileged].format(prompt=problem["prompt"], answer=problem["answer"], solution=env.solve(problem))
 
 
 def make_env(name="arithmetic", **kwargs):

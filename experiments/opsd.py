@@ -8,7 +8,7 @@ arms, 128 prompts × 1 answer per iteration, learning rate 1e-4, the first four 
     answer_anchor     the same, plus a KL anchor to the SFT model on the student's samples (anchor_coef)
     solution          the privileged context is a verified worked solution (the demonstration the
                       verifier accepts), every answer position graded (the solution stands in for the
-                      problem's text so that prompt + answer fit the context; opd_family.py PRIVILEGED)
+                      problem's text so that prompt + answer fit the context; envs.PRIVILEGED)
     solution_anchor   the same, plus the anchor
     reader            the solution context, from a student that has learnt to read a reference: the
                       student and the teacher it makes never saw a privileged prompt in SFT, and given
@@ -40,7 +40,7 @@ from distill import (ROOT, band, evaluate, parse_study, require_checkpoint, sche
                      study_parser, train_arm)
 
 sys.path.insert(0, ROOT)
-import opd_family  # noqa: E402
+import envs  # noqa: E402
 import options  # noqa: E402
 import train as T  # noqa: E402
 from rollouts import generate, response_text  # noqa: E402
@@ -62,7 +62,7 @@ def reader_rows(run, n):
     rows = []
     for i, problem in enumerate(run.env.problems("train", n, seed=7)):
         if i % 2:
-            rows.append(dict(prompt=opd_family.privileged_prompt(run.env, problem, "solution"), completion=run.env.solve(problem)))
+            rows.append(dict(prompt=envs.privileged_prompt(run.env, problem, "solution"), completion=run.env.solve(problem)))
         else:
             rows.append(dict(prompt=problem["prompt"], completion=run.env.demonstration(problem)))
     return rows
@@ -91,7 +91,7 @@ def privileged_answers(run, privileged, n):
     """What the teacher's context asks for: the starting model's greedy answers given the privileged
     prompt instead of the problem, on the n evaluation problems: accuracy and worked share."""
     problems = run.env.problems("heldout", n)
-    tokens = generate(run, run.raw_model, [run.tok.prompt_ids(opd_family.privileged_prompt(run.env, p, privileged))
+    tokens = generate(run, run.raw_model, [run.tok.prompt_ids(envs.privileged_prompt(run.env, p, privileged))
                                              for p in problems])[0]
     texts = [response_text(run, t) for t in tokens]
     return dict(acc=sum(run.env.verify(p, t) for p, t in zip(problems, texts)) / n,
@@ -128,7 +128,7 @@ def plot(results, path):
 def main(argv=None):
     parser = study_parser(__doc__, ARMS, "out/opsd")
     parser.add_argument("--iters", type=int, default=40, help="iterations per arm")
-    parser.add_argument("--anchor_coef", type=float, default=1.0, help="β of the anchor arms (opd_family.py anchor_coef)")
+    parser.add_argument("--anchor_coef", type=float, default=1.0, help="β of the anchor arms (opd.py anchor_coef)")
     parser.add_argument("--reader_iters", type=int, default=300, help="SFT iterations that teach the reader arms' "
                         "student to read a reference solution")
     args = parse_study(parser, argv, QUICK)
@@ -139,7 +139,7 @@ def main(argv=None):
     base = start_run(common, args.student, os.path.join(args.out, "start"))
     starts = {args.student: evaluate(base, base.raw_model, args.eval_problems)}
     print(f"student: held-out {starts[args.student]['acc']:.3f}, worked share {starts[args.student]['work']:.2f}", flush=True)
-    contexts = {name: privileged_answers(base, name, args.eval_problems) for name in opd_family.PRIVILEGED}
+    contexts = {name: privileged_answers(base, name, args.eval_problems) for name in envs.PRIVILEGED}
     for name, c in contexts.items():
         print(f"the same model given the {name} context writes: accuracy {c['acc']:.3f}, worked share {c['work']:.2f}")
     names = args.arms.split(",")

@@ -19,7 +19,8 @@ TINY_LADDER = ladder.command_line(dict(TINY, max_iters=2)) + [
     "--rm.train_prompts=8", "--rm.heldout_prompts=4", "--rm.eval_interval=2",  # (an evaluation: its pair accuracy)
     "--dpo.train_prompts=8", "--dpo.heldout_prompts=4", "--ppo.prompt_pool=64", "--ppo.max_new_tokens=8",
     "--grpo.prompts_per_iter=4", "--grpo.group_size=2", "--grpo.max_new_tokens=8",
-    "--opd.prompts_per_iter=4", "--opd.max_new_tokens=8", "--opsd.prompts_per_iter=4", "--opsd.max_new_tokens=8",
+    "--opd.prompts_per_iter=4", "--opd.max_new_tokens=8", "--reader.train_problems=64", "--reader.val_examples=8",
+    "--opsd.prompts_per_iter=4", "--opsd.max_new_tokens=8",
     "--calc_sft.train_problems=64", "--calc_sft.val_examples=8",
     "--calc_grpo.prompts_per_iter=4", "--calc_grpo.group_size=2", "--calc_grpo.max_new_tokens=8",
     "--eval_n=8", "--eval_ood_n=4", "--eval_pass_n=4", "--eval_samples=2"]

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import envs
 import opd
 import opd_family as family
 import train as T
@@ -234,7 +235,7 @@ def test_opsd_solution_grades_every_answer_position_at_the_default_context(model
     ro, ungraded = opd.rollout_shard(run, run.state, 0, 0)
     assert ungraded == 0 and float(ro.mask.sum()) == float(ro.lengths.sum())
     assert run.state.teacher_prompt(problems[0]) == f"(Reference solution: {run.env.solve(problems[0])})"
-    answer = lambda p: family.privileged_prompt(run.env, p, "answer")
+    answer = lambda p: envs.privileged_prompt(run.env, p, "answer")
     needed = [len(run.tok.prompt_ids(answer(p))) + len(run.tok.response_ids(run.env.solve(p))) for p in problems]
     assert max(needed) <= 128 + 1 < max(len(run.tok.prompt_ids(answer(p))) for p in problems) + 64
 
@@ -336,3 +337,26 @@ def test_ddp_two_ranks_equal_one_process(models, tmp_path):
     assert any(not torch.allclose(torch.from_numpy(single[k]), start[k]) for k in single)  # it did train
     assert all((w0[k] == w1[k]).all() for k in w0)
     assert all(torch.allclose(torch.from_numpy(w0[k]), torch.from_numpy(single[k]), atol=1e-5) for k in w0)
+
+
+def test_reader_rows_read_the_solution_and_write_it_out(tmp_path):
+    """sft's reader_frac = 0.5 (the ladder's reader stage): about half the training rows are the worked
+    solution as the prompt and that worked answer as the target, the other half the task's own rows
+    unchanged; the validation rows are the task's; with --data it is an error, not ignored."""
+    base = dict(TINY, algo="sft", train_problems=400, val_examples=8, max_iters=0, eval_interval=0)
+    plain = T.train(dict(base, out_dir=str(tmp_path / "plain")))
+    reader = T.train(dict(base, reader_frac=0.5, out_dir=str(tmp_path / "reader")))
+    problems = reader.env.problems("train", 400, seed=0)
+    prompts = [reader.tok.prompt_ids(envs.privileged_prompt(reader.env, p, "solution")) for p in problems]
+    reading = [i for i, (ids, _) in enumerate(reader.state.train_examples) if ids[:len(prompts[i])] == prompts[i]]
+    assert 160 <= len(reading) <= 240, len(reading)
+    for i in reading:
+        ids, mask = reader.state.train_examples[i]
+        assert reader.tok.decode([t for t, m in zip(ids, mask) if m]).startswith(reader.env.solve(problems[i]))
+    for i in set(range(400)) - set(reading):
+        assert reader.state.train_examples[i] == plain.state.train_examples[i]
+    assert reader.state.val_examples == plain.state.val_examples
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "2+2?", "completion": "4"}\n' * 40)
+    with pytest.raises(ValueError, match="reader_frac"):
+        T.train(dict(base, reader_frac=0.5, data=str(data), out_dir=str(tmp_path / "data")))
