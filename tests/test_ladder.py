@@ -3,6 +3,8 @@ a failing stage, the missing-checkpoint message, and the loop's train_tokens cou
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -12,6 +14,8 @@ import options
 import sft
 import train as T
 from conftest import SFT_DATA, TINY
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Two iterations per stage on the tiny model, with data, pairs and rollouts shrunk to match
 TINY_LADDER = ladder.command_line(dict(TINY, max_iters=2)) + [
@@ -164,3 +168,20 @@ def test_train_tokens_sums_the_masked_targets(tiny):
     expected = sum(float(mask[:, 1:].sum()) for it in range(4) for step in sft.batches(run, run.state, it)[0] for _, mask in step)
     rows = [json.loads(line) for line in open(os.path.join(tiny["out_dir"], "metrics.jsonl"))]
     assert rows[-1]["train_tokens"] == expected and rows[-1]["tokens"] < expected
+
+
+def test_the_readmes_commands_after_the_ladder(ladder_root, tmp_path):
+    """The README's `python train.py --algo dpo ...` after `python ladder.py` starts from out/sft and
+    writes out/my_dpo; `--init_from=resume` then continues that run (not the ladder's stage)."""
+    os.symlink(ladder_root, tmp_path / "out")
+    tiny = ["--train_prompts=8", "--heldout_prompts=4", "--batch_size=4", "--eval_interval=0", "--plot=False"]
+    run = lambda *args: subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=tmp_path,
+                                       capture_output=True, text=True)
+    first = run("--algo", "dpo", "--beta=0.2", "--max_iters=2", *tiny)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "--init_from=out/sft" in first.stdout and "--out_dir=out/my_dpo" in first.stdout
+    resumed = run("--algo", "dpo", "--init_from=resume", "--max_iters=3")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "my_dpo" / "metrics.jsonl")]
+    assert [r["iter"] for r in rows if "loss" in r] == [2, 3]  # (logged at the end of each run: log_interval 10)
+    assert json.load(open(tmp_path / "out" / "my_dpo" / "config.json"))["beta"] == 0.2
