@@ -226,6 +226,8 @@ def test_a_local_path_that_does_not_exist_is_no_such_file_never_the_hub(policy, 
     os.makedirs("out/sft")  # a first component that exists: out/sftt is a local path
     with pytest.raises(FileNotFoundError, match=r"init_from=out/sftt: no such directory; did you mean out/sft\?"):
         T.train(dict(RUN, init_from="out/sftt", out_dir=str(tmp_path / "c")))
+    with pytest.raises(FileNotFoundError, match=r"tokenizer=out/tok: no such directory"):
+        T.train(dict(RUN, tokenizer="out/tok", out_dir=str(tmp_path / "d")))
     assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
 
 
