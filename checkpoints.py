@@ -6,8 +6,12 @@ FSDP2's sharded states, and the frozen models an algorithm reads (reference, tea
 
 import copy
 import dataclasses
+import difflib
+import hashlib
 import os
+import pickle
 import random
+import re
 import shutil
 
 import numpy as np
@@ -30,7 +34,12 @@ def build_model(cfg, tok):
                                  n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"],
                                  bias=cfg["bias"]))
     if os.path.isfile(os.path.join(init, "ckpt.pt")):
-        return load_model(init)
+        return load_model(init, dropout=cfg["dropout"])
+    if hf.looks_local(init) and not os.path.exists(init):  # never a hub lookup for a path
+        parent = os.path.dirname(init) or "."
+        close = difflib.get_close_matches(os.path.basename(init), os.listdir(parent) if os.path.isdir(parent) else [], 1)
+        raise FileNotFoundError(f"init_from={init}: no such directory"
+                                + (f"; did you mean {os.path.join(parent, close[0])}?" if close else ""))
     if not is_hf_checkpoint(init):
         raise ValueError(f"init_from={init!r}: not 'scratch', 'resume', a checkpoint directory (with ckpt.pt), "
                          f"a transformers directory (with config.json) or a hub name (owner/name, gpt2)")
@@ -47,8 +56,7 @@ def is_hf_checkpoint(name):
     GPT-2's names, or owner/name where no such local path exists."""
     if os.path.isfile(os.path.join(name, "config.json")):
         return True
-    return name.startswith("gpt2") or (not os.path.exists(name) and name.count("/") == 1
-                                       and not name.startswith((".", "/")))
+    return name.startswith("gpt2") or (not os.path.exists(name) and name.count("/") == 1 and not hf.looks_local(name))
 
 
 # The layout of ckpt.pt. 1: before format numbers (one RNG state, numpy's as an array); 2: a format
@@ -56,29 +64,52 @@ def is_hf_checkpoint(name):
 CHECKPOINT_FORMAT = 2
 
 
+def safe_load(path, device="cpu", allowed=()):
+    """torch.load with weights_only=True (tensors, containers, numbers and the `allowed` globals: no
+    pickled code runs), its failures as one-line errors naming the file: a file that would run code,
+    and a truncated, empty or foreign one."""
+    try:
+        with torch.serialization.safe_globals(list(allowed)):
+            return torch.load(path, map_location=device, weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:  # (torch's text would suggest weights_only=False: never here)
+        named = re.search(r"GLOBAL (\S+)", str(e))
+        raise ValueError(f"{path}: refused: loading it would run code{f' ({named.group(1)})' if named else ''}, "
+                         f"which this project never does; use a file that train.py wrote") from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise ValueError(f"{path}: cannot be read ({str(e).splitlines()[0][:100]}): it is truncated, empty or not "
+                         f"a file torch.save wrote; delete it, or use another") from None
+
+
 def read_checkpoint(ckpt_dir, device="cpu"):
-    """ckpt.pt of a checkpoint directory, loaded with weights_only=True: tensors, containers and
-    numbers only, no pickled code runs. Format 1's numpy RNG state (an array) is allowed for its
-    weights to load; a newer format than this code's is an error."""
+    """ckpt.pt of a checkpoint directory, loaded with weights_only=True (safe_load). Format 1's numpy
+    RNG state (an array) is allowed for its weights to load; a file that is not a checkpoint of this
+    code, or of a newer format, is an error."""
     path = os.path.join(ckpt_dir, "ckpt.pt")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
     multiarray = (np._core if hasattr(np, "_core") else np.core).multiarray  # numpy 2 renamed core
-    numpy_array = [np.dtype, np.ndarray, type(np.dtype(np.uint32)), multiarray._reconstruct]
-    with torch.serialization.safe_globals(numpy_array):
-        ckpt = torch.load(path, map_location=device, weights_only=True, mmap=True)
+    ckpt = safe_load(path, device, [np.dtype, np.ndarray, type(np.dtype(np.uint32)), multiarray._reconstruct])
+    if not isinstance(ckpt, dict) or not {"model", "model_args"} <= set(ckpt):
+        what = f"a {type(ckpt).__name__}" + (f" of {', '.join(map(repr, list(ckpt)[:3]))}" if isinstance(ckpt, dict) else "")
+        raise ValueError(f"{path}: not a checkpoint of train.py ({what}, no model_args): for transformers weights "
+                         f"pass a directory with config.json")
     if ckpt.get("format", 1) > CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: checkpoint format {ckpt['format']} is newer than this code's "
                          f"{CHECKPOINT_FORMAT}: update the code")
     return ckpt
 
 
-def check_resumable(ckpt, ckpt_dir):
-    """init_from=resume needs this code's layout: an older checkpoint's weights still load (init_from=DIR)."""
+def check_resumable(ckpt, ckpt_dir, run=None):
+    """init_from=resume needs this code's layout (an older checkpoint's weights still load: init_from=DIR),
+    and under --fsdp a sharded one (a sharded one resumes on any number of ranks, sharded or not: DCP
+    reshards it; a whole one has no sharded optimizer state to give FSDP2's)."""
     if ckpt.get("format", 1) != CHECKPOINT_FORMAT:
         raise ValueError(f"{ckpt_dir}/ckpt.pt: checkpoint format {ckpt.get('format', 1)}, written by an older "
                          f"version; this one resumes format {CHECKPOINT_FORMAT} only. Start a new run from its "
                          f"weights with --init_from={ckpt_dir}, or resume it with the version that wrote it")
+    if run is not None and run.fsdp and not ckpt.get("sharded"):
+        raise ValueError(f"{ckpt_dir}/ckpt.pt was written without --fsdp: resume it with --fsdp=False (one process "
+                         f"or DDP), or start a new --fsdp run from its weights with --init_from={ckpt_dir} --out_dir=NEW")
 
 
 def rng_state(run):
@@ -104,22 +135,33 @@ def set_rng_state(run, state):
 def restore_rng(run, states, it):
     """Each rank takes back its own RNG streams (its dropout masks go on as if never stopped). On a
     different number of ranks there is no stream to take back: each rank is seeded afresh, by rank
-    and iteration, and the run goes on correctly but not bit-identically."""
+    and iteration, and the run goes on correctly but not bit-identically; and where batch_size counts
+    rows per rank (all but the algorithms with a global prompts_per_iter), the global batch changes."""
     if len(states) == run.world_size:
         return set_rng_state(run, states[run.rank])
+    cfg = run.cfg
+    if "prompts_per_iter" in cfg:
+        batch = f"the global batch stays prompts_per_iter={cfg['prompts_per_iter']} prompts"
+    else:
+        rows = cfg["batch_size"] * cfg["gradient_accumulation_steps"]
+        batch = (f"the global batch changes from {rows * len(states)} to {rows * run.world_size} rows per step "
+                 f"(batch_size x gradient_accumulation_steps x ranks: scale gradient_accumulation_steps by "
+                 f"{len(states)}/{run.world_size} to keep it)")
     if run.master:
-        print(f"resume: the checkpoint holds the RNG streams of {len(states)} rank(s), this run has "
-              f"{run.world_size}: streams seeded afresh (dropout masks differ from an uninterrupted run)")
+        print(f"resume: the checkpoint was written by {len(states)} rank(s), this run has {run.world_size}: {batch}; "
+              f"the RNG streams are seeded afresh (dropout masks differ from an uninterrupted run)")
     seed = run.cfg["seed"] + 1000 * it + run.rank
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
 
-def load_model(ckpt_dir, device="cpu"):
-    """A trained model from a checkpoint directory, LoRA merged, in eval mode; a GPT or a ScalarHeadGPT."""
+def load_model(ckpt_dir, device="cpu", dropout=None):
+    """A trained model from a checkpoint directory, LoRA merged, in eval mode; a GPT or a ScalarHeadGPT.
+    dropout: the run's (a run starting from it), else the one it was trained with."""
     ckpt = read_checkpoint(ckpt_dir)  # on the CPU, memory-mapped: the optimizer state is never read
-    model = GPT(GPTConfig(**ckpt["model_args"]))
+    shape = dict(ckpt["model_args"], **({} if dropout is None else {"dropout": dropout}))
+    model = GPT(GPTConfig(**shape))
     model = ScalarHeadGPT(model) if ckpt["kind"] == "scalar" else model
     if ckpt["lora_rank"]:
         apply_lora(model, ckpt["lora_rank"], ckpt["lora_alpha"])
@@ -132,6 +174,30 @@ def load_tokenizer(ckpt_dir):
     return make_tokenizer(read_checkpoint(ckpt_dir)["tokenizer"])
 
 
+def weights_fingerprint(model):
+    """A hash of a model's weights (names and bytes): what a frozen model is, whatever directory it came from."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor  # --fsdp: a DTensor's whole
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def fingerprint(run, role, directory, model):
+    """Record a frozen model's fingerprint in run.frozen (the checkpoint keeps it); a resumed run's
+    must be the one it started with (run.started_with), else the directory changed under it: an error
+    (a resumed run on another reference, teacher or reward model would not be the same run)."""
+    digest = weights_fingerprint(model)
+    before = (getattr(run, "started_with", None) or {}).get(role)
+    if before is not None and before["fingerprint"] != digest:
+        raise ValueError(f"resume: the {role} in {directory} is not the one this run started with (its weights "
+                         f"changed since): restore {before['directory']} as it was, or start a new run")
+    if hasattr(run, "frozen"):
+        run.frozen[role] = dict(directory=directory, fingerprint=digest)
+    return model
+
+
 def frozen(model):
     """A frozen copy (reference policy, teacher, reward model): eval mode, no gradients."""
     model = copy.deepcopy(model).eval()
@@ -142,7 +208,8 @@ def frozen(model):
 
 def load_reference(run):
     """The frozen starting point of this run (π_ref): what init_from named, before any training."""
-    return place(run, frozen(build_model(run.cfg, run.tok)))
+    reference = frozen(build_model(run.cfg, run.tok))
+    return place(run, fingerprint(run, "reference", run.cfg["init_from"], reference))
 
 
 def load_teacher(run):
@@ -154,7 +221,7 @@ def load_teacher(run):
                          f"or --teacher=self")
     if cfg["teacher"] == "self":
         return run.raw_model
-    teacher = place(run, frozen(load_model(cfg["teacher"])))
+    teacher = place(run, fingerprint(run, "teacher", cfg["teacher"], frozen(load_model(cfg["teacher"]))))
     teacher_vocab, student_vocab = teacher.config.vocab_size, run.raw_model.config.vocab_size
     if teacher_vocab != student_vocab:
         raise ValueError(f"teacher {cfg['teacher']} has a vocabulary of {teacher_vocab} tokens, the student "
@@ -184,7 +251,7 @@ def read_reward_model(run):
 
 def load_reward_model(run):
     """The frozen reward model --reward_model names, on the run's device."""
-    return place(run, frozen(read_reward_model(run)))
+    return place(run, fingerprint(run, "reward_model", run.cfg["reward_model"], frozen(read_reward_model(run))))
 
 
 def save_checkpoint(run, optimizer, it, train_tokens, algo_state):
@@ -211,7 +278,7 @@ def save_checkpoint(run, optimizer, it, train_tokens, algo_state):
         optimizer=None if run.fsdp else optimizer.state_dict(), iter=it, config=run.cfg,
         model_args=dataclasses.asdict(gpt.config), kind="scalar" if isinstance(export, ScalarHeadGPT) else "lm",
         lora_rank=run.cfg["lora_rank"], lora_alpha=run.cfg["lora_alpha"], tokenizer=run.tok.name,
-        rng=rng, algo_state=algo_state, train_tokens=train_tokens,
+        rng=rng, algo_state=algo_state, train_tokens=train_tokens, frozen=getattr(run, "frozen", {}),
     )
     path = os.path.join(run.cfg["out_dir"], "ckpt.pt")
     torch.save(ckpt, path + ".tmp")

@@ -10,6 +10,7 @@ import os
 import torch
 
 from distributed import rank0_first
+from hf import looks_local
 from envs import GSM8K, make_env
 
 
@@ -24,8 +25,13 @@ class RowError(ValueError):
 def read_json_rows(path):
     """The rows of a JSON-lines file (or of a .json file holding one array), parsed here rather than
     by `datasets`, so that a broken line is an error naming its line."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ValueError(f"{path}: line {line}: not UTF-8 (byte 0x{raw[e.start]:02x}): save the file as UTF-8") from None
     if not text.strip():
         raise ValueError(f"{path}: the file is empty (no rows)")
     if path.endswith(".json") and text.lstrip().startswith("["):
@@ -64,8 +70,8 @@ def load_rows(path, split="train"):
         if not rows:
             raise ValueError(f"{path}: the file is empty (no rows)")
         return rows
-    if os.path.splitext(path)[1] in (".json", ".jsonl", ".parquet"):
-        raise FileNotFoundError(f"data file {path} does not exist")
+    if looks_local(path.split(":")[0]) and not os.path.exists(path.split(":")[0]):  # never a hub lookup for a path
+        raise FileNotFoundError(f"data file {path}: no such file")
     from datasets import load_dataset
     name, _, config = path.partition(":")
     with rank0_first():
@@ -114,6 +120,16 @@ def encode_rows(run, path, rows, encode):
     if skipped and run.master:
         print(f"{path}: skipped {skipped} malformed rows of {len(rows)}")
     return examples, skipped
+
+
+def check_length(prompt, response, field, limit, what):
+    """A row longer than the model reads (limit tokens, `what` in words) is a RowError naming the
+    prompt where it alone leaves no room for the response, else the response's field."""
+    n = len(prompt) + len(response)
+    if len(prompt) >= limit:
+        raise RowError("prompt", f"{len(prompt)} tokens, which leave no room for the {field} within {what}")
+    if n > limit:
+        raise RowError(field, f"{n} tokens{' with the prompt' if prompt else ''}, longer than {what}")
 
 
 def require(row, field, kind):

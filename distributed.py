@@ -38,6 +38,9 @@ def setup_device(cfg):
         device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     else:
         device = cfg["device"]
+    if device.startswith("cuda") and not torch.cuda.is_available() or device == "mps" and not torch.backends.mps.is_available():
+        build = " (this torch is built without CUDA)" if device.startswith("cuda") and torch.version.cuda is None else ""
+        raise ValueError(f"--device={device}: this machine has no such device{build}; use --device=cpu, or auto")
     rank, world_size = 0, 1
     if ddp:
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

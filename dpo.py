@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 import pairs
-from checkpoints import load_reference
+from checkpoints import load_reference, safe_load, weights_fingerprint
 from distributed import all_reduce_sum, chunks, over_ranks
 from evaluation import evaluate_policy, write_samples
 from model import sequence_logprobs
@@ -122,15 +122,6 @@ def sequence_sums(run, model, batch):
     return sums.chunk(2), lengths.chunk(2)
 
 
-def weights_fingerprint(model):
-    h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        tensor = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor  # --fsdp: a DTensor's whole
-        h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
 def cache_key(run, reference, example_sets):
     """Changes when the tokenizer, any token id (template included) or the reference weights change."""
     h = hashlib.sha256(f"{run.tok.name}|{weights_fingerprint(reference)}".encode())
@@ -156,12 +147,13 @@ def attach_reference(run, reference, example_sets):
     Returns the cache file's path."""
     key = cache_key(run, reference, example_sets)
     path = os.path.join(run.cfg["out_dir"], f"ref_logprobs_{key[:16]}.pt")
-    cached = torch.load(path, weights_only=True) if os.path.isfile(path) else None
+    cached = safe_load(path) if os.path.isfile(path) else None
     if cached is not None and cached["key"] == key:
         values = cached["values"]
     else:
         values = [reference_logprobs(run, reference, examples) for examples in example_sets]
-        if run.master:
+        if run.master:  # (out_dir is made here: a run writes nothing else there before its setup succeeded)
+            os.makedirs(run.cfg["out_dir"], exist_ok=True)
             torch.save(dict(key=key, values=values), path + ".tmp")
             os.replace(path + ".tmp", path)
     for examples, v in zip(example_sets, values):

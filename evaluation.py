@@ -14,6 +14,7 @@ import torch
 
 from distributed import all_reduce_sum, chunks, lockstep_count
 from model import sequence_logprobs
+from paperwork import write_out
 from rollouts import rollouts
 
 
@@ -86,9 +87,23 @@ def evaluate_policy(run, model, it=None, reference=None, temperature=1.0, proble
 
 def write_samples(run, it, transcripts):
     """Append a few sampled trajectories per eval to samples.txt, for a person to read."""
-    if run.master and transcripts:
-        with open(os.path.join(run.cfg["out_dir"], "samples.txt"), "a") as f:
-            f.write(f"=== iter {it} ===\n" + "\n".join(transcripts) + "\n")
+    if transcripts:
+        write_out(run, "samples.txt", f"=== iter {it} ===\n" + "\n".join(transcripts) + "\n", "a")
+
+
+def read_metrics(path):
+    """(the rows of a metrics.jsonl, whether its last line was torn): a run killed mid-write leaves a
+    partial last line, which is dropped; a broken line before it is an error naming it."""
+    lines = open(path).read().splitlines()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise ValueError(f"{path}: line {number} is not JSON: fix or delete that line") from None
+            return rows, True
+    return rows, False
 
 
 def plot_metrics(out_dir):
@@ -96,7 +111,7 @@ def plot_metrics(out_dir):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
+    rows = read_metrics(os.path.join(out_dir, "metrics.jsonl"))[0]
     keys = sorted({k for r in rows for k, v in r.items() if k != "iter" and isinstance(v, (int, float))})
     if not keys:
         return

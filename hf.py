@@ -5,6 +5,8 @@ name or a save_pretrained directory -> a GPT with the same logits) and to_transf
 transformers model of its family, the same weights). Needs the optional transformers package.
 """
 
+import os
+
 import torch
 
 from model import GPT, GPTConfig
@@ -13,6 +15,20 @@ HF_ARCHITECTURES = dict(gpt2="GPT2LMHeadModel", llama="LlamaForCausalLM", qwen2=
                         qwen3="Qwen3ForCausalLM")
 # GPT-2 stores these linear layers as Conv1D, whose weight is the transpose of nn.Linear's
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+# A name ending so is a file, never a hub name
+FILE_EXTENSIONS = (".json", ".jsonl", ".parquet", ".csv", ".txt", ".pt", ".bin", ".safetensors")
+
+
+def looks_local(name):
+    """Whether a name (--data, --init_from, ...) means a local path, so that a missing one is "no such
+    file" rather than a hub lookup (a long wait, then a connection error): it starts with '.', '/' or
+    '~', holds a backslash or more than the one '/' of owner/name, ends with a file extension, or its
+    first component exists here (out/sftt: out/ does)."""
+    first = name.split("/")[0]
+    return (name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1
+            or name.lower().endswith(FILE_EXTENSIONS) or ("/" in name and os.path.exists(first)))
 
 
 def from_pretrained(name_or_dir, dropout=0.0):

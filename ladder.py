@@ -12,8 +12,10 @@ stage and one report, OUT_ROOT/report.md.
     python ladder.py --seeds=3                          # the whole ladder with 3 seeds: mean and band
     python ladder.py --help                             # the options and the stages
 
-A stage is done when OUT_ROOT/STAGE/ladder.json exists: it is written after the stage's run succeeded
-(its command and wall time) and deleted when a run starts. A done stage is skipped. Redoing a stage
+A stage is done when OUT_ROOT/STAGE/ladder.json exists and its ckpt.pt is the one the stage wrote:
+ladder.json is written after the stage's run succeeded (its command, wall time and the checkpoint's
+size and time) and deleted when a run starts. A done stage is skipped; one whose ckpt.pt another run
+rewrote is said so and run again (each stage runs with --overwrite=True: its directory is the ladder's). Redoing a stage
 does not redo the stages after it (a tuning loop reruns one stage at a time); the ladder then notes
 which later stages started from an older checkpoint, so name them too (--redo=sft,rm,dpo) to refresh.
 A stage that fails stops the ladder with its error; every finished stage is kept and reported.
@@ -76,7 +78,8 @@ STAGES = [
 # samples every stage, and its report has each start's figures (sampling k answers per problem at every
 # in-run evaluation as well, and evaluating the SFT model again at iteration 0 of every stage after
 # it, cost about 2 of the ladder's minutes: docs/ladder.md)
-LADDER_DEFAULTS = dict(eval_samples=0, eval_at_start=False)
+# overwrite: the ladder owns its stage directories, so a stage it runs again replaces what is there
+LADDER_DEFAULTS = dict(eval_samples=0, eval_at_start=False, overwrite=True)
 
 # The ladder's own keys (everything else on the command line goes to the stages)
 OPTIONS = dict(
@@ -190,10 +193,24 @@ def write_json(path, value):
         json.dump(value, f, indent=1)
 
 
+def checkpoint_stamp(stage_dir):
+    """ckpt.pt's size and modification time (ns): a run that rewrites it changes them."""
+    info = os.stat(os.path.join(stage_dir, "ckpt.pt"))
+    return [info.st_size, info.st_mtime_ns]
+
+
 def done(stage_dir):
-    """The stage's record (command, wall time) when its run finished, else None."""
+    """The stage's record (command, wall time) when its run finished and its ckpt.pt is still the one
+    that run wrote (a record older than the stamp is trusted), else None."""
     record = read_json(os.path.join(stage_dir, "ladder.json"))
-    return record if record and os.path.isfile(os.path.join(stage_dir, "ckpt.pt")) else None
+    if not record or not os.path.isfile(os.path.join(stage_dir, "ckpt.pt")):
+        return None
+    return record if record.get("checkpoint", checkpoint_stamp(stage_dir)) == checkpoint_stamp(stage_dir) else None
+
+
+def changed(stage_dir):
+    """Whether a finished stage's ckpt.pt was rewritten or removed since (by a run outside the ladder)."""
+    return os.path.isfile(os.path.join(stage_dir, "ladder.json")) and not done(stage_dir)
 
 
 def pass_through(stream):
@@ -226,7 +243,8 @@ def run_stage(label, stage_dir, args, threads):
                 + "\n  ".join(lines) + "\n[ladder] the finished stages are kept")
     write_json(os.path.join(stage_dir, "ladder.json"),
                dict(stage=label, command=command, wall_time=time.time() - t0, finished=time.time(),
-                    torch=torch.__version__, threads=threads or torch.get_num_threads()))
+                    torch=torch.__version__, threads=threads or torch.get_num_threads(),
+                    checkpoint=checkpoint_stamp(stage_dir)))
     return None
 
 
@@ -514,6 +532,9 @@ def main(argv):
     failure = None
     for label, name, k, stage_dir, args, start_dir in plan:
         record = done(stage_dir)
+        if changed(stage_dir):
+            print(f"[ladder] {label}: {os.path.join(stage_dir, 'ckpt.pt')} changed since the ladder ran this stage "
+                  f"(another run wrote it): running it again", flush=True)
         if record and name not in redo:
             command = shlex.join(["python", "train.py", *command_line(args)])
             print(f"[ladder] {label}: done, skipped ({record['command']})"
@@ -528,6 +549,9 @@ def main(argv):
     for name, _, _ in STAGES:
         for k in range(1, seeds + 1):
             record = done(stage_path(root, name, k))
+            if changed(stage_path(root, name, k)):
+                print(f"[ladder] {name}: {os.path.join(stage_path(root, name, k), 'ckpt.pt')} changed since the ladder "
+                      f"ran this stage: left out of the report (--redo={name} to run it again)", flush=True)
             if record and (k == 1 or name in results):
                 figures = evaluation(root, name, k, options, device)
                 results.setdefault(name, []).append((k, record, figures))

@@ -156,9 +156,9 @@ def setup(run, saved):
     cfg = run.cfg
     family.check_config(run, ESTIMATORS)
     P, shard = cfg["prompts_per_iter"], shard_size(run)
-    if shard < 1 or P % shard or (P // shard) % run.world_size or cfg["group_size"] < 1:
+    if shard < 1 or P % shard or (P // shard) % run.world_size:
         raise ValueError(f"prompts_per_iter={P} must split into shards of rollout_prompts={shard} prompts, a whole "
-                         f"number per each of {run.world_size} ranks; group_size must be >= 1")
+                         f"number per each of {run.world_size} ranks")
     state = SimpleNamespace(teacher=load_teacher(run), verifier_check=verifier_check(run.env, run.env.verify))
     state.reference = load_reference(run) if cfg["anchor_coef"] else None  # π_init, the anchor's
     state.estimator = ESTIMATORS[cfg["kl_estimator"]]

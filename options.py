@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import io
 import json
+import math
 import os
 import sys
 import tokenize
@@ -72,11 +73,46 @@ DEFAULTS = dict(
     device="auto",              # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     compile=False,              # torch.compile the training forward and backward (sampling stays eager)
     fsdp=False,                 # torchrun: shard weights, gradients and AdamW state over the ranks (FSDP2), not DDP copies
+    overwrite=False,            # a new run may replace a run already in out_dir (its ckpt.pt); False = refuse (init_from=resume continues it)
     fsdp_rollouts="gathered",   # --fsdp: gathered = all-gather each model's full weights for sampling and scoring (fast, a full bf16 copy per GPU); sharded = forwards stay sharded, all ranks step together (models whose full weights do not fit one GPU)
 )
 
 READS_DATA = ("pretrain", "sft", "rm", "dpo")  # the algorithms that train on --data (RL reads its env)
 ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo", "grpo": "grpo", "opd": "opd", "rft": "rft"}
+
+# The valid range of every numeric option, checked where the configuration is read (check_values):
+# "[a, b]", "[a, b)", ">= a" or "> a", then why in parentheses where it is not plain. 0 stays valid where
+# it means something (eval_interval=0: never; lora_rank=0: full fine-tuning; ...: the key's comment).
+# Every float must also be finite. A new numeric option needs a line here (tests/test_errors.py).
+SCORED = "> 0 (its samples are scored: a log-probability at temperature 0 is not defined)"
+RANGES = dict(
+    env_digits=">= 1", env_ops=">= 1", env_direct_frac="[0, 1]",
+    n_layer=">= 1", n_head=">= 1", n_embd=">= 1", block_size=">= 1", dropout="[0, 1)",
+    max_iters=">= 0", lr_decay_iters=">= 0", batch_size=">= 1", gradient_accumulation_steps=">= 1",
+    learning_rate=">= 0", min_lr=">= 0", warmup_iters=">= 0", weight_decay=">= 0", beta1="[0, 1)",
+    beta2="[0, 1)", grad_clip=">= 0", lora_rank=">= 0", lora_alpha="> 0",
+    eval_interval=">= 0", eval_problems=">= 1", eval_batch_size=">= 1", log_interval=">= 1",
+    eval_samples=">= 0", max_new_tokens=">= 1", max_tool_calls=">= 0", seed=">= 0",
+    # the algorithms' own
+    train_problems=">= 1", corpus_docs=">= 1", val_examples=">= 1",  # sft
+    train_prompts=">= 1", heldout_prompts=">= 1", group_size=">= 1", pair_temperature=SCORED,  # pairs (rm, dpo)
+    beta="> 0", simpo_beta="> 0", simpo_gamma=">= 0", orpo_lambda=">= 0", kto_desirable_weight=">= 0",
+    kto_undesirable_weight=">= 0",  # dpo
+    temperature=SCORED, prompt_pool=">= 1", minibatches=">= 1", ppo_epochs=">= 1", clip_eps=">= 0",
+    value_clip=">= 0", vf_coef=">= 0", gamma="[0, 1]", lam="[0, 1]", kl_coef=">= 0", kl_target=">= 0",
+    kl_adapt_rate=">= 0", early_stop_kl=">= 0", rlvp_beta=">= 0", rlvp_penalty=">= 0", rlvp_bonus=">= 0",  # ppo
+    prompts_per_iter=">= 1", rollout_prompts=">= 0", eps_low="[0, 1]", eps_high=">= 0", inner_epochs=">= 1",
+    dynamic_sampling_rounds=">= 0", overlong_cache=">= 0", tis_cap=">= 0", edge_low="[0, 1]",
+    edge_high="[0, 1]", staleness="[0, 1]",  # grpo
+    kl_topk=">= 1", anchor_coef=">= 0",  # opd
+    rounds=">= 1", round_prompts=">= 1", per_prompt_cap=">= 1",  # rft
+)
+# The keys that shape a model built from scratch: a checkpoint or transformers start brings its own
+# (a different value given for one cannot apply: train.setup says so), and config.json records its real shape
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "bias")
+# The keys of built-in preference pairs, which --data replaces (pairs.PAIR_DEFAULTS)
+BUILTIN_PAIR_KEYS = ("pairs", "train_prompts", "group_size", "pair_temperature")
+
 
 # Names people often type for a key, from other trainers (HF, nanoGPT, ...): suggested first.
 ALIASES = dict(lr="learning_rate", bs="batch_size", batch="batch_size", micro_batch_size="batch_size",
@@ -183,11 +219,78 @@ def make_config(overrides):
             raise ValueError(f"unknown config key {key!r} for --algo {algo}"
                              + (f"; did you mean {', '.join(close)}?" if close else ""))
         cfg[key] = coerce(key, value, defaults[key])
-    cfg["out_dir"] = cfg["out_dir"].format(algo=algo)
+    cfg["out_dir"] = fill_out_dir(cfg["out_dir"], algo)
     if cfg["data"] and algo not in READS_DATA:  # never ignored silently
         raise ValueError(f"--algo {algo} takes its prompts from the environment, not --data: for a dataset's "
                          f"prompts and reference answers use --env=gsm8k --env_data=NAME_OR_FILE")
+    check_values(cfg, defaults)
     return cfg
+
+
+def fill_out_dir(out_dir, algo):
+    """out_dir with {algo} filled in; any other brace is an error (not a KeyError from str.format)."""
+    try:
+        return out_dir.format(algo=algo)
+    except (KeyError, IndexError, ValueError):
+        raise ValueError(f"--out_dir={out_dir!r}: a brace may only be part of {{algo}} (the algorithm's name); "
+                         f"write {{{{ or }}}} for a brace itself") from None
+
+
+def in_range(value, spec):
+    """Whether value lies in a RANGES spec: "[a, b]", "[a, b)", ">= a" or "> a" (what follows " (" explains)."""
+    rule = spec.split(" (")[0]
+    if rule.startswith("["):
+        low, high = (float(x) for x in rule[1:-1].split(","))
+        return low <= value and (value <= high if rule.endswith("]") else value < high)
+    op, bound = rule.split()
+    return value >= float(bound) if op == ">=" else value > float(bound)
+
+
+def check_values(cfg, defaults):
+    """Every numeric option finite and in its range (RANGES), and the combinations that cannot work,
+    each a one-line error naming the option, its value and what it must be. Here, where the
+    configuration is read, so that nothing (no NaN checkpoint, no ZeroDivisionError mid-run) comes of it."""
+    for key, value in cfg.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--{key}={value!r} is out of range: it must be finite")
+        if key in RANGES and not in_range(value, RANGES[key]):
+            where = "lie in " if RANGES[key].startswith("[") else "be "
+            raise ValueError(f"--{key}={value!r} is out of range: it must {where}{RANGES[key]}")
+    if cfg["min_lr"] > cfg["learning_rate"]:
+        raise ValueError(f"--min_lr={cfg['min_lr']!r} is out of range: it must be <= learning_rate="
+                         f"{cfg['learning_rate']!r} (the cosine decays from the one to the other): pass "
+                         f"--min_lr={cfg['learning_rate'] / 10:g}, say")
+    if cfg["init_from"] == "scratch" and cfg["n_embd"] % cfg["n_head"]:
+        heads = [h for h in range(1, 33) if cfg["n_embd"] % h == 0]
+        raise ValueError(f"--n_head={cfg['n_head']} does not divide n_embd={cfg['n_embd']} (each head takes "
+                         f"n_embd / n_head dimensions): choose n_head from {', '.join(map(str, heads))}")
+    builtin = [key for key in BUILTIN_PAIR_KEYS if key in cfg and cfg[key] != defaults[key]]
+    if cfg["data"] and builtin:  # never ignored silently
+        raise ValueError(f"--{builtin[0]}={cfg[builtin[0]]!r} cannot apply with --data={cfg['data']}: it shapes the "
+                         f"built-in preference pairs, which the file's rows replace; drop it")
+
+
+def check_model_keys(given, shape, start):
+    """Model-size keys given for a model whose shape comes from elsewhere (a checkpoint, transformers
+    weights, the run resumed): an error unless they agree with it (never silently dropped)."""
+    for key in MODEL_KEYS:
+        if key in given and given[key] != shape[key]:
+            raise ValueError(f"--{key}={given[key]!r} cannot apply: {start} has {key}={shape[key]!r} (a model's "
+                             f"shape comes from where it starts); drop the key, or start from init_from=scratch")
+
+
+def check_out_dir(cfg):
+    """A new run never writes over another by accident: an out_dir that holds a run (its ckpt.pt) is
+    refused unless overwrite=True (init_from=resume continues it), and so is an out_dir that is the
+    directory of a model the run reads (init_from, teacher, reward_model)."""
+    out = cfg["out_dir"]
+    for key in ("init_from", "teacher", "reward_model"):
+        if cfg.get(key) and os.path.exists(cfg[key]) and os.path.realpath(cfg[key]) == os.path.realpath(out):
+            raise ValueError(f"--out_dir={out} is also --{key}: the run would write over the model it reads; "
+                             f"choose another --out_dir")
+    if os.path.isfile(os.path.join(out, "ckpt.pt")) and not cfg["overwrite"]:
+        raise ValueError(f"--out_dir={out} holds a run (its ckpt.pt): pass --init_from=resume to continue it, "
+                         f"--overwrite=True to replace it, or choose another --out_dir")
 
 
 def parse_args(argv):

@@ -31,7 +31,7 @@ import random
 import torch
 
 import data
-from data import RowError, encode_rows, load_rows, render_messages, require
+from data import RowError, check_length, encode_rows, load_rows, render_messages, require
 from distributed import seeded_rng, shard
 from model import GPT
 from rollouts import response_text, rollouts
@@ -76,9 +76,7 @@ def _response_text(row, field):
 
 def _check_length(run, prompt, response, field):
     # the reward model reads the scalar at the last token, so the whole sequence must be an input
-    if len(prompt) + len(response) > run.cfg["block_size"]:
-        raise RowError(field, f"prompt + response is {len(prompt) + len(response)} tokens, longer than "
-                                f"block_size={run.cfg['block_size']}")
+    check_length(prompt, response, field, run.cfg["block_size"], f"block_size={run.cfg['block_size']}")
 
 
 def implicit_prompt_pair(run, row):

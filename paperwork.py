@@ -1,6 +1,6 @@
 """
 The run's paperwork (SPEC §6, M14 §17): every algorithm's post-training passport (data and mode,
-reward and verification, optimisation, infrastructure), written to out_dir/passport.md at setup; the
+reward and verification, optimisation, infrastructure), written to out_dir/passport.md at setup (once it has succeeded: write_out); the
 verifier's own error rate against the environment's solver; and the parse-error check.
 """
 
@@ -10,12 +10,23 @@ from model import count_parameters
 from rollouts import shard_size
 
 
+def write_out(run, name, text, mode="w"):
+    """Rank 0 writes out_dir/name. While the run is set up (run.held, a list, set by train.setup) the
+    text waits there and the loop writes it once setup has succeeded: a setup that fails writes nothing
+    into out_dir (which may hold an earlier run)."""
+    if not run.master:
+        return
+    if getattr(run, "held", None) is not None:
+        run.held.append((name, text, mode))
+        return
+    with open(os.path.join(run.cfg["out_dir"], name), mode) as f:
+        f.write(text)
+
+
 def write_passport(run, text):
     """The run's post-training passport (SPEC §6: data and mode, reward and verification, optimisation,
-    infrastructure) as out_dir/passport.md, written by rank 0 at setup."""
-    if run.master:
-        with open(os.path.join(run.cfg["out_dir"], "passport.md"), "w") as f:
-            f.write(text)
+    infrastructure) as out_dir/passport.md, made at setup."""
+    write_out(run, "passport.md", text)
 
 
 def verification_text(check):

@@ -101,8 +101,6 @@ def setup(run, saved):
     """The checks and the verifier's own error rate; the pool comes at the first iteration of a round
     (resuming: the interrupted run's pool, saved)."""
     cfg = run.cfg
-    if cfg["rounds"] < 1 or cfg["group_size"] < 1 or cfg["per_prompt_cap"] < 1 or cfg["round_prompts"] < 1:
-        raise ValueError("rounds, round_prompts, group_size and per_prompt_cap must be >= 1")
     state = SimpleNamespace(pool=None, round_figures={}, verifier_check=verifier_check(run.env, run.env.verify))
     if saved is not None:
         state.pool, state.round_figures = saved["pool"], saved["round_figures"]

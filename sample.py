@@ -3,15 +3,25 @@ Ask a trained checkpoint questions with the KV-cache sampler.
 
     python sample.py out/sft "What is 7 + 8 - 3 + 5?"
     python sample.py out/grpo "Ann had 4 coins, got 9, gave away 2, got 1. How many now?" --temperature=0.8 --n=4
+    python sample.py out/calc_sft "What is 347*28+51-86?"     # the calculator's calls run, as in training
 
-Prints each answer with its log-probability under the sampler and the verifier's verdict when the
-checkpoint's environment recognises the question as one of its own, in any of its phrasings.
+The first line says which stage and environment were loaded. The environment's tool (the
+calculator, the treasure game) runs each call the answer makes, through the rollouts' own hook, so
+an answer reads as it did in training and evaluation. Prints each answer with its log-probability
+under the sampler and the verifier's verdict when the checkpoint's environment recognises the
+question as one of its own, in any of its phrasings.
 """
 
 import argparse
+import json
+import os
+import sys
+from types import SimpleNamespace
 
 from checkpoints import load_model, load_tokenizer, read_checkpoint
 from data import config_env
+from options import DEFAULTS
+from rollouts import tool_hook
 
 
 def verdict(env, question, answer):
@@ -23,24 +33,45 @@ def verdict(env, question, answer):
     return "  [correct]" if env.verify(problem, answer) > 0 else "  [wrong]"
 
 
-def main():
+def describe(checkpoint, ckpt):
+    """One line: the checkpoint, the ladder stage it is (ladder.json), its algorithm, environment and iteration."""
+    cfg, record = ckpt["config"], os.path.join(checkpoint, "ladder.json")
+    stage = f"the ladder's {json.load(open(record))['stage']} stage, " if os.path.isfile(record) else ""
+    return f"{checkpoint}: {stage}--algo {cfg['algo']} on env={cfg['env']}, iteration {ckpt['iter']}"
+
+
+def main(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint")
     parser.add_argument("question")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--n", type=int, default=1, help="number of samples")
-    parser.add_argument("--max_new_tokens", type=int, default=64)
+    parser.add_argument("--max_new_tokens", type=int, default=0, help="0 = the checkpoint's own")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    ckpt = read_checkpoint(args.checkpoint)
+    if ckpt["kind"] == "scalar":
+        raise ValueError(f"{args.checkpoint} is a reward model (--algo {ckpt['config']['algo']}): it scores answers "
+                         f"and writes none; ask a language-model checkpoint")
+    cfg = {**DEFAULTS, **ckpt["config"]}  # (an older checkpoint's config may lack a newer key)
     model, tok = load_model(args.checkpoint), load_tokenizer(args.checkpoint)
-    env = config_env(read_checkpoint(args.checkpoint)["config"])  # the task the checkpoint was trained on
+    run = SimpleNamespace(cfg=cfg, tok=tok, env=config_env(cfg))  # what the rollouts' tool hook reads
+    print(describe(args.checkpoint, ckpt))
     prompt = tok.prompt_ids(args.question)
-    tokens, logprobs, _ = model.generate([prompt] * args.n, args.max_new_tokens, temperature=args.temperature,
-                                      stop_tokens=(tok.eos,), seed=args.seed, pad_id=tok.pad)
+    if len(prompt) >= model.config.block_size:
+        raise ValueError(f"the question is {len(prompt):,} tokens with its template; {args.checkpoint} reads at most "
+                         f"block_size={model.config.block_size} (question and answer together): shorten it")
+    prompts = [prompt] * args.n
+    tokens, logprobs, _ = model.generate(prompts, args.max_new_tokens or cfg["max_new_tokens"],
+                                         temperature=args.temperature, stop_tokens=(tok.eos,), seed=args.seed,
+                                         pad_id=tok.pad, tool_hook=tool_hook(run, prompts))
     for toks, lps in zip(tokens, logprobs):
         text = tok.decode([t for t in toks if t != tok.eos])
-        print(f"{text!r}  (log-prob {sum(lps):.2f}){verdict(env, args.question, text)}")
+        print(f"{text!r}  (log-prob {sum(lps):.2f}){verdict(run.env, args.question, text)}")
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main(sys.argv[1:])
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")

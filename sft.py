@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import torch
 
-from data import RowError, collate, encode_rows, load_rows, render_messages, require
+from data import RowError, check_length, collate, encode_rows, load_rows, render_messages, require
 from distributed import all_reduce_sum, chunks, seeded_rng, shard
 from envs import privileged_prompt
 from evaluation import evaluate_policy
@@ -67,6 +67,8 @@ def encode_row(run, row):
             raise RowError("completion", "empty answer")
         ids = tok.prompt_ids(prompt)
         answer = tok.response_ids(completion)
+        if run.cfg["algo"] == "sft":
+            check_length(ids, answer, "completion", limit, f"block_size+1={limit}")
         ids, mask = ids + answer, [0] * len(ids) + [1] * len(answer)
         field = "completion"
     elif "text" in row:
@@ -78,8 +80,8 @@ def encode_row(run, row):
     else:
         raise RowError("text", f"no known layout: expected 'text', 'prompt'+'completion' or "
                                  f"'messages', got fields {sorted(row)}")
-    if len(ids) > limit and run.cfg["algo"] == "sft":
-        raise RowError(field, f"{len(ids)} tokens, longer than block_size+1={limit}")
+    if run.cfg["algo"] == "sft":
+        check_length([], ids, field, limit, f"block_size+1={limit}")
     return ids, mask
 
 

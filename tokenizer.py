@@ -32,6 +32,8 @@ import re
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenisation pattern
 
+from hf import looks_local
+
 SPECIAL_TOKENS = [
     "<|bos|>", "<|eos|>", "<|pad|>",
     "<|system|>", "<|user|>", "<|assistant|>",
@@ -199,6 +201,8 @@ def has_chat_template(name):
 def make_tokenizer(name):
     """The tokenizer a config names: "byte", "gpt2", a GPT-2 vocab directory (Tokenizer), or a
     checkpoint's own tokenizer with its chat template (ChatTemplateTokenizer)."""
+    if looks_local(name) and not os.path.exists(name):  # never a hub lookup for a path
+        raise FileNotFoundError(f"tokenizer={name}: no such directory")
     return ChatTemplateTokenizer(name) if has_chat_template(name) else Tokenizer(name)
 
 

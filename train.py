@@ -40,6 +40,7 @@ exactly. train() at the bottom is the loop; setup, resume and the optimizer step
 """
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -56,10 +57,11 @@ from checkpoints import build_model, check_resumable, load_sharded, read_checkpo
 from data import config_env
 from distributed import (all_reduce_sum, gathered, keep_gathered_through_backward, rank0_first, set_gathered,
                          set_gradient_sync, setup_device, shard_model)
-from evaluation import plot_metrics
+from evaluation import plot_metrics, read_metrics
 from model import GPT, apply_lora, count_parameters
-from options import (DEFAULTS, after_the_ladder, algo_module, check_start, help_text, make_config, optional_dependency,
-                     parse_args)
+from options import (DEFAULTS, MODEL_KEYS, after_the_ladder, algo_module, check_model_keys, check_out_dir, check_start,
+                     fill_out_dir, help_text, make_config, optional_dependency, parse_args)
+from paperwork import write_out
 from tokenizer import make_tokenizer
 
 
@@ -87,11 +89,12 @@ def load_resume(overrides):
     what is given again on the command line. Otherwise (None, overrides)."""
     if overrides.get("init_from") != "resume":
         return None, overrides
-    out_dir = overrides.get("out_dir", DEFAULTS["out_dir"]).format(algo=overrides.get("algo", DEFAULTS["algo"]))
+    out_dir = fill_out_dir(overrides.get("out_dir", DEFAULTS["out_dir"]), overrides.get("algo", DEFAULTS["algo"]))
     if not os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
         raise FileNotFoundError(f"init_from=resume: no checkpoint at {os.path.join(out_dir, 'ckpt.pt')}")
     ckpt = read_checkpoint(out_dir)
     check_resumable(ckpt, out_dir)
+    check_model_keys(overrides, ckpt["model_args"], f"the run resumed from {out_dir}")
     return ckpt, {**ckpt["config"], **{k: v for k, v in overrides.items() if k != "init_from"}}
 
 
@@ -99,19 +102,28 @@ def setup(overrides, ckpt, algo=None):
     """The run (config, device, tokenizer, environment, the model it trains), seeded; its optimizer;
     and the algorithm's state (its setup, given the checkpoint's saved state when resuming)."""
     cfg = make_config(overrides)
+    if ckpt is None:  # (a resumed run writes into its own out_dir)
+        check_out_dir(cfg)
     run = setup_device(cfg)
+    if ckpt is not None:
+        check_resumable(ckpt, cfg["out_dir"], run)
     run.cfg, run.algo = cfg, algo or algo_module(cfg["algo"])
+    # the frozen models' fingerprints (reference, teacher, reward model: checkpoints.fingerprint), kept in
+    # the checkpoint; a resumed run checks its own against those it started with
+    run.frozen, run.started_with = {}, ckpt.get("frozen") if ckpt is not None else None
+    run.held = []  # files setup writes (passport.md, samples.txt) wait here until it has succeeded
     with rank0_first():  # a download (tokenizer, dataset) by rank 0 alone; the others read its cache
         run.tok = make_tokenizer(cfg["tokenizer"])
         run.env = config_env(cfg)
-    if run.master:
-        os.makedirs(cfg["out_dir"], exist_ok=True)
     torch.manual_seed(cfg["seed"])
     random.seed(cfg["seed"])
     np.random.seed(cfg["seed"])
 
     with rank0_first():  # on resume too: the same construction, then the saved weights
         model = build_model(cfg, run.tok)
+    if ckpt is None and cfg["init_from"] != "scratch":  # a checkpoint or transformers start brings its shape
+        check_model_keys(overrides, dataclasses.asdict(model.config), f"init_from={cfg['init_from']}")
+    cfg.update({key: getattr(model.config, key) for key in MODEL_KEYS})  # config.json: what actually runs
     if hasattr(run.algo, "wrap_model"):
         model = run.algo.wrap_model(run, model)
     elif not isinstance(model, GPT):
@@ -149,13 +161,24 @@ def setup(overrides, ckpt, algo=None):
 def resume(run, optimizer, ckpt, metrics_path):
     """(the iteration to start from, the tokens trained so far): the checkpoint's, with the optimizer
     and RNG restored and metrics.jsonl cut back to it; or (0, 0), with a fresh metrics.jsonl and
-    config.json."""
+    config.json (under --overwrite=True, the earlier run's ckpt.pt removed)."""
     cfg = run.cfg
-    if ckpt is None:
-        if run.master:
+    held, run.held = run.held, None  # (what setup wrote: paperwork.write_out)
+    if run.master:  # the run's first writes into out_dir: a setup that failed has left it as it was
+        os.makedirs(cfg["out_dir"], exist_ok=True)
+        if ckpt is None:  # a new run's files start afresh (--overwrite=True: the earlier run's go)
+            if os.path.exists(os.path.join(cfg["out_dir"], "ckpt.pt")):
+                print(f"overwrite: replacing the run in {cfg['out_dir']}")
+            for name in ("ckpt.pt", "samples.txt"):
+                if os.path.exists(os.path.join(cfg["out_dir"], name)):
+                    os.remove(os.path.join(cfg["out_dir"], name))
             open(metrics_path, "w").close()
             with open(os.path.join(cfg["out_dir"], "config.json"), "w") as f:
                 json.dump(cfg, f, indent=1)
+    for name, text, mode in held:
+        write_out(run, name, text, mode)
+    if ckpt is None:
+        if run.master:
             n_train, n_total = count_parameters(run.raw_model)
             print(f"{cfg['algo']}: {n_train:,} trainable of {n_total:,} parameters on {run.device}"
                   f" x{run.world_size}, out_dir={cfg['out_dir']}")
@@ -166,8 +189,11 @@ def resume(run, optimizer, ckpt, metrics_path):
         optimizer.load_state_dict(ckpt["optimizer"])
     restore_rng(run, ckpt["rng"], ckpt["iter"])
     if run.master and os.path.exists(metrics_path):  # drop lines logged after the checkpoint
-        rows = [line for line in open(metrics_path) if json.loads(line)["iter"] <= ckpt["iter"]]
-        open(metrics_path, "w").writelines(rows)
+        rows, torn = read_metrics(metrics_path)
+        if torn:
+            print(f"note: {metrics_path}: its last line was cut off mid-write (a killed run); dropped")
+        with open(metrics_path, "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows if row["iter"] <= ckpt["iter"])
     return ckpt["iter"], ckpt.get("train_tokens", 0)  # (older checkpoints: uncounted)
 
 
@@ -179,9 +205,10 @@ def set_dropout(run, in_loss):
     run.raw_model.train(in_loss and not getattr(run.algo, "on_policy", False))
 
 
-def optimizer_step(run, state, optimizer, micro_batches):
+def optimizer_step(run, state, optimizer, micro_batches, it):
     """Backward through every micro-batch (DDP syncs on the last), then the gradient rescaled to the
-    loss summed over the global count, clipped, and applied. Returns (the step's figures summed over
+    loss summed over the global count, clipped, and applied, unless the loss or the gradient norm is
+    not finite (an error: nothing is applied or saved). Returns (the step's figures summed over
     micro-batches and ranks, the gradient norm before clipping or None)."""
     cfg, params = run.cfg, [p for p in run.raw_model.parameters() if p.requires_grad]  # (the order the norm sums in)
     set_dropout(run, True)
@@ -217,9 +244,26 @@ def optimizer_step(run, state, optimizer, micro_batches):
             norm = norm.sqrt()
         grad_norm = scale * norm  # the norm of the rescaled gradient
         scale = scale * (cfg["grad_clip"] / (grad_norm + 1e-6)).clamp(max=1.0)  # as clip_grad_norm_
+    for name, value in (("loss", step["loss"] / max(step["count"], 1e-8)), ("gradient norm", grad_norm)):
+        if value is not None and not math.isfinite(value):  # (the same on every rank: both are reduced)
+            raise not_finite(it, f"the {name} is {float(value)}, so the step was not applied")
     torch._foreach_mul_(grads, scale)
     optimizer.step()
     return step, grad_norm
+
+
+def not_finite(it, what):
+    """The error that stops a run at a non-finite loss, gradient norm or weight: no checkpoint comes of it."""
+    return ValueError(f"iteration {it + 1}: {what}: training stopped, and no checkpoint was written from it "
+                      f"(out_dir keeps the last good one); lower --learning_rate, or look for what overflowed")
+
+
+def check_weights(run, it):
+    """Before an evaluation or a checkpoint: every weight finite (an update with a finite gradient can
+    still overflow at a huge learning rate). One pass over the weights, at those iterations only."""
+    local = sum(float(not torch.isfinite(p.to_local() if run.fsdp else p).all()) for p in run.raw_model.parameters())
+    if all_reduce_sum([local], run)[0]:
+        raise not_finite(it, "the weights are no longer finite after this step")
 
 
 def evaluate(run, state, it, metrics_path, drawn_at):
@@ -275,7 +319,7 @@ def train(overrides, algo=None):
             steps, figures = run.algo.batches(run, state, it)  # RL: the rollouts happen here
         t_update, sums, grad_norm = time.time(), {}, None  # sums: over steps, micro-batches and ranks
         for micro_batches in steps:
-            step, grad_norm = optimizer_step(run, state, optimizer, micro_batches)
+            step, grad_norm = optimizer_step(run, state, optimizer, micro_batches, it)
             for k, v in step.items():
                 sums[k] = sums.get(k, 0.0) + v
             train_tokens += step.get("tokens", 0.0)
@@ -290,11 +334,14 @@ def train(overrides, algo=None):
             log(run, metrics_path, row)
             bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)  # shown at the next redraw
         at_eval = evaluating and ((it + 1) % cfg["eval_interval"] == 0 or it + 1 == cfg["max_iters"])
+        saving = cfg["checkpoint"] and (at_eval or it + 1 == cfg["max_iters"])
+        if at_eval or saving:
+            check_weights(run, it)
         if at_eval:
             metrics, drawn_at = evaluate(run, state, it + 1, metrics_path, drawn_at)
             if run.master:
                 bar.write(f"iter {it + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
-        if cfg["checkpoint"] and (at_eval or it + 1 == cfg["max_iters"]):  # (every rank: its RNG streams)
+        if saving:  # (every rank: its RNG streams)
             save_checkpoint(run, optimizer, it + 1, train_tokens, state_dict(run, state) if state_dict else None)
     bar.close()
     if run.ddp:

@@ -105,8 +105,8 @@ def main():
     results = {"init_from": start, "iters": args.iters, "arms": {}}
     for arm in args.arms.split(","):
         out_dir = os.path.join(args.out, arm)
-        T.train(dict(common, **ARMS[arm], algo="grpo", init_from=start, max_iters=args.iters,
-                     eval_interval=min(args.eval_every, args.iters), out_dir=out_dir))
+        T.train(dict(common, **ARMS[arm], algo="grpo", init_from=start, max_iters=args.iters,  # (a rerun replaces an arm)
+                     eval_interval=min(args.eval_every, args.iters), out_dir=out_dir, overwrite=True))
         results["arms"][arm] = {"overrides": ARMS[arm], "curve": curve(out_dir)}
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump(results, f, indent=1)

@@ -129,7 +129,8 @@ def train_arm(arm, student, out_dir, its, n, start, min_iters=None):
     points, done, run = [dict(start, iter=0, tokens=0.0, seconds=0.0)], 0, None
     for it in its:
         run = T.train(dict(arm, init_from=student if done == 0 else "resume", out_dir=out_dir, max_iters=it,
-                           eval_interval=0, checkpoint=True, plot=False, lr_decay_iters=its[-1]))
+                           eval_interval=0, checkpoint=True, plot=False, lr_decay_iters=its[-1],
+                           **({"overwrite": True} if done == 0 else {})))  # (a rerun replaces the arm)
         cfg = options.make_config(dict(arm, init_from=student))
         tokens, seconds = progress(out_dir, cfg)[it]
         points.append(dict(evaluate(run, run.raw_model, n), iter=it, tokens=tokens, seconds=seconds))

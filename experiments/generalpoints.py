@@ -157,7 +157,7 @@ def main():
         iters = args.rl_iters if arm == "rl" else args.sft_iters or max(1, round(budget / sft_seconds_per_iter(init)))
         out_dir = os.path.join(args.out, arm)
         run(dict(common, **ARMS[arm], init_from=init, max_iters=iters, eval_interval=max(1, iters // args.evals),
-                 out_dir=out_dir))
+                 out_dir=out_dir, overwrite=True))  # (the study's own directory: a rerun replaces it)
         results["arms"][arm] = curve(out_dir)
         budget = results["arms"][arm][-1]["seconds"]
         print(f"{arm}: {iters} iterations, {budget:.0f} s of training")

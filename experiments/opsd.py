@@ -77,7 +77,7 @@ def make_reader(base, args, common):
             f.write(json.dumps(row) + "\n")
     shared = {k: v for k, v in common.items() if k in options.DEFAULTS}  # (--set keys of every algorithm: SFT's too)
     T.train(dict(shared, **READER, data=path, init_from=args.student, max_iters=args.reader_iters, plot=False,
-                 out_dir=out_dir))
+                 out_dir=out_dir, overwrite=True))  # (the study's own directory: a rerun replaces it)
     return out_dir
 
 

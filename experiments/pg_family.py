@@ -94,7 +94,7 @@ def run_arm(name, arm, seeds, common, out):
         finished = os.path.exists(os.path.join(out_dir, "metrics.jsonl")) and any(
             p[0] == common["max_iters"] for p in curve(out_dir))
         if not finished:
-            T.train(dict(arm, **common, seed=seed, out_dir=out_dir))
+            T.train(dict(arm, **common, seed=seed, out_dir=out_dir, overwrite=True))  # (an unfinished arm starts over)
         curves.append(curve(out_dir))
     return curves
 

@@ -196,6 +196,7 @@ def test_each_loss_orders_a_toy_pair(tiny, tmp_path, loss):
 
 
 def test_kto_rows_and_their_errors(tiny, tmp_path):
+    tiny = dict(tiny, overwrite=True)  # every run below writes to one out_dir
     good = [{"prompt": f"Q{i}", "completion": f"A{i}", "label": i % 2 == 0} for i in range(12)]
     run = T.train(dpo_config(tiny, data=write_jsonl(tmp_path / "kto.jsonl", good), loss="kto", max_iters=1))
     assert {ex["label"] for ex in run.state.train_examples} == {0.0, 1.0}

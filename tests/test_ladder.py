@@ -68,6 +68,22 @@ def test_done_stages_are_skipped_and_redo_reruns(ladder_root, capsys):
     assert "sft was redone after it; --redo=grpo" in capsys.readouterr().out  # later stages: noted, not redone
 
 
+def test_a_stage_whose_checkpoint_changed_is_not_done(ladder_root, capsys):
+    """Another run wrote over out/sft (as `train.py --out_dir=out/sft --overwrite=True` does): the ladder
+    says so, runs the stage again (its train.py gets --overwrite=True) and reuses no cached evaluation."""
+    before = checkpoint_times(ladder_root)
+    path = os.path.join(ladder_root, "sft", "ckpt.pt")
+    os.utime(path, (before["sft"] + 5, before["sft"] + 5))  # a run outside the ladder rewrote it
+    assert ladder.changed(os.path.join(ladder_root, "sft")) and not ladder.done(os.path.join(ladder_root, "sft"))
+    ladder.main(TINY_LADDER[:-1] + [f"--out_root={ladder_root}", "--stages=pretrain,sft"])
+    out = capsys.readouterr().out
+    assert f"[ladder] sft: {path} changed since the ladder ran this stage (another run wrote it): running it again" in out
+    assert "--overwrite=True" in json.load(open(os.path.join(ladder_root, "sft", "ladder.json")))["command"]
+    after = checkpoint_times(ladder_root)
+    assert after["sft"] != before["sft"] + 5 and after["pretrain"] == before["pretrain"]
+    assert ladder.done(os.path.join(ladder_root, "sft"))
+
+
 def test_seeds_retrain_the_whole_ladder(ladder_root, capsys):
     """--seeds=2: pretrain, sft, grpo and opd again with seed 1338 in OUT_ROOT/seed2, each from seed
     2's own start (opd distilling seed 2's own grpo); the first seed is not run again. With two seeds
