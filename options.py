@@ -94,7 +94,7 @@ RANGES = dict(
     eval_interval=">= 0", eval_problems=">= 1", eval_batch_size=">= 1", log_interval=">= 1",
     eval_samples=">= 0", max_new_tokens=">= 1", max_tool_calls=">= 0", seed=">= 0",
     # the algorithms' own
-    train_problems=">= 1", corpus_docs=">= 1", val_examples=">= 1",  # sft
+    train_problems=">= 1", corpus_docs=">= 1", val_examples=">= 1", reader_frac="[0, 1]",  # sft
     train_prompts=">= 1", heldout_prompts=">= 1", group_size=">= 1", pair_temperature=SCORED,  # pairs (rm, dpo)
     beta="> 0", simpo_beta="> 0", simpo_gamma=">= 0", orpo_lambda=">= 0", kto_desirable_weight=">= 0",
     kto_undesirable_weight=">= 0",  # dpo

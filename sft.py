@@ -113,8 +113,6 @@ def setup(run, saved):
     cfg, state = run.cfg, SimpleNamespace(skipped_rows=0, stream=None)
     if cfg["reader_frac"] and (cfg["data"] or cfg["algo"] == "pretrain"):
         raise ValueError("reader_frac mixes reading rows into the built-in SFT demonstrations: not with --data or pretrain")
-    if not 0.0 <= cfg["reader_frac"] <= 1.0:
-        raise ValueError(f"reader_frac={cfg['reader_frac']}: a share, in [0, 1]")
     if cfg["data"]:
         examples, state.skipped_rows = encode_rows(run, cfg["data"], load_rows(cfg["data"]),
                                                    lambda row: encode_row(run, row))
