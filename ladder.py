@@ -69,7 +69,9 @@ STAGES = [
     ("opsd", dict(algo="opd", teacher="self", privileged="solution", anchor_coef=1.0, max_iters=40, eval_interval=20),
      "reader"),
     # the agentic branch: the calculator task (numbers too large to add in the head) with tool calls
-    ("calc_sft", dict(algo="sft", env="calculator", eval_interval=250), "pretrain"),
+    # 2,000 iterations: at 1,000 one CPU class (AVX2 kernels and MKL) ended with a model that miscopied the
+    # operators into its calls (sampled accuracy 0.06), and GRPO had little to select (docs/ladder.md)
+    ("calc_sft", dict(algo="sft", env="calculator", max_iters=2000, eval_interval=500), "pretrain"),
     ("calc_grpo", dict(algo="grpo", env="calculator", reward_mode="rlvp", eval_interval=10), "calc_sft"),
 ]
 
