@@ -41,10 +41,10 @@ BREAKS = dict(
     sampler_temperature="ratio_drift",  # the sampler divides the logits by T = 0.7, the trainer scores at T = 1
     top_p_uncorrected="ratio_drift",    # top-p / top-k sampling, the trainer scoring the whole softmax
     retokenize="retokenized",           # each transcript decoded to text and encoded again before training
-    prompt_format="parse_errors",       # prompts without the chat template SFT taught
+    prompt_format="parse_errors",       # the RL prompt's template differs from SFT's: it prefills "Answer:"
     kl_twice="kl_twice",                # −β·KL in the reward and +β·k3 in the loss
     nan_logprob="nonfinite",            # −inf on 1% of the sampler's log-probs, unguarded
-    shifted_advantages="misaligned_advantages",  # each group given the next group's advantages
+    shifted_advantages="misaligned_advantages",  # each group given the previous group's advantages
     all_equal="degenerate_groups",      # every reward 0 (a task out of reach)
     length_bonus="length_bias",         # +0.01 reward per response token
     format_exploit="verifier_errors",   # the right number anywhere in the response passes
@@ -629,7 +629,7 @@ def break_it(run, state):
     elif kind == "retokenize":
         state.sample = retokenizing(run, state.sample)
     elif kind == "prompt_format":
-        state.sample = functools.partial(state.sample, prompt_ids=lambda problem: run.tok.encode(problem["prompt"]))
+        state.sample = functools.partial(state.sample, prompt_ids=prefilled_prompt(run))
     elif kind == "kl_twice":  # the loss keeps its +β·k3 (kl=k3_loss)
         state.kl_in_reward = True
         state.shape = shaping(run, kl_in_reward=True)
@@ -696,13 +696,25 @@ def retokenizing(run, sample):
     def sample_then_retokenize(*args, **kwargs):
         ro = sample(*args, **kwargs)
         prompts = [ids[:n] for ids, n in zip(ro.ids.tolist(), ro.prompt_lens.tolist())]
-        tokens = [run.tok.encode(text) + ([] if cut else [run.tok.eos]) for text, cut in zip(ro.texts, ro.truncated.tolist())]
+        room = [run.raw_model.config.block_size + 1 - len(p) for p in prompts]  # (cut to the context, as a pipeline does)
+        tokens = [(run.tok.encode(text) + ([] if cut else [run.tok.eos]))[:n]
+                  for text, cut, n in zip(ro.texts, ro.truncated.tolist(), room)]
         sampled = [lp[n - 1:n - 1 + len(t)] for lp, n, t in zip(ro.old_logprobs.tolist(), ro.prompt_lens.tolist(),
                                                                  ro.responses)]
         logprobs = [(lp + [0.0] * len(t))[:len(t)] for lp, t in zip(sampled, tokens)]
         rows = layout(run, prompts, tokens, logprobs, [[0] * len(t) for t in tokens])
         return dataclasses.replace(ro, **{**rows, "responses": ro.responses})
     return sample_then_retokenize
+
+
+def prefilled_prompt(run):
+    """break_it=prompt_format: the RL prompts' template differs from SFT's: it opens the assistant's turn
+    with the answer's marker already written ("<|assistant|>Answer:", as a chat template that opens a
+    reasoning block for the model does), so the policy, which writes the marker itself, answers
+    " 17": the response lacks the form the verifier asks for and every reward is 0. A function
+    problem -> prompt ids."""
+    marker = run.tok.encode("Answer:")
+    return lambda problem: run.tok.prompt_ids(problem["prompt"]) + marker
 
 
 def with_nonfinite(old_logprobs, share=0.01):

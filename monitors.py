@@ -139,36 +139,37 @@ def correlation(sums):
 
 ALARMS = dict(
     sampler_mismatch=(("sampler_logprob_gap", "tis_capped_frac"),
-                      "sampler_logprob_gap > 1e-3 or tis_capped_frac > 0.01 (an fp32 sampler and trainer agree to ~1e-6)",
+                      "sampler_logprob_gap > 1e-3 or tis_capped_frac > 0.01: an fp32 sampler and trainer agree to ~1e-6",
                       lambda r, h: r.get("sampler_logprob_gap", 0) > 1e-3 or r.get("tis_capped_frac", 0) > 0.01),
-    ratio_drift=(("ratio_dev",), "ratio_dev = max |ρ − 1| > 1e-3 in a run of one optimizer step per rollout batch, "
-                                 "where ρ must be 1 (the sampler and the trainer score different distributions)",
+    ratio_drift=(("ratio_dev",), "ratio_dev > 1e-3 on an on-policy step: with one optimizer step per rollout batch "
+                                 "ρ = π_θ/π_old must be 1; max |ρ − 1| above it means the sampler and the trainer "
+                                 "score different distributions",
                  lambda r, h: h.on_policy and r.get("ratio_dev", 0) > 1e-3),
     stale_rollouts=(("staleness",), "staleness > 0", lambda r, h: r.get("staleness", 0) > 0),
     degenerate_groups=(("degenerate_frac",), "degenerate_frac > 0.75: most groups carry no signal",
                        lambda r, h: r.get("degenerate_frac", 0) > 0.75),
     entropy_collapse=(("entropy",), "entropy below a quarter of its first value, or not finite",
                       lambda r, h: "entropy" in r and not r["entropy"] >= h.first["entropy"] / 4),
-    length_bias=(("reward_len_corr", "len_mean"), "reward_len_corr > 0.5 (rejected answers earn more the longer they "
-                                                  "are) or len_mean above twice its first value",
+    length_bias=(("reward_len_corr", "len_mean"), "reward_len_corr > 0.5 or len_mean above twice its first value: "
+                                                  "rejected answers earn more the longer they are",
                  lambda r, h: r.get("reward_len_corr", 0) > 0.5 or r.get("len_mean", 0) > 2 * h.first.get("len_mean", 1e9)),
     verifier_errors=(("verifier_error_rate",), "verifier_error_rate > 0: the reward's verifier disagrees with the solver",
                      lambda r, h: r.get("verifier_error_rate", 0) > 0),
     parse_errors=(("parse_error_rate",), "parse_error_rate > 0.2: answers not in the task's form (SPEC §6: above "
                                          "~20% RL fails)", lambda r, h: r.get("parse_error_rate", 0) > 0.2),
-    retokenized=(("retokenized_frac",), "retokenized_frac > 0: trained tokens that are not the tokens sampled",
+    retokenized=(("retokenized_frac",), "retokenized_frac > 0: rows whose trained tokens are not the tokens sampled",
                  lambda r, h: r.get("retokenized_frac", 0) > 0),
     kl_twice=(("kl_reward", "kl_k3"), "kl_reward and kl_k3 in one row: β·KL subtracted in the reward and added in "
                                       "the loss", lambda r, h: "kl_reward" in r and "kl_k3" in r),
-    nonfinite=(("nonfinite_logprob_frac", "loss"), "nonfinite_logprob_frac > 0 (a log-prob of a trained token is "
-                                                   "−inf or NaN) or a loss that is not finite",
+    nonfinite=(("nonfinite_logprob_frac", "loss"), "nonfinite_logprob_frac > 0 or a loss that is not finite: a "
+                                                   "log-prob of a trained token is −inf or NaN",
                lambda r, h: r.get("nonfinite_logprob_frac", 0) > 0 or not math.isfinite(r.get("loss", 0.0))),
     misaligned_advantages=(("adv_sign_error_frac",), "adv_sign_error_frac > 0.01: advantages whose sign is not "
                                                      "that of r − its group's mean reward",
                            lambda r, h: r.get("adv_sign_error_frac", 0) > 0.01),
-    reward_hacking=(("reward", "heldout_acc"), "the training reward up > 0.05 from its first value while held-out "
-                                               "accuracy (the environment's own verifier) fell > 0.02 from its first "
-                                               "evaluation: the reward pays for something other than the task",
+    reward_hacking=(("reward", "heldout_acc"), "reward up > 0.05 from its first value while heldout_acc fell > 0.02 "
+                                               "from its first evaluation: the training reward pays for something "
+                                               "the environment's own verifier does not",
                     lambda r, h: "heldout_acc" in r and h.best_reward - h.first.get("reward", math.inf) > 0.05
                     and r["heldout_acc"] < h.first["heldout_acc"] - 0.02),
 )

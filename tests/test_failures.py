@@ -4,6 +4,9 @@ them and keeps that figure inside; the monitors' printed line, metrics.jsonl fla
 the entropy controls (Clip-Cov, the top-entropy mask) and the truncated-answer mask on numbers."""
 
 import json
+import os
+import subprocess
+import sys
 import zlib
 from types import SimpleNamespace
 
@@ -15,6 +18,7 @@ import grpo_family as family
 import monitors
 import train as T
 from conftest import TINY
+from experiments.failures import FAILURES
 
 # 32 responses of up to 32 tokens from a random 2-layer model: its lengths vary (an end token now and then)
 BREAK = dict(TINY, algo="grpo", prompts_per_iter=4, group_size=8, max_new_tokens=32, max_iters=2, checkpoint=False,
@@ -99,14 +103,14 @@ def test_the_figures_of_the_sampler_switches(tmp_path, monkeypatch):
     assert peak(corrected, "ratio_dev") < 1e-5
 
 
-def test_prompt_format_samples_without_the_chat_template(tmp_path):
-    """break_it=prompt_format: the training rollouts' prompts are the question's bytes alone (no <|bos|>,
-    <|user|>, <|assistant|>), the evaluation's keep the template; its monitor reads the parse-error rate."""
+def test_prompt_format_prefills_the_answers_marker(tmp_path):
+    """break_it=prompt_format: the training rollouts' prompts are the chat template's with "Answer:" already
+    written, the evaluation's the template alone; its monitor reads the parse-error rate."""
     run = T.train(dict(BREAK, break_it="prompt_format", max_iters=0, out_dir=str(tmp_path / "run")))
     problems = run.env.problems("train", 2, seed=0)
     ro = run.state.sample(run, run.raw_model, problems, 2, max_new_tokens=4, seed=0)
-    assert ro.ids[0, :int(ro.prompt_lens[0])].tolist() == run.tok.encode(problems[0]["prompt"])
-    assert run.tok.prompt_ids(problems[0]["prompt"])[0] == run.tok.bos
+    template = run.tok.prompt_ids(problems[0]["prompt"])
+    assert ro.ids[0, :int(ro.prompt_lens[0])].tolist() == template + run.tok.encode("Answer:")
     row = lambda it, rate: dict(iter=it, loss=0.0, parse_error_rate=rate)
     assert monitors.alarms([row(1, 0.05), row(2, 0.9)], {}) == {"parse_errors": 2}
 
@@ -178,3 +182,16 @@ def test_the_entropy_controls_run_and_log(tmp_path, monkeypatch):
     trained = [r for r in rows if "loss" in r]
     assert all(0.05 < r["clip_cov_frac"] <= 0.2 and 0.45 < r["entropy_kept_frac"] <= 0.55 for r in trained), trained
     assert not set(fired) - TOY_ALARMS
+
+
+@pytest.mark.slow
+def test_the_gallery_and_the_study_run_at_toy_size(tmp_path):
+    """experiments/failures.py --quick: every failure, its control and the entropy study's arms, end to end
+    from a random model, with their tables and figures."""
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "failures.py")
+    for study in ("gallery", "entropy"):
+        subprocess.run([sys.executable, script, "--quick", f"--study={study}", f"--out={tmp_path}"], check=True,
+                       capture_output=True)
+    table = open(tmp_path / "failures.md").read()
+    assert all(f"| {name} |" in table for name, *_ in FAILURES)
+    assert os.path.isfile(tmp_path / "failures.png") and os.path.isfile(tmp_path / "entropy" / "entropy.png")
