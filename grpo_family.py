@@ -67,10 +67,12 @@ OPTIONS = dict(
     prompt_pool=2048,          # edge: the pool's size (prompts come back once it is used up)
     edge_low=0.2,              # edge: the lower end of the band of running success that is drawn first
     edge_high=0.8,             # edge: the upper end of that band
-    break_it="none",           # none | a classic failure on purpose (BREAKS: each and the monitor that catches it)
+    break_it="none",           # a classic failure on purpose (docs/failures.md): none | fp8_sampler | sampler_temperature |
+                               # top_p_uncorrected | retokenize | prompt_format | kl_twice | nan_logprob |
+                               # shifted_advantages | all_equal | length_bonus | format_exploit
     mask_truncated=False,      # DAPO's overlong filtering: answers cut by max_new_tokens get no loss term (mask 0)
-    clip_cov=0.0,              # Clip-Cov: the share of response tokens with the largest cov(log π, A) whose policy
-                               # gradient is cut (0 = off; holds entropy up)
+    clip_cov=0.0,              # Clip-Cov, an entropy control: the share of response tokens with the largest
+                               # cov(log π, A) whose policy gradient is cut (0 = off)
     top_entropy_quantile=1.0,  # the policy gradient only on this top share of tokens by entropy (1 = every token)
     share_prompt=True,         # run each prompt once for its G responses, in scoring and in the loss
     staleness=0,               # 0: synchronous; 1: the next rollouts are sampled during the update (one-step-off rollouts)

@@ -208,7 +208,7 @@ def fired_text(fired):
 
 def watcher(run, metrics_path):
     """The monitors as the loop logs (rank 0): a function row -> row that flags the alarms holding on
-    it (row["alarms"]), prints a line the first time each fires and notes it in the run's passport.
+    it (row["alarms"], a list of their names), prints a line the first time each fires and notes it in the run's passport.
     The passport gets the list of monitors with their thresholds now; a resumed run replays its
     metrics.jsonl first."""
     h = history(run.cfg)

@@ -249,8 +249,9 @@ def grpo_passport(run, verifier_check, old_logprobs, adv_scale, catches=None):
     broken = ("" if c["break_it"] == "none" else
               f"; BROKEN ON PURPOSE: break_it={c['break_it']}, which the monitor `{catches}` must catch")
     cut = ", ".join(f"{k} {c[k]}" for k in ("top_k", "top_p") if c[k] and c[k] != 1.0)
-    sampling = (f"temperature {c['temperature']}" + (f", truncated ({cut}): π_θ and π_old scored on the same "
-                                                     f"renormalised distribution, π_ref on its whole one" if cut else ""))
+    scored = ("the whole softmax (break_it)" if c["break_it"] == "top_p_uncorrected"
+              else "the same renormalised distribution, π_ref on its whole one")
+    sampling = f"temperature {c['temperature']}" + (f", truncated ({cut}): π_θ and π_old scored on {scored}" if cut else "")
     entropy = ", ".join([f"Clip-Cov on the {c['clip_cov']} share of tokens of largest cov(log π, A)"] * bool(c["clip_cov"])
                         + [f"policy gradient on the top {c['top_entropy_quantile']} of tokens by entropy"]
                         * (c["top_entropy_quantile"] < 1)) or "none (entropy logged)"
