@@ -4,6 +4,7 @@ arms compared on the same problems. The ladder and every study call these; nothi
 
     one evaluation of n problems:   p ± 1.96·√(p(1 − p)/n)                        (binomial, 95%)
     k ≥ 3 seeds:                    mean ± t(0.975, k − 1)·s/√k, at least the binomial band of the mean
+                                    (a figure that is no accuracy, an entropy: the t band alone)
     2 seeds:                        both values and their range; no band is claimed
     two arms on the same problems:  the per-problem differences d_i ∈ {−1, 0, 1}:
                                     mean(d) ± 1.96·sd(d)/√n            (one seed, paired)
@@ -40,15 +41,16 @@ def binomial(p, n):
 def across_seeds(values, n):
     """(mean, half-width) of one figure over k seeds' runs, each measured on n problems (the same n).
     k = 1: the binomial band; k = 2: half-width None (report both values and their range, claim
-    nothing beyond them); k ≥ 3: t(0.975, k − 1)·SE, floored by the binomial band of the mean."""
+    nothing beyond them); k ≥ 3: t(0.975, k − 1)·SE, floored by the binomial band of the mean.
+    n = None: a figure that is no accuracy (an entropy): the t band alone (k = 1: none claimed)."""
     k = len(values)
     mean = sum(values) / k
     if k == 1:
-        return mean, binomial(mean, n)
+        return mean, binomial(mean, n) if n else None
     if k == 2:
         return mean, None
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (k - 1))
-    return mean, max(t_975(k - 1) * sd / math.sqrt(k), binomial(mean, n))
+    return mean, max(t_975(k - 1) * sd / math.sqrt(k), binomial(mean, n) if n else 0.0)
 
 
 def paired(a, b):
@@ -80,6 +82,8 @@ def paired_across_seeds(differences):
 def cell(values, n, digits=3):
     """A table cell for a figure over seeds: 'mean ± h' (k = 1 or k ≥ 3) or 'a, b (range r)' (k = 2)."""
     mean, half = across_seeds(values, n)
+    if half is None and len(values) == 1:
+        return f"{mean:.{digits}f}"
     if half is None:
         return f"{values[0]:.{digits}f}, {values[1]:.{digits}f} (range {abs(values[0] - values[1]):.{digits}f})"
     return f"{mean:.{digits}f} ± {half:.{digits}f}"

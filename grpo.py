@@ -29,9 +29,10 @@ dropout off (on_policy), so that ρ = 1 before any update. A tool's results stay
 0: no term of the loss trains on them.
 
 The family's options live in grpo_family.py: REINFORCE, RLOO, Dr. GRPO and the advantage's scale,
-process and RLVP rewards, DAPO (dynamic sampling, overlong shaping, Clip-Higher, token-mean), GSPO,
-CISPO, truncated importance sampling, prompts at the edge of competence, one-step-off rollouts, π_old
-recomputed, and the break-it switches with the monitors that catch them. setup() chooses among them
+process and RLVP rewards, DAPO (dynamic sampling, overlong shaping and filtering, Clip-Higher,
+token-mean), GSPO, CISPO, truncated importance sampling, the entropy controls (Clip-Cov, the
+top-entropy mask), prompts at the edge of competence, one-step-off rollouts, π_old recomputed, and
+the break-it switches with the monitors that catch them (docs/failures.md). setup() chooses among them
 once; the core path below calls what it chose (state.advantages, state.surrogate, ...). Their
 formulas, the figures a run logs and its passport: docs/grpo.md.
 """
@@ -60,6 +61,9 @@ defaults = dict(
                                # 1 time in 4 still has a correct and a wrong answer in most groups
     rollout_prompts=0,         # prompts per sampler call (a shard); 0 = prompts_per_iter / world_size
     temperature=1.0,           # sampling temperature; π_θ, π_old and π_ref are all scored at it
+    top_k=0,                   # sample from the k likeliest tokens only (0 = off)
+    top_p=1.0,                 # sample from the nucleus of mass top_p only (1 = off); with either, π_θ and π_old
+                               # are scored on the same truncated, renormalised distribution (π_ref on its whole one)
     eps_low=0.2,               # ε_low: the clip range's lower side, 1 − eps_low
     eps_high=0.2,              # ε_high: the clip range's upper side, 1 + eps_high (DAPO's Clip-Higher: eps_high > eps_low)
     inner_epochs=1,            # passes over each rollout batch
@@ -84,25 +88,30 @@ def setup(run, saved):
                             verifier_check=verifier_check(run.env, family.training_verifier(run)))
     # sampling a group: the prompts, the weights that sample, when the sampling happens
     state.prompts = family.edge_prompts(run, saved) if cfg["prompt_sampling"] == "edge" else FRESH_PROMPTS
-    state.sampling_model = family.fp8_copy if cfg["break_it"] == "fp8_sampler" else (lambda model: model)
+    state.sampling_model = lambda model: model  # the weights that sample: the policy's own
+    state.sample = family.masking_truncated(rollouts) if cfg["mask_truncated"] else rollouts  # sample, verify, lay out
+    state.truncation = family.truncation(cfg)  # top_k / top_p: what the trainer scores π_θ and π_old on
     state.sampler = family.sampler_copy(run, saved) if cfg["staleness"] else None  # (one-step-off: its weights)
     state.rollouts = family.one_step_off_rollouts if cfg["staleness"] else synchronous_rollouts
-    state.old_logprobs, state.rescore = family.old_logprobs(run)  # π_old: the sampler's, or recomputed
+    state.old_logprobs, state.rescore = family.old_logprobs(run, state.truncation)  # π_old: the sampler's, or recomputed
     state.reference_logprobs = reference_logprobs if cfg["kl"] != "off" else (lambda run, state, ro: None)
     # verifying and the advantages
-    state.training_reward = family.training_reward(run)  # the verifier's 0/1, or a broken one (break_it)
-    state.shape = family.shaping(run)  # DAPO's overlong penalty, kl=k1_reward's −β·KL; else the reward as it is
+    state.training_reward = lambda ro: ro.verified  # r_i: the verifier's 0/1
+    state.kl_in_reward = cfg["kl"] == "k1_reward"
+    state.shape = family.shaping(run, state.kl_in_reward)  # DAPO's overlong penalty, −β·KL; else the reward as it is
     state.advantages = group_advantages if family.plain_advantages(cfg) else family.advantages(run)
     state.batch_advantages = family.batch_advantages(run)  # REINFORCE's batch mean, adv_scale=batch; else none
     state.fill_groups = family.fill_groups(run) if family.drops_groups(cfg) else keep_every_group
     # the loss
     state.logprobs = shared_prompt_logprobs if cfg["share_prompt"] else policy_logprobs
-    state.token_weights = family.truncated_importance_sampling(cfg) if cfg["tis_cap"] else (lambda batch: (1.0, {}))
+    state.token_weights = (family.token_weights(cfg) if family.weighs_tokens(cfg)  # TIS, Clip-Cov, an entropy mask
+                           else (lambda batch, logp, entropy: (1.0, {})))
     state.loss_parts = loss_parts(cfg)
+    family.break_it(run, state)  # --break_it: one piece above replaced by a classic bug, on purpose
     if run.master and cfg["init_from"] == "scratch":
         print("grpo: init_from=scratch: a random policy rarely earns a reward; start from an SFT checkpoint")
     write_passport(run, grpo_passport(run, state.verifier_check, old_logprobs_mode(run),
-                                      family.advantage_scale(cfg)))
+                                      family.advantage_scale(cfg), family.BREAKS.get(cfg["break_it"])))
     return state
 
 
@@ -166,8 +175,8 @@ def sample_round(run, state, model, it, shard, round_):
     before shaping, degenerate: (P,) True on groups of equal rewards)."""
     cfg = run.cfg
     problems, seed = state.prompts.problems(run, it, shard, round_)
-    ro = rollouts(run, state.sampling_model(model), problems, cfg["group_size"], temperature=cfg["temperature"],
-                  max_new_tokens=cfg["max_new_tokens"], seed=seed)
+    ro = state.sample(run, state.sampling_model(model), problems, cfg["group_size"], temperature=cfg["temperature"],
+                      top_k=cfg["top_k"] or None, top_p=cfg["top_p"], max_new_tokens=cfg["max_new_tokens"], seed=seed)
     t0 = time.time()
     state.old_logprobs(run, model, ro)  # π_old: the sampler's own log-probs (or recomputed)
     ro.ref_logprobs = state.reference_logprobs(run, state, ro)
@@ -179,7 +188,8 @@ def sample_round(run, state, model, it, shard, round_):
 
 
 def reference_logprobs(run, state, ro):
-    """log π_ref of the sampled tokens, for the KL term."""
+    """log π_ref of the sampled tokens, for the KL term: on π_ref's whole distribution (a truncated one
+    can leave out the very token sampled, log 0)."""
     return score_tokens(run, state.reference, ro.ids, ro.prompt_lens) * ro.mask
 
 
@@ -219,8 +229,8 @@ def loss(run, state, model, batch):
     """One micro-batch: π_θ's log-probs at the sampling temperature, the policy loss, and the policy's
     entropy on its own samples."""
     mask = batch.mask
-    logp, entropy = state.logprobs(model, batch, run.cfg["temperature"])
-    weights, metrics = state.token_weights(batch)  # (TIS: min(π_old/π_sampler, C) per token)
+    logp, entropy = state.logprobs(model, batch, run.cfg["temperature"], **state.truncation)
+    weights, metrics = state.token_weights(batch, logp, entropy)  # (TIS's min(π_old/π_sampler, C), Clip-Cov, ...)
     loss_sum, count, terms = policy_loss(logp, batch.old_logprobs, batch.advantages, mask, run.cfg,
                                          batch.ref_logprobs, weights, state.loss_parts)
     metrics.update(terms, entropy=(entropy * mask).sum() / mask.sum().clamp(min=1), tokens=mask.sum())
@@ -254,17 +264,18 @@ def loss_parts(cfg):
         aggregate=family.AGGREGATES.get(cfg["loss_agg"], seq_mean_token_mean))  # DAPO's token_mean, Dr. GRPO's
 
 
-def shared_prompt_logprobs(model, batch, temperature):
+def shared_prompt_logprobs(model, batch, temperature, top_k=None, top_p=None):
     """(log π_θ, entropy) per token: each distinct prompt runs once, its keys and values shared by its
     G rows (sampler.SharedPrompts: the same numbers as a full row each, up to fp32 rounding)."""
     shared = SharedPrompts(batch.ids, batch.prompt_lens)
-    logp, entropy = token_logprobs_and_entropy(model(shared.inputs, prompts=shared), shared.targets, temperature)
+    logp, entropy = token_logprobs_and_entropy(model(shared.inputs, prompts=shared), shared.targets, temperature,
+                                               top_k, top_p)
     return shared.to_rows(logp), shared.to_rows(entropy)
 
 
-def policy_logprobs(model, batch, temperature):
+def policy_logprobs(model, batch, temperature, top_k=None, top_p=None):
     """(log π_θ, entropy) per token, one full row per response (share_prompt=False)."""
-    return token_logprobs_and_entropy(model(batch.ids[:, :-1]), batch.ids[:, 1:], temperature)
+    return token_logprobs_and_entropy(model(batch.ids[:, :-1]), batch.ids[:, 1:], temperature, top_k, top_p)
 
 
 def token_ratio(logp, old_logp, on):

@@ -13,11 +13,14 @@ in detail". SPEC §3 (REINFORCE, RLOO, GRPO, DAPO, process rewards, RLVP), §6 (
                   sampling), loss_agg token_mean (DAPO) | seq_mean_token_sum_norm (Dr. GRPO), kl=off
   the rollouts    prompt_sampling=edge (a pool, prompts at the edge of competence first); staleness=1
                   (one-step-off rollouts in a second thread); old_logprobs=recompute (π_old from a
-                  training forward, not the sampler's numbers)
-  break_it        a classic failure on purpose, each with the monitor that must catch it (alarms)
+                  training forward, not the sampler's numbers); mask_truncated (DAPO's overlong filter)
+  entropy         clip_cov (verl's Clip-Cov), top_entropy_quantile (TRL's mask of low-entropy tokens)
+  break_it        a classic failure on purpose, each with the monitor that must catch it (BREAKS)
 The figures every iteration logs and the monitors that read them are monitors.py's.
 """
 
+import dataclasses
+import functools
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +32,24 @@ import torch
 from checkpoints import frozen
 from distributed import all_reduce_sum, seeded_rng
 from rewards import REWARD_KEYS, check_reward_mode, path_signals, token_rewards
-from rollouts import old_logprobs_mode, score_tokens, shard_problems, shard_size
+from rollouts import layout, old_logprobs_mode, score_tokens, shard_problems, shard_size
+
+# --break_it: a classic failure wired in on purpose (break_it, below), and the monitor (monitors.ALARMS) that names
+# it; docs/failures.md has each one's symptom, figure, fix and the public threads where it was met
+BREAKS = dict(
+    fp8_sampler="ratio_drift",          # the rollouts from an FP8 (e4m3) copy of the weights
+    sampler_temperature="ratio_drift",  # the sampler divides the logits by T = 0.7, the trainer scores at T = 1
+    top_p_uncorrected="ratio_drift",    # top-p / top-k sampling, the trainer scoring the whole softmax
+    retokenize="retokenized",           # each transcript decoded to text and encoded again before training
+    prompt_format="parse_errors",       # the RL prompt's template differs from SFT's: it prefills "Answer:"
+    kl_twice="kl_twice",                # −β·KL in the reward and +β·k3 in the loss
+    nan_logprob="nonfinite",            # −inf on 1% of the sampler's log-probs, unguarded
+    shifted_advantages="misaligned_advantages",  # each group given the previous group's advantages
+    all_equal="degenerate_groups",      # every reward 0 (a task out of reach)
+    length_bonus="length_bias",         # +0.01 reward per response token
+    format_exploit="verifier_errors",   # the right number anywhere in the response passes
+)
+SAMPLER_ONLY_TEMPERATURE = 0.7  # break_it=sampler_temperature's
 
 OPTIONS = dict(
     estimator="grpo",          # reinforce | rloo | grpo | dr_grpo: the baseline the advantage subtracts
@@ -47,7 +67,13 @@ OPTIONS = dict(
     prompt_pool=2048,          # edge: the pool's size (prompts come back once it is used up)
     edge_low=0.2,              # edge: the lower end of the band of running success that is drawn first
     edge_high=0.8,             # edge: the upper end of that band
-    break_it="none",           # none | fp8_sampler | all_equal | length_bonus | format_exploit (a failure and its monitor)
+    break_it="none",           # a classic failure on purpose (docs/failures.md): none | fp8_sampler | sampler_temperature |
+                               # top_p_uncorrected | retokenize | prompt_format | kl_twice | nan_logprob |
+                               # shifted_advantages | all_equal | length_bonus | format_exploit
+    mask_truncated=False,      # DAPO's overlong filtering: answers cut by max_new_tokens get no loss term (mask 0)
+    clip_cov=0.0,              # Clip-Cov, an entropy control: the share of response tokens with the largest
+                               # cov(log π, A) whose policy gradient is cut (0 = off)
+    top_entropy_quantile=1.0,  # the policy gradient only on this top share of tokens by entropy (1 = every token)
     share_prompt=True,         # run each prompt once for its G responses, in scoring and in the loss
     staleness=0,               # 0: synchronous; 1: the next rollouts are sampled during the update (one-step-off rollouts)
     **REWARD_KEYS,             # reward_mode and RLVP's β, λ, μ: one definition for grpo and ppo
@@ -55,7 +81,7 @@ OPTIONS = dict(
 
 CHOICES = dict(estimator=("reinforce", "rloo", "grpo", "dr_grpo"), adv_scale=("auto", "group", "batch", "none"),
                ratio_level=("token", "sequence"), policy_loss=("clip", "cispo"), prompt_sampling=("uniform", "edge"),
-               break_it=("none", "fp8_sampler", "all_equal", "length_bonus", "format_exploit"),
+               break_it=("none", *BREAKS),
                loss_agg=("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"),
                kl=("off", "k1_reward", "k3_loss"), on_degenerate=("drop", "zeros", "raise"),
                old_logprobs=("auto", "sampler", "recompute"))
@@ -104,9 +130,21 @@ def check_config(run):
     if cfg["dynamic_sampling_rounds"] and run.lockstep:  # (a rank's extra rounds would be forwards alone)
         raise ValueError("dynamic_sampling_rounds > 0 samples a different number of rounds on each rank: not with "
                          "--fsdp_rollouts=sharded (use gathered)")
+    if cfg["top_k"] < 0 or not 0 < cfg["top_p"] <= 1:
+        raise ValueError(f"top_k={cfg['top_k']}, top_p={cfg['top_p']}: need top_k >= 0 (0 = off) and 0 < top_p <= 1")
+    if not 0 <= cfg["clip_cov"] < 1 or not 0 < cfg["top_entropy_quantile"] <= 1:
+        raise ValueError("need 0 <= clip_cov < 1 and 0 < top_entropy_quantile <= 1")
     check_reward_mode(cfg, run.env)
     if cfg["break_it"] == "format_exploit" and not isinstance(run.env.problems("train", 1)[0].get("answer"), int):
         raise ValueError(f"break_it=format_exploit looks for the answer's number: env={cfg['env']} has no integer answer")
+    if truncation(cfg) and cfg["kl"] == "k3_loss" and cfg["inner_epochs"] * cfg["minibatches"] > 1:
+        raise ValueError("top_k / top_p with kl='k3_loss' and several steps per batch: a sampled token that an update "
+                         "pushes out of the cut has π_θ = 0 and k3 = π_ref/π_θ − ... infinite (use kl='off' or one step)")
+    if cfg["break_it"] == "top_p_uncorrected" and not truncation(cfg):
+        raise ValueError("break_it=top_p_uncorrected scores the whole softmax of a truncated sampler: set top_p < 1 "
+                         "or top_k > 0")
+    if cfg["break_it"] == "kl_twice" and cfg["kl"] != "k3_loss":
+        raise ValueError("break_it=kl_twice adds the reward's KL to the loss's: it needs kl='k3_loss'")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -261,12 +299,13 @@ def grpo_advantages(rewards, on_degenerate="raise"):
 
 
 # ----------------------------------------------------------------------------------------------
-# The reward: DAPO's overlong penalty, the KL in the reward, the break-it rewards
+# The reward: DAPO's overlong penalty, the KL in the reward
 
-def shaping(run):
+def shaping(run, kl_in_reward):
     """The reward the advantages see, a function (run, rows, reward, problems): the training reward,
-    plus DAPO's soft overlong penalty (overlong_cache) and, with kl=k1_reward, −β·Σ_t log(π_old/π_ref)
-    (the sequence's log-ratio folded into the reward, γ = 1); with neither, the reward as it is."""
+    plus DAPO's soft overlong penalty (overlong_cache) and, with kl_in_reward (kl=k1_reward),
+    −β·Σ_t log(π_old/π_ref) (the sequence's log-ratio folded into the reward, γ = 1); with neither,
+    the reward as it is."""
     cfg = run.cfg
 
     def shaped(run, ro, reward, problems):
@@ -274,10 +313,10 @@ def shaping(run):
         longest_prompt = max(len(run.tok.prompt_ids(p["prompt"])) for p in problems)
         limit = min(cfg["max_new_tokens"], run.raw_model.config.block_size - longest_prompt)
         reward = reward + overlong_penalty(ro.lengths.cpu(), limit, cfg["overlong_cache"]).to(reward.device)
-        if cfg["kl"] == "k1_reward":
+        if kl_in_reward:
             reward = reward - cfg["kl_coef"] * ((ro.old_logprobs - ro.ref_logprobs) * ro.mask).sum(1)
         return reward
-    return shaped if cfg["overlong_cache"] or cfg["kl"] == "k1_reward" else (lambda run, ro, reward, problems: reward)
+    return shaped if cfg["overlong_cache"] or kl_in_reward else (lambda run, ro, reward, problems: reward)
 
 
 def overlong_penalty(lengths, limit, cache):
@@ -286,46 +325,6 @@ def overlong_penalty(lengths, limit, cache):
         return torch.zeros(lengths.shape)
     over = (lengths.float() - (limit - cache)).clamp(min=0)
     return -(over / cache).clamp(max=1.0)
-
-
-def training_reward(run):
-    """The reward training sees, from the rows: the verifier's 0/1, or under break_it
-        all_equal       0 for every response (a task out of reach) -> degenerate_frac
-        length_bonus    + 0.01 per response token -> reward_len_corr (and the length)
-        format_exploit  the right number anywhere in the response (several guesses pass) ->
-                        verifier_error_rate; held-out accuracy is still the strict verifier's
-    (fp8_sampler breaks the sampler, not the reward: sampler_logprob_gap, tis_capped_frac)."""
-    kind = run.cfg["break_it"]
-    if kind == "all_equal":
-        return lambda ro: torch.zeros_like(ro.verified)
-    if kind == "length_bonus":
-        return lambda ro: ro.verified + 0.01 * ro.lengths.to(ro.verified)
-    if kind == "format_exploit":
-        return lambda ro: torch.tensor([lax_verify(p, t) for p, t in zip(ro.problems, ro.texts)],
-                                       device=ro.verified.device)
-    return lambda ro: ro.verified
-
-
-def training_verifier(run):
-    """The verifier the rewards come from (evaluation always uses the environment's own)."""
-    return lax_verify if run.cfg["break_it"] == "format_exploit" else run.env.verify
-
-
-def lax_verify(problem, response):
-    """break_it=format_exploit: the right number anywhere in the response passes, so listing
-    several guesses (or copying one from the prompt) earns the reward."""
-    return 1.0 if str(problem["answer"]) in re.findall(r"-?[0-9]+", response) else 0.0
-
-
-@torch.no_grad()
-def fp8_copy(model):
-    """break_it=fp8_sampler: the weights as an FP8 inference engine holds them (e4m3, one scale
-    per tensor so that its largest entry maps to e4m3's largest, 448)."""
-    copy = frozen(model)
-    for p in copy.parameters():
-        scale = p.abs().max().clamp(min=1e-12) / 448
-        p.copy_((p / scale).to(torch.float8_e4m3fn).float() * scale)
-    return copy
 
 
 # ----------------------------------------------------------------------------------------------
@@ -389,14 +388,62 @@ def cispo_surrogate(ratio, adv, logp, on, low, high):
     return per_token, capped
 
 
-def truncated_importance_sampling(cfg):
-    """tis_cap = C > 0, for the sampler/trainer mismatch: each token's policy term times the constant
-    w = min(π_old/π_sampler, C); tis_capped_frac, the share of tokens at the cap. A function (batch)
-    -> (weights, metrics)."""
-    def weights(batch):
-        w, capped = tis_weights(batch.old_logprobs, batch.sampler_logprobs, batch.mask, cfg["tis_cap"])
-        return w, {"tis_capped_frac": capped / batch.mask.sum().clamp(min=1)}
+def weighs_tokens(cfg):
+    """Whether the policy term has per-token weights: TIS, Clip-Cov or the top-entropy mask."""
+    return bool(cfg["tis_cap"] or cfg["clip_cov"] or cfg["top_entropy_quantile"] < 1)
+
+
+def token_weights(cfg):
+    """The per-token weights on the policy term, a function (batch, logp, entropy) -> (weights,
+    figures): the product of the options that are on."""
+    parts = [part for key, part in (("tis_cap", truncated_importance_sampling), ("clip_cov", clip_cov))
+             if cfg[key]] + ([top_entropy_mask] if cfg["top_entropy_quantile"] < 1 else [])
+
+    def weights(batch, logp, entropy):
+        w, figures = 1.0, {}
+        for part in parts:
+            w_part, figures_part = part(cfg, batch, logp, entropy)
+            w, figures = w * w_part, {**figures, **figures_part}
+        return w, figures
     return weights
+
+
+def truncated_importance_sampling(cfg, batch, logp, entropy):
+    """tis_cap = C > 0, for the sampler/trainer mismatch: each token's policy term times the constant
+    w = min(π_old/π_sampler, C); tis_capped_frac, the share of tokens at the cap."""
+    w, capped = tis_weights(batch.old_logprobs, batch.sampler_logprobs, batch.mask, cfg["tis_cap"])
+    return w, {"tis_capped_frac": capped / batch.mask.sum().clamp(min=1)}
+
+
+def clip_cov(cfg, batch, logp, entropy):
+    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning
+    Language Models"; verl's clip_cov): under the policy gradient a token's entropy falls at the rate of
+    the covariance of its log-prob and advantage, so the tokens with the largest
+        cov_t = (log π_θ(y_t) − mean log π_θ) · (A_t − mean A)      (means over the micro-batch's response tokens)
+    (a confident token with a positive advantage, or an unlikely one with a negative advantage) have
+    their policy gradient cut: weight 0 on the
+    clip_cov share of response tokens with the largest positive cov_t (verl draws them at random among
+    the tokens whose cov_t lies in a band; here the largest). clip_cov_frac: the share cut."""
+    on = batch.mask > 0
+    adv = (batch.advantages[:, None] if batch.advantages.dim() == 1 else batch.advantages).expand_as(logp)
+    lp, a = logp.detach()[on], adv[on]
+    cov = (lp - lp.mean()) * (a - a.mean())
+    largest = cov.topk(int(cfg["clip_cov"] * len(cov))).indices
+    cut, picked = torch.zeros_like(on), torch.zeros_like(cov, dtype=torch.bool)
+    picked[largest[cov[largest] > 0]] = True  # (a token of cov ≤ 0 does not lower the entropy)
+    cut[on] = picked
+    return torch.where(cut, 0.0, 1.0), {"clip_cov_frac": cut.sum() / on.sum().clamp(min=1)}
+
+
+def top_entropy_mask(cfg, batch, logp, entropy):
+    """TRL's top_entropy_quantile = ρ (Wang et al. 2025, "Beyond the 80/20 Rule: High-Entropy Minority
+    Tokens Drive Effective RL for LLM Reasoning"): the policy gradient only on the response tokens
+    whose entropy is in the top ρ share of the micro-batch's (the forks where the policy chooses);
+    the near-deterministic rest get weight 0. entropy_kept_frac: the share kept."""
+    on = batch.mask > 0
+    threshold = torch.quantile(entropy[on].float(), 1 - cfg["top_entropy_quantile"]) if on.any() else 0.0
+    keep = on & (entropy >= threshold)
+    return keep.float(), {"entropy_kept_frac": keep.sum() / on.sum().clamp(min=1)}
 
 
 def tis_weights(old_logp, sampler_logp, mask, cap):
@@ -425,10 +472,29 @@ AGGREGATES = dict(token_mean=token_mean, seq_mean_token_sum_norm=seq_mean_token_
 # ----------------------------------------------------------------------------------------------
 # The rollouts: π_old recomputed, prompts at the edge of competence, one-step-off rollouts
 
-def old_logprobs(run):
+def truncation(cfg):
+    """The sampler's cut, top_k / top_p, as keywords for the trainer's scoring ({}: none): π_θ and
+    π_old are then scored on the truncated, renormalised distribution the tokens were drawn from
+    (sampler.sampled_logprobs), so that ρ = 1 before an update."""
+    return {k: v for k, v in (("top_k", cfg["top_k"]), ("top_p", cfg["top_p"])) if v and v != 1.0}
+
+
+def masking_truncated(sample):
+    """mask_truncated (DAPO's overlong filtering): a response cut by max_new_tokens keeps its reward in
+    its group's baseline but gets no loss term (mask 0): its tokens are not a finished answer, and a
+    0 for a cut answer would teach that long reasoning is wrong."""
+    def sample_then_mask(*args, **kwargs):
+        ro = sample(*args, **kwargs)
+        ro.mask = ro.mask * ~ro.truncated[:, None]
+        return ro
+    return sample_then_mask
+
+
+def old_logprobs(run, truncation):
     """Where π_old comes from: (a function (run, model, rows) for a rollout, one (run, micro_batches)
     for the loss's rows). sampler: the sampler's own log-probs, equal to a training forward in fp32
-    (nothing to do). recompute: one no-grad forward of the sampling weights, the sampler's numbers kept
+    (nothing to do). recompute: one no-grad forward of the sampling weights on the distribution
+    `truncation` cuts (top_k, top_p: the one sampled, or {} for the whole), the sampler's numbers kept
     for sampler_logprob_gap and TIS; again on the very rows the loss sees, since under bf16 autocast
     the same rows in another batch shape round differently (not with staleness: there π_old is the
     sampler's weights, which the loop's model no longer holds)."""
@@ -437,11 +503,11 @@ def old_logprobs(run):
 
     def recompute(run, model, ro):
         ro.sampler_logprobs = ro.old_logprobs
-        ro.old_logprobs = score_tokens(run, model, ro.ids, ro.prompt_lens) * ro.mask
+        ro.old_logprobs = score_tokens(run, model, ro.ids, ro.prompt_lens, **truncation) * ro.mask
 
     def rescore(run, micro_batches):
         for micro in micro_batches:
-            micro.old_logprobs = score_tokens(run, run.raw_model, micro.ids, micro.prompt_lens) * micro.mask
+            micro.old_logprobs = score_tokens(run, run.raw_model, micro.ids, micro.prompt_lens, **truncation) * micro.mask
     return recompute, (rescore if not run.cfg["staleness"] else (lambda run, micro_batches: None))
 
 
@@ -540,3 +606,129 @@ def state_dict(state):
     if hasattr(state.prompts, "success"):
         saved["pool_success"] = torch.from_numpy(state.prompts.success.copy())
     return saved
+
+
+# ----------------------------------------------------------------------------------------------
+# The break-it switches: a classic failure on purpose, the monitor that catches it in BREAKS
+
+def break_it(run, state):
+    """--break_it: one piece of grpo's state replaced by the bug a pipeline gets wrong (setup calls it
+    last; grpo's core path runs the same code broken or not)."""
+    cfg, kind = run.cfg, run.cfg["break_it"]
+    if kind == "fp8_sampler":
+        state.sampling_model = fp8_copy
+    elif kind == "sampler_temperature":
+        state.sampling_model = tempered_copy
+    elif kind == "top_p_uncorrected":  # the sampler draws from the nucleus, the trainer scores the whole softmax
+        state.truncation = {}
+        state.old_logprobs, state.rescore = old_logprobs(run, state.truncation)
+    elif kind == "retokenize":
+        state.sample = retokenizing(run, state.sample)
+    elif kind == "prompt_format":
+        state.sample = functools.partial(state.sample, prompt_ids=prefilled_prompt(run))
+    elif kind == "kl_twice":  # the loss keeps its +β·k3 (kl=k3_loss)
+        state.kl_in_reward = True
+        state.shape = shaping(run, kl_in_reward=True)
+    elif kind == "nan_logprob":
+        state.old_logprobs = with_nonfinite(state.old_logprobs)
+    elif kind == "shifted_advantages":
+        state.advantages = shifted_advantages(state.advantages, cfg["group_size"])
+    elif kind in ("all_equal", "length_bonus", "format_exploit"):
+        state.training_reward = broken_reward(kind)
+
+
+def broken_reward(kind):
+    """The training reward from the rows under break_it
+        all_equal       0 for every response (a task out of reach) -> degenerate_frac
+        length_bonus    + 0.01 per response token -> reward_len_corr (and the length)
+        format_exploit  the right number anywhere in the response (several guesses pass) ->
+                        verifier_error_rate; held-out accuracy is still the strict verifier's"""
+    if kind == "all_equal":
+        return lambda ro: torch.zeros_like(ro.verified)
+    if kind == "length_bonus":
+        return lambda ro: ro.verified + 0.01 * ro.lengths.to(ro.verified)
+    return lambda ro: torch.tensor([lax_verify(p, t) for p, t in zip(ro.problems, ro.texts)], device=ro.verified.device)
+
+
+def training_verifier(run):
+    """The verifier the rewards come from (evaluation always uses the environment's own)."""
+    return lax_verify if run.cfg["break_it"] == "format_exploit" else run.env.verify
+
+
+def lax_verify(problem, response):
+    """break_it=format_exploit: the right number anywhere in the response passes, so listing
+    several guesses (or copying one from the prompt) earns the reward."""
+    return 1.0 if str(problem["answer"]) in re.findall(r"-?[0-9]+", response) else 0.0
+
+
+@torch.no_grad()
+def fp8_copy(model):
+    """break_it=fp8_sampler: the weights as an FP8 inference engine holds them (e4m3, one scale
+    per tensor so that its largest entry maps to e4m3's largest, 448)."""
+    copy = frozen(model)
+    for p in copy.parameters():
+        scale = p.abs().max().clamp(min=1e-12) / 448
+        p.copy_((p / scale).to(torch.float8_e4m3fn).float() * scale)
+    return copy
+
+
+@torch.no_grad()
+def tempered_copy(model):
+    """break_it=sampler_temperature: the sampler's copy has its head divided by T = 0.7, so its logits
+    are h·(W/T)ᵀ = z/T: it draws from softmax(z/T) and reports those log-probs, while the trainer
+    scores softmax(z) at the run's temperature (a temperature set on the inference engine alone)."""
+    copy = frozen(model)
+    copy.lm_head.weight = torch.nn.Parameter(copy.lm_head.weight / SAMPLER_ONLY_TEMPERATURE, requires_grad=False)
+    return copy  # (a new head parameter: a tied embedding keeps its own weights)
+
+
+def retokenizing(run, sample):
+    """break_it=retokenize: each transcript decoded to text and encoded again before training, as a
+    pipeline does that keeps messages rather than token ids. Text does not round-trip to the same
+    ids: a tool's tags (special tokens) come back as the bytes of their text, so the tool's result can
+    no longer be told apart and is trained on as if the policy wrote it (mask 1), and the sampler's
+    log-probs, laid over the new tokens in order, belong to other tokens. The rows keep the sampled
+    ids in `responses` (what the retokenized monitor compares)."""
+    def sample_then_retokenize(*args, **kwargs):
+        ro = sample(*args, **kwargs)
+        prompts = [ids[:n] for ids, n in zip(ro.ids.tolist(), ro.prompt_lens.tolist())]
+        room = [run.raw_model.config.block_size + 1 - len(p) for p in prompts]  # (cut to the context, as a pipeline does)
+        tokens = [(run.tok.encode(text) + ([] if cut else [run.tok.eos]))[:n]
+                  for text, cut, n in zip(ro.texts, ro.truncated.tolist(), room)]
+        sampled = [lp[n - 1:n - 1 + len(t)] for lp, n, t in zip(ro.old_logprobs.tolist(), ro.prompt_lens.tolist(),
+                                                                 ro.responses)]
+        logprobs = [(lp + [0.0] * len(t))[:len(t)] for lp, t in zip(sampled, tokens)]
+        rows = layout(run, prompts, tokens, logprobs, [[0] * len(t) for t in tokens])
+        return dataclasses.replace(ro, **{**rows, "responses": ro.responses})
+    return sample_then_retokenize
+
+
+def prefilled_prompt(run):
+    """break_it=prompt_format: the RL prompts' template differs from SFT's: it opens the assistant's turn
+    with the answer's marker already written ("<|assistant|>Answer:", as a chat template that opens a
+    reasoning block for the model does), so the policy, which writes the marker itself, answers
+    " 17": the response lacks the form the verifier asks for and every reward is 0. A function
+    problem -> prompt ids."""
+    marker = run.tok.encode("Answer:")
+    return lambda problem: run.tok.prompt_ids(problem["prompt"]) + marker
+
+
+def with_nonfinite(old_logprobs, share=0.01):
+    """break_it=nan_logprob: −inf on 1% of the response tokens' π_old (a fixed pattern; an engine's
+    log 0 for a token it should not have drawn, an fp16 underflow), unguarded: ρ = exp(log π_θ + inf)
+    is inf, the loss NaN, and after one optimizer step every weight NaN."""
+    def broken(run, model, ro):
+        old_logprobs(run, model, ro)
+        hit = torch.rand(ro.mask.shape, generator=torch.Generator().manual_seed(0)).to(ro.mask.device) < share
+        ro.old_logprobs = ro.old_logprobs.masked_fill(hit & (ro.mask > 0), float("-inf"))
+    return broken
+
+
+def shifted_advantages(advantages, G):
+    """break_it=shifted_advantages: each group gets the previous group's advantages (an off-by-one in
+    the row -> group index): every response is pushed up or down for another prompt's outcome."""
+    def shifted(run, ro):
+        degenerate = advantages(run, ro)
+        ro.advantages = ro.advantages.roll(G, 0)
+        return degenerate
+    return shifted

@@ -45,6 +45,7 @@ from data import config_env
 from distributed import setup_device
 from evaluation import evaluate_policy
 from model import ScalarHeadGPT
+from monitors import alarms, fired_text
 from options import DEFAULTS, coerce, config_comments, make_config, parse_args, renamed
 from tokenizer import Tokenizer
 
@@ -264,6 +265,14 @@ def notes_on_skipping(start_dir, name, record, command):
 # ----------------------------------------------------------------------------------------------
 # Evaluation
 
+def fired_monitors(stage_dir):
+    """The monitors (monitors.ALARMS) that fired in the stage's metrics.jsonl, as "name (iter k), ..." or
+    "none"."""
+    path = os.path.join(stage_dir, "metrics.jsonl")
+    rows = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
+    return fired_text(alarms(rows, read_json(os.path.join(stage_dir, "config.json"))))
+
+
 def last_logged(stage_dir, key):
     """The last value of `key` in the stage's metrics.jsonl, or None."""
     value = None
@@ -339,7 +348,7 @@ def table_row(root, name, record, figures, options):
                  fmt(figures["pass_at_k"], ".3f"), accuracy_cell(figures["ood_acc"], options["eval_ood_n"]),
                  fmt(figures["length"], ".1f"), fmt(figures["work"], ".2f"), fmt(figures["kl_sft"], ".3f")]
     tokens = last_logged(stage_dir, "train_tokens")
-    return f"| {name} | {start} | " + " | ".join(cells) + f" | {fmt(tokens, ',.0f')} | {wall} |"
+    return f"| {name} | {start} | " + " | ".join(cells) + f" | {fmt(tokens, ',.0f')} | {wall} | {fired_monitors(stage_dir)} |"
 
 
 def across_seeds(runs, key, n):
@@ -445,7 +454,9 @@ def write_report(root, results, options):
              f"({' or '.join(KL_REFERENCES)}). "
              f"pass@{k} is Best-of-{k} by the verifier: the ceiling of reranking the stage's own samples. "
              f"Tokens: target tokens with loss weight, "
-             f"summed over the run's optimizer steps. Wall time: the stage's train.py run. Ran with {runtime}.", ""]
+             f"summed over the run's optimizer steps. Wall time: the stage's train.py run. Monitors fired: the "
+             f"alarms of monitors.py over the stage's metrics.jsonl and the first iteration of each, \"none\" on a "
+             f"healthy stage (docs/failures.md). Ran with {runtime}.", ""]
     if seeds > 1:
         lines += [f"## Across seeds", "",
                   f"The whole ladder run with {seeds} seeds (pretraining and SFT retrained for each). Each figure is "
@@ -457,7 +468,7 @@ def write_report(root, results, options):
         lines += [seeds_row(name, runs, options) for name, runs in results.items()]
         lines += ["", "## The first seed", ""]
     lines += [f"| stage | starts from | held-out greedy | sampled | pass@{k} | OOD greedy | length | shows work "
-              f"| KL to SFT | tokens trained on | wall time |", "|---" * 11 + "|"]
+              f"| KL to SFT | tokens trained on | wall time | monitors fired |", "|---" * 12 + "|"]
     sections = []
     for name, runs in results.items():
         _, record, figures = runs[0]

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from sampler import SharedPrompts, sample
+from sampler import SharedPrompts, sample, sampled_logprobs, truncates
 
 
 @dataclass
@@ -316,10 +316,13 @@ class ScalarHeadGPT(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # Log-probs: the one function every algorithm uses to score tokens
 
-def token_logprobs(logits, targets, temperature=1.0):
+def token_logprobs(logits, targets, temperature=1.0, top_k=None, top_p=None):
     """log π(targets | prefix) per position, in fp32. logits (B, T, V), targets (B, T) -> (B, T).
 
-    RL must divide by the sampler's temperature, or the ratio π_θ/π_old is wrong from step one."""
+    RL must divide by the sampler's temperature, or the ratio π_θ/π_old is wrong from step one; and
+    with top_k / top_p, score the same truncated distribution the sampler drew from (sampled_logprobs)."""
+    if truncates(top_k, top_p):
+        return gather_targets(sampled_logprobs(logits, temperature, top_k, top_p), targets)
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -327,32 +330,42 @@ def token_logprobs(logits, targets, temperature=1.0):
     return -F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
 
 
-def token_logprobs_and_entropy(logits, targets, temperature=1.0, max_elements=2 ** 22):
+def token_logprobs_and_entropy(logits, targets, temperature=1.0, top_k=None, top_p=None, max_elements=2 ** 22):
     """token_logprobs, and without gradient the entropy (nats) of each position's distribution:
     (B, T, V), (B, T) -> (B, T), (B, T). One log_softmax serves both (computed apart, the two cost 1.5×
-    as much on CPU, backward included); the entropy −Σ p log p is taken a few rows at a time (at most
-    16 MB of fp32 per chunk), so a logged figure never makes fp32 copies of the whole (B, T, V)."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp_all = F.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        rows = logp_all.detach().flatten(0, -2)
-        chunks = rows.split(max(1, max_elements // rows.size(-1)))
-        entropy = torch.cat([-(c.exp() * c).sum(-1) for c in chunks]).view(targets.shape)
-    return logp, entropy
+    as much on CPU, backward included)."""
+    logp_all = sampled_logprobs(logits, temperature, top_k, top_p)
+    return gather_targets(logp_all, targets), token_entropy(logp_all, max_elements)
 
 
-def sequence_logprobs(model, ids, temperature=1.0, prompt_lens=None):
+def gather_targets(logp_all, targets):
+    """log π(target) at each position of log-probs (..., V). A target a top-k / top-p cut left out
+    scores the lowest float rather than −inf: on a prompt or padding position, where the target is
+    anything, −inf − (−inf) would be a NaN that no mask removes from a gradient."""
+    return logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1).clamp(min=torch.finfo(logp_all.dtype).min)
+
+
+@torch.no_grad()
+def token_entropy(logp_all, max_elements=2 ** 22):
+    """H = −Σ_v p(v) log p(v) per position of log-probs (..., V), without gradient, a few rows at a time
+    (at most 16 MB of fp32 per chunk, so that a logged figure never copies the whole (B, T, V)); a
+    truncated distribution's −inf counts 0 (0·log 0 = 0)."""
+    rows = logp_all.detach().flatten(0, -2)
+    chunks = rows.split(max(1, max_elements // rows.size(-1)))
+    entropy = [-(c.exp() * c.masked_fill(c == float("-inf"), 0.0)).sum(-1) for c in chunks]
+    return torch.cat(entropy).view(logp_all.shape[:-1])
+
+
+def sequence_logprobs(model, ids, temperature=1.0, prompt_lens=None, top_k=None, top_p=None):
     """Per-token log-probs of ids[:, 1:] given their prefixes: (B, T-1). Right padding is harmless
     (causal attention never looks ahead); the caller masks padded and prompt positions. With
     prompt_lens (B,), rows that share a prompt run it once (SharedPrompts): the same log-probs from
     the last prompt token on, 0 before it."""
     if prompt_lens is None:
-        return token_logprobs(model(ids[:, :-1]), ids[:, 1:], temperature)
+        return token_logprobs(model(ids[:, :-1]), ids[:, 1:], temperature, top_k, top_p)
     shared = SharedPrompts(ids, prompt_lens)
-    return shared.to_rows(token_logprobs(model(shared.inputs, prompts=shared), shared.targets, temperature))
+    return shared.to_rows(token_logprobs(model(shared.inputs, prompts=shared), shared.targets, temperature, top_k,
+                                         top_p))
 
 
 def kl_estimate(logprobs, ref_logprobs, estimator="k1"):

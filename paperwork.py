@@ -232,9 +232,9 @@ REWARD_TEXT = dict(
     path="the path signal Φ alone, without the outcome (the inaction trap: an experiment, not a recipe)")
 
 
-def grpo_passport(run, verifier_check, old_logprobs, adv_scale):
+def grpo_passport(run, verifier_check, old_logprobs, adv_scale, catches=None):
     """GRPO's passport; old_logprobs: where π_old comes from (sampler or recompute), adv_scale: the
-    advantage's divisor (group, batch or none)."""
+    advantage's divisor (group, batch or none); catches: under break_it, the monitor that must fire."""
     c = run.cfg
     P, G, shard = c["prompts_per_iter"], c["group_size"], shard_size(run)
     kl = {"off": "not used (π_ref runs only at evaluation, for the logged heldout_kl_ref)", "k1_reward": f"in the reward: r − β·Σ_t log(π_old/π_ref), β = {c['kl_coef']}",
@@ -257,7 +257,15 @@ def grpo_passport(run, verifier_check, old_logprobs, adv_scale):
            else "no correction (sampler_logprob_gap logged with old_logprobs=recompute)")
     prompts = ("fresh problems every iteration" if c["prompt_sampling"] == "uniform" else
                f"edge sampling from a fixed pool of {c['prompt_pool']}, success band [{c['edge_low']}, {c['edge_high']}]")
-    broken = "" if c["break_it"] == "none" else f"; BROKEN ON PURPOSE: break_it={c['break_it']}"
+    broken = ("" if c["break_it"] == "none" else
+              f"; BROKEN ON PURPOSE: break_it={c['break_it']}, which the monitor `{catches}` must catch")
+    cut = ", ".join(f"{k} {c[k]}" for k in ("top_k", "top_p") if c[k] and c[k] != 1.0)
+    scored = ("the whole softmax (break_it)" if c["break_it"] == "top_p_uncorrected"
+              else "the same renormalised distribution, π_ref on its whole one")
+    sampling = f"temperature {c['temperature']}" + (f", truncated ({cut}): π_θ and π_old scored on {scored}" if cut else "")
+    entropy = ", ".join([f"Clip-Cov on the {c['clip_cov']} share of tokens of largest cov(log π, A)"] * bool(c["clip_cov"])
+                        + [f"policy gradient on the top {c['top_entropy_quantile']} of tokens by entropy"]
+                        * (c["top_entropy_quantile"] < 1)) or "none (entropy logged)"
     return f"""# Post-training passport: {c['out_dir']}
 
 algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation **{c['loss_agg']}**, started from `{c['init_from']}`
@@ -266,14 +274,14 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
 - online trajectories: {P} prompts × {G} responses per iteration, {c['max_iters']} iterations
 - prompts: the `{c['env']}` environment's procedurally generated *train* split ({prompts}); evaluation on the *heldout* split
   (disjoint by equation) and *ood* (a digit more in the start value): no train/eval leakage by construction
-- answers written by the current policy (π_old = the weights at the start of the iteration), temperature {c['temperature']}
+- answers written by the current policy (π_old = the weights at the start of the iteration), {sampling}
 - reuse of rollouts: {c['inner_epochs']} epoch(s) × {c['minibatches']} minibatch(es) = {steps} optimizer step(s) per batch, then discarded
 
 ## Reward and verification
 - source: the environment's rule verifier (`envs/`, `{c['env']}.verify`), 1 or 0 per response{broken}
 - {verification_text(verifier_check)}; parse_error_rate is logged every iteration
 - reward_mode {c['reward_mode']}: {REWARD_TEXT[c['reward_mode']].format(**c)}; overlong answers: {overlong}
-  (limit {c['max_new_tokens']} new tokens)
+  (limit {c['max_new_tokens']} new tokens{"; a cut answer gets no loss term" if c["mask_truncated"] else ""})
 
 ## Optimisation
 - {mode}, {loss} on {c['ratio_level']} ratios with ε_low = {c['eps_low']}, ε_high = {c['eps_high']};
@@ -282,6 +290,7 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
 - models: policy (trained), π_old ({c['old_logprobs']} log-probs → {old_logprobs}), π_ref (frozen `{c['init_from']}`);
   no critic, no reward model
 - KL to π_ref: {kl}
+- entropy controls: {entropy}
 - loss aggregation units: {c['loss_agg']} over each optimizer step's global batch
 - degenerate (all-equal-reward) groups: {degenerate}
 

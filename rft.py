@@ -20,7 +20,8 @@ prompts, where every candidate is right, from crowding out the hard ones in the 
 
 Logged per round: cand_acc (the candidates' verifier accuracy, a sample of the policy at the
 temperature), unique_frac (distinct verified responses / verified ones), kept_frac (kept / all
-candidates), prompt_cover (prompts with at least one kept answer) and pool (examples kept).
+candidates), prompt_cover (prompts with at least one kept answer) and pool (examples kept); per
+iteration the policy's token entropy on the pool's answers.
 Evaluation (evaluation.evaluate_policy): greedy held-out and OOD accuracy, and on eval_samples = N
 sampled answers per held-out problem pass@N, which is Best-of-N by the verifier: the accuracy of the
 best of N samples, an upper-bound estimate of what RL or RFT can reach by selection.
@@ -34,10 +35,12 @@ import math
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 
 import sft
 from distributed import seeded_rng
 from evaluation import evaluate_policy
+from model import token_entropy
 from paperwork import rft_passport, unparsed, verifier_check, write_passport
 from rollouts import response_text, rollouts
 
@@ -123,7 +126,14 @@ def batches(run, state, it):
     return sft.pool_batches(run, it, state.pool), dict(state.round_figures)  # (logged every iteration of the round)
 
 
-loss = sft.loss  # SFT's masked next-token loss, on the kept answers
+def loss(run, state, model, batch):
+    """SFT's masked next-token loss on the kept answers, and the policy's token entropy on them (a pool
+    that narrows the policy shows as falling entropy)."""
+    ids, mask = batch
+    logits = model(ids[:, :-1])
+    loss_sum, count = sft.masked_nll_of(logits, ids, mask)
+    entropy = token_entropy(F.log_softmax(logits.detach().float(), dim=-1))
+    return loss_sum, count, {"tokens": count, "entropy": (entropy * mask[:, 1:]).sum() / count.clamp(min=1)}
 
 
 def evaluate(run, state, it):

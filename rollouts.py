@@ -167,11 +167,13 @@ class Rollout:
 
 
 def rollouts(run, model, problems, group_size, temperature=1.0, max_new_tokens=None, seed=None,
-             top_k=None, top_p=None, batch_size=None, spread=False):
+             top_k=None, top_p=None, batch_size=None, spread=False, prompt_ids=None):
     """The one rollout path: sample `group_size` responses per problem with the KV-cache
     sampler (on all prompts at once, or in chunks of `batch_size`), decode them, verify them with the
-    environment's verifier and lay them out with their masks: a Rollout."""
-    prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(group_size)]
+    environment's verifier and lay them out with their masks: a Rollout. prompt_ids(problem) -> ids
+    renders a prompt (default: the chat template, run.tok.prompt_ids)."""
+    render = prompt_ids or (lambda problem: run.tok.prompt_ids(problem["prompt"]))
+    prompts = [render(p) for p in problems for _ in range(group_size)]
     rows = [p for p in problems for _ in range(group_size)]
     t0 = time.time()
     tokens, logprobs, forced = generate(run, model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -181,6 +183,14 @@ def rollouts(run, model, problems, group_size, temperature=1.0, max_new_tokens=N
     texts = [response_text(run, t) for t in tokens]
     verified = torch.tensor([run.env.verify(p, text) for p, text in zip(rows, texts)], dtype=torch.float32)
     t2 = time.time()
+    return Rollout(**layout(run, prompts, tokens, logprobs, forced), verified=verified.to(run.device),
+                   group=torch.arange(len(problems), device=run.device).repeat_interleave(group_size),
+                   problems=rows, texts=texts, decode_time=t1 - t0, verify_time=t2 - t1)
+
+
+def layout(run, prompts, tokens, logprobs, forced):
+    """The rows' tensors (a Rollout's fields) from each row's prompt ids, response ids, their log-probs
+    and tool marks: prompt + response right-padded, the mask 1 on the sampled response tokens."""
     # (a rank can hold no problem: evaluation shards of fewer problems than ranks)
     N, T = len(prompts), max((len(p) + len(t) for p, t in zip(prompts, tokens)), default=2)
     ids = torch.full((N, T), run.tok.pad, dtype=torch.long)
@@ -192,23 +202,22 @@ def rollouts(run, model, problems, group_size, temperature=1.0, max_new_tokens=N
         old[i, len(p) - 1:len(p) - 1 + len(t)] = torch.tensor(lp)
     device = run.device
     mask = mask.to(device)
-    return Rollout(ids=ids.to(device), mask=mask, forced=tool.to(device), old_logprobs=old.to(device),
-                   verified=verified.to(device), lengths=torch.tensor([len(t) for t in tokens], device=device),
-                   truncated=torch.tensor([run.tok.eos not in t for t in tokens], device=device),
-                   group=torch.arange(len(problems), device=device).repeat_interleave(group_size),
-                   prompt_lens=torch.tensor([len(p) for p in prompts], device=device),
-                   seq_len=last_response_column(mask) + 2, problems=rows, texts=texts, responses=tokens,
-                   decode_time=t1 - t0, verify_time=t2 - t1)
+    return dict(ids=ids.to(device), mask=mask, forced=tool.to(device), old_logprobs=old.to(device),
+                lengths=torch.tensor([len(t) for t in tokens], device=device),
+                truncated=torch.tensor([run.tok.eos not in t for t in tokens], device=device),
+                prompt_lens=torch.tensor([len(p) for p in prompts], device=device),
+                seq_len=last_response_column(mask) + 2, responses=tokens)
 
 
 @torch.no_grad()
-def score_tokens(run, model, ids, prompt_lens):
-    """Per-token log-probs of ids[:, 1:] at the sampling temperature (π_old, π_ref of a rollout), no
+def score_tokens(run, model, ids, prompt_lens, top_k=None, top_p=None):
+    """Per-token log-probs of ids[:, 1:] at the sampling temperature (π_old, π_ref of a rollout), on the
+    distribution top_k / top_p truncate (sampler.sampled_logprobs; none: the whole softmax), no
     gradient, in chunks of batch_size rows; with share_prompt each distinct prompt of a chunk runs
     once (sampler.SharedPrompts)."""
-    size, share = run.cfg["batch_size"], run.cfg["share_prompt"]
+    size, share, tau = run.cfg["batch_size"], run.cfg["share_prompt"], run.cfg["temperature"]
     with run.autocast:
-        return torch.cat([sequence_logprobs(model, chunk, run.cfg["temperature"], lens if share else None).float()
+        return torch.cat([sequence_logprobs(model, chunk, tau, lens if share else None, top_k, top_p).float()
                           for chunk, lens in zip(chunks(ids, size), chunks(prompt_lens, size))])
 
 

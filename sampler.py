@@ -153,9 +153,10 @@ class Samples(NamedTuple):
 
 
 def filter_logits(logits, top_k, top_p):
-    """Truncate the (already temperature-scaled) distribution: top-k, then nucleus (top-p)."""
-    if top_k is not None and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+    """Truncate the (already temperature-scaled) distribution (..., V): top-k, then nucleus (top-p);
+    −inf on the tokens cut."""
+    if top_k and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
@@ -164,6 +165,24 @@ def filter_logits(logits, top_k, top_p):
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     return logits
+
+
+def truncates(top_k, top_p):
+    """Whether top_k / top_p cut anything off (None, 0 and top_p = 1 keep the whole distribution)."""
+    return bool(top_k) or (top_p is not None and top_p < 1.0)
+
+
+def sampled_logprobs(logits, temperature=1.0, top_k=None, top_p=None):
+    """Log-probs (..., V) of the distribution a token is drawn from: softmax(logits / T), cut by top-k
+    then top-p and renormalised over the tokens kept (−inf on the others):
+        π_trunc(v) = π(v) / Σ_{u kept} π(u)  for v kept, 0 otherwise.
+    The sampler draws from it and reports its log-probs; a trainer that scores with the same cut gets
+    the same numbers (ρ = 1 before an update). Scored on the full softmax instead, every kept token's
+    ratio is the kept mass Σ_{u kept} π(u) < 1 (TRL 6789). T = 0 (greedy): the T = 1 distribution, whole."""
+    logp = F.log_softmax(logits.float() if temperature in (0, 1) else logits.float() / temperature, dim=-1)
+    if temperature == 0 or not truncates(top_k, top_p):
+        return logp
+    return filter_logits(logp, top_k, top_p).log_softmax(-1)
 
 
 def draw(logp, generator):
@@ -184,9 +203,10 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
     masked out, so a row's logits equal those of the same prompt alone.
 
     Returns Samples(tokens, logprobs, forced): per row the generated ids (stop token included when hit),
-    their log-probs under the distribution they were drawn from (logits / temperature before
-    top-k / top-p: what RL uses as π_old; greedy (temperature=0) reports the temperature-1
-    log-prob), and a 0/1 list marking tokens injected by tool_hook (log-prob 0.0, masked in RL).
+    their log-probs under the distribution they were drawn from (sampled_logprobs: logits /
+    temperature, truncated by top-k / top-p and renormalised; what RL uses as π_old; greedy
+    (temperature=0) reports the temperature-1 log-prob), and a 0/1 list marking tokens injected by
+    tool_hook (log-prob 0.0, masked in RL).
 
     tool_hook(row, generated_ids) -> list of ids or None is called after each sampled token; ids it
     returns are fed to that row one per step (the tool's output) while other rows keep sampling.
@@ -232,8 +252,8 @@ def decode(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_token
     rows = torch.arange(B, device=device)  # original row index of each cache row still active
     next_pos = lens.clone()
     for step in range(max_new_tokens):
-        logp = F.log_softmax(logits.float() if temperature in (0, 1) else logits.float() / temperature, dim=-1)
-        tok = logits.argmax(-1) if temperature == 0 else draw(filter_logits(logp, top_k, top_p), gen)
+        logp = sampled_logprobs(logits, temperature, top_k, top_p)  # (truncated and renormalised, if asked)
+        tok = logits.argmax(-1) if temperature == 0 else draw(logp, gen)
         tok_logp = logp.gather(1, tok[:, None]).squeeze(1)
         if tool_hook is not None:
             tok, tok_logp, forced = _tool_step(tool_hook, queued, rows, tok, tok_logp, out_tok[:, :step])

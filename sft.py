@@ -21,7 +21,7 @@ from data import RowError, check_length, collate, encode_rows, load_rows, render
 from distributed import all_reduce_sum, chunks, seeded_rng, shard
 from envs import privileged_prompt
 from evaluation import evaluate_policy
-from model import sequence_logprobs
+from model import token_logprobs
 from paperwork import sft_passport, write_passport
 
 defaults = dict(
@@ -39,8 +39,13 @@ defaults = dict(
 def masked_nll(model, ids, mask):
     """(Σ m·(−log p), Σ m) of the next-token loss (SPEC §3 SFT): position t predicts ids[t+1], weighted
     by mask[t+1] (a mask aligned with ids, 1 on the tokens to learn). SFT and RFT train with it."""
+    return masked_nll_of(model(ids[:, :-1]), ids, mask)
+
+
+def masked_nll_of(logits, ids, mask):
+    """masked_nll from the logits (B, T-1, V) of ids[:, :-1]."""
     m = mask[:, 1:]
-    return -(sequence_logprobs(model, ids) * m).sum(), m.sum()
+    return -(token_logprobs(logits, ids[:, 1:]) * m).sum(), m.sum()
 
 
 def loss(run, state, model, batch):

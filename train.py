@@ -35,8 +35,9 @@ The contract: an algorithm module (options.ALGOS) supplies plain values and func
 `run` is what the loop made: run.cfg, run.tok, run.env, run.raw_model (the model) and run.model (what
 the loss calls: DDP, FSDP2 or compiled), run.algo, and the device and ranks (distributed.setup_device).
 The loop owns them, gradient accumulation, loss normalisation, AdamW with warmup + cosine, clipping,
-train/eval mode (set_dropout), evaluation, metrics.jsonl, plots and atomic checkpoints that resume
-exactly. train() at the bottom is the loop; setup, resume and the optimizer step are above it.
+train/eval mode (set_dropout), evaluation, metrics.jsonl and its monitors (monitors.watcher), plots and
+atomic checkpoints that resume exactly. train() at the bottom is the loop; setup, resume and the
+optimizer step are above it.
 """
 
 import contextlib
@@ -59,6 +60,7 @@ from distributed import (all_reduce_sum, gathered, keep_gathered_through_backwar
                          set_gradient_sync, setup_device, shard_model)
 from evaluation import plot_metrics, read_metrics
 from model import GPT, apply_lora, count_parameters
+from monitors import watcher
 from options import (DEFAULTS, MODEL_KEYS, after_the_ladder, algo_module, check_model_keys, check_out_dir, check_start,
                      fill_out_dir, help_text, make_config, optional_dependency, parse_args)
 from paperwork import write_out
@@ -284,7 +286,9 @@ def evaluate(run, state, it, metrics_path, drawn_at):
 
 
 def log(run, metrics_path, row):
+    """One row of metrics.jsonl (rank 0), flagged by the monitors: an alarm's first firing is printed."""
     if run.master:
+        row = run.watch(row)
         with open(metrics_path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -306,6 +310,7 @@ def train(overrides, algo=None):
     run, optimizer, state = setup(overrides, ckpt, algo)
     cfg, metrics_path = run.cfg, os.path.join(run.cfg["out_dir"], "metrics.jsonl")
     start_iter, train_tokens = resume(run, optimizer, ckpt, metrics_path)
+    run.watch = watcher(run, metrics_path)  # the monitors (monitors.ALARMS) on every logged row
     stop_early, state_dict = getattr(run.algo, "stop_early", None), getattr(run.algo, "state_dict", None)
     evaluating, bar, metrics, drawn_at = cfg["eval_interval"] > 0, progress_bar(run, start_iter), {}, time.time()
     if start_iter == 0 and evaluating and cfg["eval_at_start"]:

@@ -58,8 +58,9 @@ def _losses(out):
 
 
 def _rows(out):
-    """metrics.jsonl without its timings (the two runs' clocks differ, nothing else should)."""
-    return [{k: v for k, v in row.items() if "time" not in k and "per_s" not in k}
+    """metrics.jsonl without its timings (the two runs' clocks differ, nothing else should) and the
+    monitors' lists of alarms (the figures they read are compared)."""
+    return [{k: v for k, v in row.items() if "time" not in k and "per_s" not in k and k != "alarms"}
             for row in map(json.loads, open(os.path.join(out, "metrics.jsonl")))]
 
 

@@ -56,6 +56,22 @@ def test_every_stage_runs_and_is_reported(ladder_root):
     assert [row.split(" | ")[0][2:] for row in rows] == NAMES
     assert "pair acc" in rows[NAMES.index("rm")] and "passport.md" in report and "(answer " in report
     assert os.path.isfile(os.path.join(ladder_root, "ladder.png"))
+    # the last column: the monitors that fired in each stage's own metrics.jsonl
+    assert [row.split(" | ")[-1].rstrip(" |") for row in rows] == [
+        ladder.fired_monitors(os.path.join(ladder_root, name)) for name in NAMES]
+
+
+def test_the_report_names_the_monitors_that_fired(tmp_path):
+    """A stage's monitors cell: "none" for a healthy run, else each alarm with the first iteration it fired."""
+    def stage(name, rows):
+        os.makedirs(tmp_path / name)
+        json.dump(dict(algo="grpo", minibatches=1, inner_epochs=1), open(tmp_path / name / "config.json", "w"))
+        open(tmp_path / name / "metrics.jsonl", "w").writelines(json.dumps(r) + "\n" for r in rows)
+        return ladder.fired_monitors(str(tmp_path / name))
+    row = lambda it, **figures: {**dict(iter=it, loss=0.1, entropy=0.2, ratio_dev=0.0, parse_error_rate=0.0), **figures}
+    assert stage("healthy", [dict(iter=0, heldout_acc=0.3), row(1), row(2), dict(iter=2, heldout_acc=0.4)]) == "none"
+    assert stage("broken", [row(1), row(2, ratio_dev=0.3), row(3, entropy=0.01, ratio_dev=0.3)]) == \
+        "ratio_drift (iter 2), entropy_collapse (iter 3)"
 
 
 def test_done_stages_are_skipped_and_redo_reruns(ladder_root, capsys):

@@ -59,13 +59,23 @@ def test_cached_greedy_equals_uncached_greedy(model):
         assert seq[len(prompt):] == out
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, None), (0.7, 5, None), (1.3, None, 0.8)])
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, None), (0.7, 5, None), (1.3, None, 0.8),
+                                                     (1.0, 8, 0.9)])
 def test_sampler_logprobs_equal_training_forward(model, temperature, top_k, top_p):
-    """π_old from the sampler == log softmax(logits / T) of a training forward (before truncation)."""
+    """π_old from the sampler == a training forward's log-probs of the same distribution: softmax(logits
+    / T) cut by top-k / top-p and renormalised (the distribution the tokens were drawn from), to 1e-5.
+    With a cut, the whole softmax scores every sampled token lower by log(kept mass) > 0: the bias an
+    uncorrected ratio carries."""
     tokens, logprobs, _ = model.generate(RAGGED, 10, temperature=temperature, top_k=top_k, top_p=top_p, seed=3)
     for prompt, toks, lps in zip(RAGGED, tokens, logprobs):
-        lp = sequence_logprobs(model, torch.tensor([prompt + toks]), temperature)[0, len(prompt) - 1:]
+        ids = torch.tensor([prompt + toks])
+        lp = sequence_logprobs(model, ids, temperature, top_k=top_k, top_p=top_p)[0, len(prompt) - 1:]
         torch.testing.assert_close(lp, torch.tensor(lps), atol=1e-5, rtol=0)
+        whole = sequence_logprobs(model, ids, temperature)[0, len(prompt) - 1:]
+        if top_k or top_p:
+            assert bool((lp - whole > 1e-3).all())  # 3 cuts, 4 rows, 10 tokens: every one of them
+        else:
+            assert torch.equal(lp, whole)
 
 
 def test_repeated_prompts_share_one_prefill_and_sample_independently(model):

@@ -1,7 +1,7 @@
 """grpo.py's policy-gradient family on numbers: GSPO's and CISPO's gradients against GRPO's and the
 plain policy gradient, the clip band, batch vs group scaling, truncated importance sampling, edge
-prompt sampling (band, resume, DDP), the verifier check, the rollout-cost example, and each break-it
-switch against the monitor that must catch it."""
+prompt sampling (band, resume, DDP), the verifier check and the rollout-cost example (each break-it
+switch against the monitor that must catch it: test_failures.py)."""
 
 import json
 import types
@@ -14,7 +14,6 @@ import torch
 import envs
 import grpo
 import grpo_family as family
-import monitors
 import train as T
 from conftest import TINY, run_ddp
 from distributed import rollout_cost
@@ -194,52 +193,6 @@ def test_config_errors(tmp_path):
                        (dict(prompt_sampling="edge", prompt_pool=1), "prompt_pool"), (dict(ratio_level="seq"), "ratio_level")]:
         with pytest.raises(ValueError, match=match):
             T.train(dict(base, **bad))
-
-
-# ---------------------------------------------------------------------------------------------
-# Break-it switches: each failure on a tiny run, and the monitor that must catch it
-
-# 32 responses of up to 32 tokens: a random model's lengths vary (an end token now and then)
-BREAK = dict(TINY, algo="grpo", prompts_per_iter=4, group_size=8, max_new_tokens=32, max_iters=2, checkpoint=False,
-             warmup_iters=0)
-
-
-def alarms_of(tmp_path, name, **overrides):
-    run = T.train(dict(BREAK, out_dir=str(tmp_path / name), **overrides))
-    rows = [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
-    return monitors.alarms(rows, run.cfg)
-
-
-@pytest.mark.parametrize("overrides,alarm", [
-    (dict(break_it="fp8_sampler", old_logprobs="recompute", tis_cap=1.05), "sampler_mismatch"),
-    (dict(break_it="fp8_sampler", old_logprobs="sampler"), "ratio_drift"),
-    (dict(staleness=1), "stale_rollouts"),
-    (dict(staleness=1, learning_rate=1e-2), "ratio_drift"),
-    (dict(break_it="all_equal"), "degenerate_groups"),
-    (dict(learning_rate=0.5, max_iters=4, minibatches=4, grad_clip=0.0, max_new_tokens=16), "entropy_collapse"),
-    (dict(break_it="length_bonus"), "length_bias"),
-    (dict(break_it="format_exploit"), "verifier_errors"),
-])
-def test_each_break_it_switch_fires_its_monitor(tmp_path, monkeypatch, overrides, alarm):
-    if overrides.get("break_it") != "format_exploit":  # that one is checked against the true verifier
-        monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
-    assert alarm in alarms_of(tmp_path, "broken", **overrides)
-
-
-def test_reward_hacking_fires_when_reward_rises_and_held_out_accuracy_falls():
-    row = lambda it, reward: dict(iter=it, reward=reward, entropy=1.0, ratio_dev=0.0, degenerate_frac=0.0, len_mean=10.0)
-    rows = [dict(iter=0, heldout_acc=0.50), row(1, 0.40), row(2, 0.60), dict(iter=2, heldout_acc=0.49), row(3, 0.70),
-            dict(iter=3, heldout_acc=0.45)]
-    cfg = dict(minibatches=1, inner_epochs=1)
-    assert monitors.alarms(rows, cfg) == {"reward_hacking": 3}  # at 2 the accuracy fell by 0.01 only
-    rows[-1]["heldout_acc"] = 0.52
-    assert monitors.alarms(rows, cfg) == {}
-
-
-def test_the_unbroken_run_fires_no_monitor(tmp_path, monkeypatch):
-    monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
-    fired = alarms_of(tmp_path, "clean", old_logprobs="recompute", tis_cap=1.05, max_iters=3)
-    assert set(fired) <= {"parse_errors", "verifier_errors"}  # a random model parses nothing; coin_reward is no verifier
 
 
 SFT_TINY = dict(train_problems=64, val_examples=8)
