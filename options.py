@@ -103,7 +103,8 @@ RANGES = dict(
     kl_adapt_rate=">= 0", early_stop_kl=">= 0", rlvp_beta=">= 0", rlvp_penalty=">= 0", rlvp_bonus=">= 0",  # ppo
     prompts_per_iter=">= 1", rollout_prompts=">= 0", eps_low="[0, 1]", eps_high=">= 0", inner_epochs=">= 1",
     dynamic_sampling_rounds=">= 0", overlong_cache=">= 0", tis_cap=">= 0", edge_low="[0, 1]",
-    edge_high="[0, 1]", staleness="[0, 1]",  # grpo
+    edge_high="[0, 1]", staleness="[0, 1]", top_k=">= 0", top_p="(0, 1]", clip_cov="[0, 1)",
+    top_entropy_quantile="(0, 1]",  # grpo
     kl_topk=">= 1", anchor_coef=">= 0",  # opd
     rounds=">= 1", round_prompts=">= 1", per_prompt_cap=">= 1",  # rft
 )
@@ -239,9 +240,9 @@ def fill_out_dir(out_dir, algo):
 def in_range(value, spec):
     """Whether value lies in a RANGES spec: "[a, b]", "[a, b)", ">= a" or "> a" (what follows " (" explains)."""
     rule = spec.split(" (")[0]
-    if rule.startswith("["):
+    if rule.startswith(("[", "(")):
         low, high = (float(x) for x in rule[1:-1].split(","))
-        return low <= value and (value <= high if rule.endswith("]") else value < high)
+        return (low <= value if rule[0] == "[" else low < value) and (value <= high if rule.endswith("]") else value < high)
     op, bound = rule.split()
     return value >= float(bound) if op == ">=" else value > float(bound)
 
@@ -254,7 +255,7 @@ def check_values(cfg, defaults):
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"--{key}={value!r} is out of range: it must be finite")
         if key in RANGES and not in_range(value, RANGES[key]):
-            where = "lie in " if RANGES[key].startswith("[") else "be "
+            where = "lie in " if RANGES[key].startswith(("[", "(")) else "be "
             raise ValueError(f"--{key}={value!r} is out of range: it must {where}{RANGES[key]}")
     if cfg["min_lr"] > cfg["learning_rate"]:
         raise ValueError(f"--min_lr={cfg['min_lr']!r} is out of range: it must be <= learning_rate="

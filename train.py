@@ -324,7 +324,11 @@ def train(overrides, algo=None):
             steps, figures = run.algo.batches(run, state, it)  # RL: the rollouts happen here
         t_update, sums, grad_norm = time.time(), {}, None  # sums: over steps, micro-batches and ranks
         for micro_batches in steps:
-            step, grad_norm = optimizer_step(run, state, optimizer, micro_batches, it)
+            try:
+                step, grad_norm = optimizer_step(run, state, optimizer, micro_batches, it)
+            except ValueError:  # a non-finite loss or gradient: the iteration's figures first, so its monitors name the cause
+                log(run, metrics_path, {"iter": it + 1, "lr": lr, "loss": float("nan"), **figures})
+                raise
             for k, v in step.items():
                 sums[k] = sums.get(k, 0.0) + v
             train_tokens += step.get("tokens", 0.0)

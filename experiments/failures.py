@@ -98,9 +98,13 @@ def gallery(args):
             if on != task:
                 continue
             out_dir = os.path.join(args.out, name.replace(" ", "_").replace(",", ""))
-            run(dict(base(args, task), **switch, out_dir=out_dir))
+            try:
+                run(dict(base(args, task), **switch, out_dir=out_dir))
+                stopped = None
+            except ValueError as e:  # the loop's guard stopped it (a non-finite loss): its last row names the cause
+                stopped = str(e).split(":")[0]
             accuracy = "heldout_sampled_acc" if task == "calculator" else "heldout_acc"
-            results[name] = dict(outcome(out_dir, figure, accuracy), switch=switch, task=task,
+            results[name] = dict(outcome(out_dir, figure, accuracy), switch=switch, task=task, stopped=stopped,
                                  control=outcome(control, figure, accuracy))
     results["wall_s"] = time.time() - t0
     return results
@@ -130,7 +134,7 @@ def gallery_table(results):
         switch = " ".join(f"--{k}={v}" for k, v in r["switch"].items())
         figure = (f"{r['figure']} {summary(r['values'], r['figure']):.3g} vs "
                   f"{summary(r['control']['values'], r['figure']):.3g}")
-        acc = lambda h: f"{h[0]:.2f} → {h[-1]:.2f}"
+        acc = lambda h: f"{h[0]:.2f} → {h[-1]:.2f}" if h else f"stopped at {r['stopped']}"
         sampled = " sampled" if r["accuracy"] == "heldout_sampled_acc" else ""
         lines.append(f"| {name} | `{switch}` | `{monitor or 'none'}`: {threshold} | {when} | {figure} | "
                      f"{acc(r['heldout'])} ({acc(r['control']['heldout'])}){sampled} |")

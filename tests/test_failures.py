@@ -16,6 +16,7 @@ import torch
 import envs
 import grpo_family as family
 import monitors
+import options
 import train as T
 from conftest import TINY
 from experiments.failures import FAILURES
@@ -38,9 +39,14 @@ def logged(tmp_path, name, monkeypatch, coin=True, **overrides):
     if coin:
         for env in (envs.Arithmetic, envs.Calculator):
             monkeypatch.setattr(env, "verify", staticmethod(coin_reward))
-    run = T.train(dict(BREAK, out_dir=str(tmp_path / name), **overrides))
+    cfg = dict(BREAK, out_dir=str(tmp_path / name), **overrides)
+    if overrides.get("break_it") == "nan_logprob":  # the loop's guard stops it at the non-finite loss, its row logged first
+        with pytest.raises(ValueError, match="iteration 1: the loss is (nan|inf)"):
+            T.train(cfg)
+    else:
+        T.train(cfg)
     rows = [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
-    return monitors.alarms(rows, run.cfg), rows
+    return monitors.alarms(rows, options.make_config(cfg)), rows
 
 
 def peak(rows, figure):
