@@ -37,6 +37,11 @@ import subprocess
 import sys
 import time
 
+# OpenMP's waiting threads sleep instead of spinning: beside any other process a spinning run on two
+# cores slows 3x or more (docs/benchmarks.md, "Beside other work"). Set before torch loads OpenMP;
+# OMP_WAIT_POLICY=ACTIVE brings the spinning back, faster for SFT on idle cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import torch
 
 import bands

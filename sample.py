@@ -18,6 +18,11 @@ import os
 import sys
 from types import SimpleNamespace
 
+# OpenMP's waiting threads sleep instead of spinning: beside any other process a spinning run on two
+# cores slows 3x or more (docs/benchmarks.md, "Beside other work"). Set before torch loads OpenMP;
+# OMP_WAIT_POLICY=ACTIVE brings the spinning back, faster for SFT on idle cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from checkpoints import load_model, load_tokenizer, read_checkpoint
 from data import config_env
 from options import DEFAULTS
