@@ -28,13 +28,14 @@ depend on how many processes share them. Every log-prob is taken at the sampling
 dropout off (on_policy), so that ρ = 1 before any update. A tool's results stay in the ids with mask
 0: no term of the loss trains on them.
 
-The family's options live in grpo_family.py: REINFORCE, RLOO, Dr. GRPO and the advantage's scale,
-process and RLVP rewards, DAPO (dynamic sampling, overlong shaping and filtering, Clip-Higher,
-token-mean), GSPO, CISPO, truncated importance sampling, the entropy controls (Clip-Cov, the
-top-entropy mask), prompts at the edge of competence, one-step-off rollouts, π_old recomputed, and
-the break-it switches with the monitors that catch them (docs/failures.md). setup() chooses among them
-once; the core path below calls what it chose (state.advantages, state.surrogate, ...). Their
-formulas, the figures a run logs and its passport: docs/grpo.md.
+The family's options live beside it: grpo_family.py (the keys and their checks, the reward's shaping,
+the groups, the loss: DAPO's dynamic sampling, overlong shaping, Clip-Higher and token-mean, GSPO,
+CISPO, truncated importance sampling, the entropy controls Clip-Cov and the top-entropy mask),
+grpo_estimators.py (REINFORCE, RLOO, Dr. GRPO, the advantage's scale, process and RLVP rewards),
+grpo_rollouts.py (prompts at the edge of competence, one-step-off rollouts, π_old recomputed, DAPO's
+overlong filter) and grpo_breaks.py (the break-it switches with the monitors that catch them,
+docs/failures.md). setup() chooses among them once; the core path below calls what it chose
+(state.advantages, state.surrogate, ...). Their formulas, the figures a run logs and its passport: docs/grpo.md.
 """
 
 import time
@@ -43,7 +44,10 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+import grpo_breaks
+import grpo_estimators
 import grpo_family as family
+import grpo_rollouts
 import monitors
 from checkpoints import load_reference
 from distributed import chunks
@@ -81,43 +85,44 @@ defaults = dict(
 
 def setup(run, saved):
     """π_ref, the verifier's own error rate and the family's options, chosen once: each state.X
-    below is GRPO's own function, or the option's from grpo_family.py."""
+    below is GRPO's own function, or the option's from its family's files."""
     cfg = run.cfg
     family.check_config(run)
+    grpo_breaks.check_config(run)
     state = SimpleNamespace(reference=load_reference(run),  # π_ref: the starting policy, frozen
-                            verifier_check=verifier_check(run.env, family.training_verifier(run)))
+                            verifier_check=verifier_check(run.env, grpo_breaks.training_verifier(run)))
     # sampling a group: the prompts, the weights that sample, when the sampling happens
-    state.prompts = family.edge_prompts(run, saved) if cfg["prompt_sampling"] == "edge" else FRESH_PROMPTS
+    state.prompts = grpo_rollouts.edge_prompts(run, saved) if cfg["prompt_sampling"] == "edge" else FRESH_PROMPTS
     state.sampling_model = lambda model: model  # the weights that sample: the policy's own
-    state.sample = family.masking_truncated(rollouts) if cfg["mask_truncated"] else rollouts  # sample, verify, lay out
-    state.truncation = family.truncation(cfg)  # top_k / top_p: what the trainer scores π_θ and π_old on
-    state.sampler = family.sampler_copy(run, saved) if cfg["staleness"] else None  # (one-step-off: its weights)
-    state.rollouts = family.one_step_off_rollouts if cfg["staleness"] else synchronous_rollouts
-    state.old_logprobs, state.rescore = family.old_logprobs(run, state.truncation)  # π_old: the sampler's, or recomputed
+    state.sample = grpo_rollouts.masking_truncated(rollouts) if cfg["mask_truncated"] else rollouts
+    state.truncation = grpo_rollouts.truncation(cfg)  # top_k / top_p: what the trainer scores π_θ and π_old on
+    state.sampler = grpo_rollouts.sampler_copy(run, saved) if cfg["staleness"] else None  # (one-step-off: its weights)
+    state.rollouts = grpo_rollouts.one_step_off_rollouts if cfg["staleness"] else synchronous_rollouts
+    state.old_logprobs, state.rescore = grpo_rollouts.old_logprobs(run, state.truncation)  # π_old: sampler or recomputed
     state.reference_logprobs = reference_logprobs if cfg["kl"] != "off" else (lambda run, state, ro: None)
     # verifying and the advantages
     state.training_reward = lambda ro: ro.verified  # r_i: the verifier's 0/1
     state.kl_in_reward = cfg["kl"] == "k1_reward"
     state.shape = family.shaping(run, state.kl_in_reward)  # DAPO's overlong penalty, −β·KL; else the reward as it is
-    state.advantages = group_advantages if family.plain_advantages(cfg) else family.advantages(run)
-    state.batch_advantages = family.batch_advantages(run)  # REINFORCE's batch mean, adv_scale=batch; else none
+    state.advantages = group_advantages if grpo_estimators.plain_advantages(cfg) else grpo_estimators.advantages(run)
+    state.batch_advantages = grpo_estimators.batch_advantages(run)  # REINFORCE's batch mean, adv_scale=batch; else none
     state.fill_groups = family.fill_groups(run) if family.drops_groups(cfg) else keep_every_group
     # the loss
     state.logprobs = shared_prompt_logprobs if cfg["share_prompt"] else policy_logprobs
     state.token_weights = (family.token_weights(cfg) if family.weighs_tokens(cfg)  # TIS, Clip-Cov, an entropy mask
                            else (lambda batch, logp, entropy: (1.0, {})))
     state.loss_parts = loss_parts(cfg)
-    family.break_it(run, state)  # --break_it: one piece above replaced by a classic bug, on purpose
+    grpo_breaks.break_it(run, state)  # --break_it: one piece above replaced by a classic bug, on purpose
     if run.master and cfg["init_from"] == "scratch":
         print("grpo: init_from=scratch: a random policy rarely earns a reward; start from an SFT checkpoint")
     write_passport(run, grpo_passport(run, state.verifier_check, old_logprobs_mode(run),
-                                      family.advantage_scale(cfg), family.BREAKS.get(cfg["break_it"])))
+                                      grpo_estimators.advantage_scale(cfg), grpo_breaks.BREAKS.get(cfg["break_it"])))
     return state
 
 
 def state_dict(run, state):
     """What a resumed run needs of the family's options (edge sampling's pool, one-step-off's weights)."""
-    return family.state_dict(state) or None
+    return grpo_rollouts.state_dict(state) or None
 
 
 # ----------------------------------------------------------------------------------------------

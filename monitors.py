@@ -4,7 +4,7 @@ sampler's mismatch, parse errors, the verifier's own error rate, the time split)
 ranks; and the monitors (ALARMS) that read any run's logged figures and name the classic failure
 each caught: train.py's loop runs them on every row it logs (watcher: a printed line, an `alarms`
 flag in metrics.jsonl, a line in the passport), monitors.alarms on a finished run's rows.
-grpo_family's break-it switches are the failures on purpose (docs/failures.md, tested).
+grpo_breaks.py's break-it switches are the failures on purpose (docs/failures.md, tested).
 """
 
 import json

@@ -10,7 +10,7 @@ reward is the verifier's 0/1: more a's than b's, then the end token. π_ref has 
 those plus N(0, 1), π_old (the off-policy sampler) π_θ's plus N(0, 0.3).
 
 Estimators of ∇J(θ), J = E_π[r], each from groups of G responses (the batch), repeated --trials times;
-each per-token weight comes from grpo.py's own advantages and loss (grpo_family.group_advantages,
+each per-token weight comes from grpo.py's own advantages and loss (grpo_estimators.group_advantages,
 grpo.policy_loss):
     reinforce     r_i · Σ_t ∇log π (no baseline)                      unbiased
     rloo          leave-one-out baseline, Σ_t                           unbiased
@@ -46,7 +46,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import grpo  # noqa: E402  (after the path: the script runs from anywhere)
-import grpo_family  # noqa: E402
+import grpo_estimators  # noqa: E402
 from model import kl_estimate  # noqa: E402
 
 A, B, END, L = 0, 1, 2, 4
@@ -100,11 +100,11 @@ LOSS = dict(eps_low=0.2, eps_high=0.2, kl="off", kl_coef=0.0, ratio_level="token
             loss_agg="seq_mean_token_mean", max_new_tokens=L)
 ESTIMATORS = dict(  # name: (advantages from (K, G) rewards, the loss keys of grpo.policy_loss)
     reinforce=(lambda r: r, dict(loss_agg="seq_mean_token_sum_norm", max_new_tokens=1)),
-    rloo=(lambda r: grpo_family.group_advantages(r, "rloo")[0], dict(loss_agg="seq_mean_token_sum_norm", max_new_tokens=1)),
-    grpo=(lambda r: grpo_family.group_advantages(r, "grpo")[0], {}),
-    dr_grpo=(lambda r: grpo_family.group_advantages(r, "dr_grpo")[0], dict(loss_agg="seq_mean_token_sum_norm")),
-    gspo=(lambda r: grpo_family.group_advantages(r, "grpo")[0], dict(ratio_level="sequence", eps_low=3e-4, eps_high=4e-4)),
-    cispo=(lambda r: grpo_family.group_advantages(r, "grpo")[0], dict(policy_loss="cispo", loss_agg="token_mean",
+    rloo=(lambda r: grpo_estimators.group_advantages(r, "rloo")[0], dict(loss_agg="seq_mean_token_sum_norm", max_new_tokens=1)),
+    grpo=(lambda r: grpo_estimators.group_advantages(r, "grpo")[0], {}),
+    dr_grpo=(lambda r: grpo_estimators.group_advantages(r, "dr_grpo")[0], dict(loss_agg="seq_mean_token_sum_norm")),
+    gspo=(lambda r: grpo_estimators.group_advantages(r, "grpo")[0], dict(ratio_level="sequence", eps_low=3e-4, eps_high=4e-4)),
+    cispo=(lambda r: grpo_estimators.group_advantages(r, "grpo")[0], dict(policy_loss="cispo", loss_agg="token_mean",
                                                              eps_low=1.0, eps_high=0.28)),
 )
 

@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
-import grpo_family  # noqa: E402
+import grpo_breaks  # noqa: E402
 import monitors  # noqa: E402
 from experiments.generalpoints import rows, run, save_study  # noqa: E402  (train.train with the run's keys, ...)
 
@@ -112,7 +112,7 @@ def gallery(args):
 
 def threshold_text(name, switch):
     """The monitor a failure must fire (BREAKS; entropy_collapse for the learning rate) and its threshold."""
-    monitor = grpo_family.BREAKS.get(switch.get("break_it"), "entropy_collapse" if "learning_rate" in switch else None)
+    monitor = grpo_breaks.BREAKS.get(switch.get("break_it"), "entropy_collapse" if "learning_rate" in switch else None)
     return monitor, monitors.ALARMS[monitor][1].split(":")[0] if monitor else "–"
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import envs
+import grpo_breaks
 import grpo_family as family
 import monitors
 import options
@@ -131,12 +132,12 @@ def test_a_monitor_prints_flags_and_notes_in_the_passport(tmp_path, monkeypatch,
     assert "which the monitor `misaligned_advantages` must catch" in passport
     assert "- `misaligned_advantages`: adv_sign_error_frac > 0.01" in passport
     assert "- fired: `misaligned_advantages` at iteration 1 (adv_sign_error_frac 0." in passport
-    assert set(monitors.ALARMS) >= set(family.BREAKS.values()) and fired["misaligned_advantages"] == 1
+    assert set(monitors.ALARMS) >= set(grpo_breaks.BREAKS.values()) and fired["misaligned_advantages"] == 1
 
 
 def test_every_break_it_switch_names_a_monitor():
-    assert family.CHOICES["break_it"] == ("none", *family.BREAKS)
-    assert all(monitor in monitors.ALARMS for monitor in family.BREAKS.values())
+    assert grpo_breaks.CHOICES["break_it"] == ("none", *grpo_breaks.BREAKS)
+    assert all(monitor in monitors.ALARMS for monitor in grpo_breaks.BREAKS.values())
 
 
 def test_reward_hacking_fires_when_reward_rises_and_held_out_accuracy_falls():

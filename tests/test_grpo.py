@@ -16,7 +16,9 @@ import torch
 
 import envs
 import grpo
+import grpo_estimators
 import grpo_family as family
+import grpo_rollouts
 import options
 import train as T
 from checkpoints import build_model, load_reference
@@ -67,7 +69,7 @@ def loss_cfg(**kw):
 
 def test_grpo_group_example_and_ddof_factor():
     r = torch.tensor([1., 0, 0, 1, 0, 0, 1, 0])
-    adv = family.grpo_advantages(r)
+    adv = grpo_estimators.grpo_advantages(r)
     assert round(float(r.mean()), 3) == 0.375 and round(float(r.std(correction=0)), 4) == 0.4841
     assert round(float(adv[0]), 3) == 1.291 and round(float(adv[1]), 3) == -0.775
     assert abs(float(adv.sum())) < 1e-6
@@ -77,18 +79,18 @@ def test_grpo_group_example_and_ddof_factor():
 
 def test_grpo_advantages_errors_and_degenerate_rule():
     with pytest.raises(ValueError, match="no relative signal"):
-        family.grpo_advantages([1.0, 1.0, 1.0])
+        grpo_estimators.grpo_advantages([1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="shape"):
-        family.grpo_advantages([1.0])
+        grpo_estimators.grpo_advantages([1.0])
     with pytest.raises(ValueError, match="shape"):
-        family.grpo_advantages(torch.zeros(2, 3, 4))
+        grpo_estimators.grpo_advantages(torch.zeros(2, 3, 4))
     with pytest.raises(ValueError, match="finite"):
-        family.grpo_advantages([1.0, float("nan"), 0.0])
+        grpo_estimators.grpo_advantages([1.0, float("nan"), 0.0])
     with pytest.raises(ValueError, match="on_degenerate"):
-        family.grpo_advantages([1.0, 0.0], on_degenerate="drop")
+        grpo_estimators.grpo_advantages([1.0, 0.0], on_degenerate="drop")
     # 0.1 * 3 rounds so that mean != 0.3 in float32: std would be ~1e-8 and the advantages huge
     rows = torch.tensor([[0.3, 0.3, 0.3], [1.0, 0.0, 0.0]])
-    adv = family.grpo_advantages(rows, on_degenerate="zeros")
+    adv = grpo_estimators.grpo_advantages(rows, on_degenerate="zeros")
     assert torch.equal(adv[0], torch.zeros(3))
     assert torch.allclose(adv[1], torch.tensor([2.0, -1.0, -1.0]) / math.sqrt(2.0))
 
@@ -124,14 +126,14 @@ def test_group_baseline_bias_exhaustive_and_simulated():
     prob = p ** groups.sum(1) * (1 - p) ** (G - groups.sum(1))
     expected = {}
     for estimator in ("dr_grpo", "rloo"):
-        adv, _ = family.group_advantages(groups, estimator)
+        adv, _ = grpo_estimators.group_advantages(groups, estimator)
         per_group = (adv * (groups - p)).mean(1)  # the REINFORCE estimate of one group
         expected[estimator] = float((prob * per_group).sum())
     assert round(expected["dr_grpo"], 5) == 0.18375 and round(expected["rloo"], 5) == 0.21
     gen = torch.Generator().manual_seed(0)
     sims = (torch.rand(100_000, G, generator=gen) < p).float()
     for estimator, truth in expected.items():
-        adv, _ = family.group_advantages(sims, estimator)
+        adv, _ = grpo_estimators.group_advantages(sims, estimator)
         per_group = (adv * (sims - p)).mean(1)
         stderr = float(per_group.std()) / math.sqrt(len(sims))
         assert abs(float(per_group.mean()) - truth) < 4 * stderr
@@ -153,7 +155,7 @@ def test_one_token_bandit_gradient_is_reinforce(estimator, loss_agg):
     if estimator == "reinforce":
         adv = (rewards - rewards.mean()).flatten()
     else:
-        adv, degenerate = family.group_advantages(rewards, estimator)
+        adv, degenerate = grpo_estimators.group_advantages(rewards, estimator)
         assert not degenerate.any()
         adv = adv.flatten()
     logp = torch.log_softmax(theta, 0)[actions][:, None]
@@ -483,8 +485,8 @@ def test_staleness_0_is_the_synchronous_loop(tmp_path, monkeypatch):
     recorded the figures; they are compared within rounding, as another CPU may round differently,
     which is still far tighter than any change of which rollouts train which weights."""
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
-    monkeypatch.setattr(family, "one_step_off_rollouts", refuse)
-    monkeypatch.setattr(family, "sampler_copy", refuse)
+    monkeypatch.setattr(grpo_rollouts, "one_step_off_rollouts", refuse)
+    monkeypatch.setattr(grpo_rollouts, "sampler_copy", refuse)
     run = T.train(dict(TINY, **SMALL, max_iters=3, learning_rate=1e-3, minibatches=2, share_prompt=False,
                        out_dir=str(tmp_path / "sync")))
     rows = [json.loads(line) for line in open(tmp_path / "sync" / "metrics.jsonl")]

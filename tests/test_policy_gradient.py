@@ -13,7 +13,10 @@ import torch
 
 import envs
 import grpo
+import grpo_breaks
+import grpo_estimators
 import grpo_family as family
+import grpo_rollouts
 import train as T
 from conftest import TINY, run_ddp
 from distributed import rollout_cost
@@ -81,17 +84,17 @@ def test_batch_vs_group_scaling_by_hand():
     """Groups [1,0,0,0] and [1,1,0,0]: centred (0.75, −0.25 ×3) and (±0.5); the group std is 0.4330
     and 0.5, the batch std of all eight centred values √(1.75/8) = 0.46771."""
     rewards = torch.tensor([[1., 0., 0., 0.], [1., 1., 0., 0.]])
-    group, _ = family.group_advantages(rewards, "dr_grpo", "group")
+    group, _ = grpo_estimators.group_advantages(rewards, "dr_grpo", "group")
     assert group[0].tolist() == pytest.approx([1.7320508, -0.5773503, -0.5773503, -0.5773503], rel=1e-6)
     assert group[1].tolist() == pytest.approx([1.0, 1.0, -1.0, -1.0])
-    assert torch.equal(group, family.group_advantages(rewards, "grpo")[0])  # grpo = its baseline + group std
-    none, _ = family.group_advantages(rewards, "grpo", "none")
-    assert torch.equal(none, family.group_advantages(rewards, "dr_grpo")[0])  # the explicit scale wins
-    (batch,) = family.batch_scale([none.flatten()], [torch.ones(8, dtype=torch.bool)], types.SimpleNamespace(ddp=False))
+    assert torch.equal(group, grpo_estimators.group_advantages(rewards, "grpo")[0])  # grpo = its baseline + group std
+    none, _ = grpo_estimators.group_advantages(rewards, "grpo", "none")
+    assert torch.equal(none, grpo_estimators.group_advantages(rewards, "dr_grpo")[0])  # the explicit scale wins
+    (batch,) = grpo_estimators.batch_scale([none.flatten()], [torch.ones(8, dtype=torch.bool)], types.SimpleNamespace(ddp=False))
     assert batch.tolist() == pytest.approx([1.6035675, -0.5345225, -0.5345225, -0.5345225,
                                             1.0690450, 1.0690450, -1.0690450, -1.0690450], rel=1e-6)
     kept = torch.tensor([True] * 4 + [False] * 4)  # a dropped group is in no std
-    (only_first,) = family.batch_scale([none.flatten()], [kept], types.SimpleNamespace(ddp=False))
+    (only_first,) = grpo_estimators.batch_scale([none.flatten()], [kept], types.SimpleNamespace(ddp=False))
     assert only_first[:4].tolist() == pytest.approx(group[0].tolist(), rel=1e-6)
 
 
@@ -113,7 +116,7 @@ def test_edge_draw_stays_in_the_band_while_in_band_prompts_remain():
         success = rng.uniform(size=64)
         success[rng.uniform(size=64) < 0.2] = np.nan
         n = int(rng.integers(1, 40))
-        drawn = family.edge_draw(success, n, np.random.default_rng(seed), 0.2, 0.8)
+        drawn = grpo_rollouts.edge_draw(success, n, np.random.default_rng(seed), 0.2, 0.8)
         unseen = np.flatnonzero(np.isnan(success))
         in_band = np.flatnonzero((success >= 0.2) & (success <= 0.8))
         assert len(set(drawn.tolist())) == len(drawn) == n
@@ -122,7 +125,7 @@ def test_edge_draw_stays_in_the_band_while_in_band_prompts_remain():
         k = min(len(later), len(in_band))
         assert set(later[:k].tolist()) <= set(in_band.tolist())  # the band before anything outside it
     s = np.array([np.nan, 0.5, 0.0])
-    family.edge_update(s, np.array([0, 1]), np.array([0.25, 1.0]))
+    grpo_rollouts.edge_update(s, np.array([0, 1]), np.array([0.25, 1.0]))
     assert s.tolist() == [0.25, 0.75, 0.0]
 
 
@@ -172,7 +175,7 @@ def test_verifier_check_catches_a_broken_verifier():
     always = verifier_check(env, lambda p, r: 1.0)
     assert always["verifier_false_positives"] == always["verifier_probes"] - 64 > 50
     assert verifier_check(env, lambda p, r: 0.0)["verifier_false_negatives"] == 64
-    assert verifier_check(env, family.lax_verify)["verifier_false_positives"] > 0  # the format exploit
+    assert verifier_check(env, grpo_breaks.lax_verify)["verifier_false_positives"] > 0  # the format exploit
     assert env.parses("3+4=7. Answer: 7") and not env.parses("Answer: 7 8")
     unsolved = verifier_check(types.SimpleNamespace(), env.verify)  # no solver: unknown, not 0
     assert np.isnan(unsolved["verifier_error_rate"]) and "unchecked" in verification_text(unsolved)

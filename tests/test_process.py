@@ -12,7 +12,7 @@ import torch
 
 import envs
 import grpo
-import grpo_family as family
+import grpo_estimators
 import ppo
 import train as T
 from conftest import TINY
@@ -63,14 +63,14 @@ def test_process_advantages_normalise_over_the_group_and_sum_the_steps_that_foll
     ends[0, 1] = ends[0, 3] = ends[1, 4] = True
     mask = torch.ones(2, 5)
     mask[0, 4] = 0.0
-    adv, degenerate = family.process_advantages(steps, ends, mask, 2, "grpo")
+    adv, degenerate = grpo_estimators.process_advantages(steps, ends, mask, 2, "grpo")
     hi, lo = (1 - 2 / 3) / (2 / 9) ** 0.5, (0 - 2 / 3) / (2 / 9) ** 0.5  # R = {1, 0, 1}: mean 2/3, std √(2/9)
     expected = torch.tensor([[hi + lo, hi + lo, lo, lo, 0.0], [hi] * 5])
     torch.testing.assert_close(adv, expected)
     assert not degenerate.any()
-    flat, degenerate = family.process_advantages(torch.ones(2, 5) * ends, ends, mask, 2, "grpo")
+    flat, degenerate = grpo_estimators.process_advantages(torch.ones(2, 5) * ends, ends, mask, 2, "grpo")
     assert degenerate.all() and not flat.any()
-    dr, _ = family.process_advantages(steps, ends, mask, 2, "dr_grpo")  # no std: r − mean
+    dr, _ = grpo_estimators.process_advantages(steps, ends, mask, 2, "dr_grpo")  # no std: r − mean
     torch.testing.assert_close(dr[1], torch.full((5,), 1 / 3))
 
 
@@ -89,17 +89,17 @@ def test_gae_passes_over_tool_tokens_and_is_unchanged_without_them():
 def test_rlvp_channels_are_normalised_separately():
     outcome = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
     path = torch.tensor([[-2.0, 1.0, 1.0, 1.0]])
-    adv, degenerate = family.rlvp_advantages(outcome, path, "grpo", 0.5)
+    adv, degenerate = grpo_estimators.rlvp_advantages(outcome, path, "grpo", 0.5)
     z = lambda x: (x - x.mean()) / x.std(correction=0)
     torch.testing.assert_close(adv, z(outcome) + 0.5 * z(path))
     # a denser or larger path signal (ten times the actions) weighs the same: it cannot drown the outcome
-    torch.testing.assert_close(family.rlvp_advantages(outcome, 10 * path, "grpo", 0.5)[0], adv)
+    torch.testing.assert_close(grpo_estimators.rlvp_advantages(outcome, 10 * path, "grpo", 0.5)[0], adv)
     # rule 2, the outcome stays the main driver: the one success, though it broke the rule, still leads
     assert adv[0, 0] > adv[0, 1:].max() and not degenerate.any()
-    only_path, degenerate = family.rlvp_advantages(torch.zeros(1, 4), path, "grpo", 0.5)
+    only_path, degenerate = grpo_estimators.rlvp_advantages(torch.zeros(1, 4), path, "grpo", 0.5)
     torch.testing.assert_close(only_path, 0.5 * z(path))
     assert not degenerate.any()
-    assert family.rlvp_advantages(torch.ones(1, 4), torch.ones(1, 4), "grpo", 0.5)[1].all()
+    assert grpo_estimators.rlvp_advantages(torch.ones(1, 4), torch.ones(1, 4), "grpo", 0.5)[1].all()
 
 
 def test_the_four_rlvp_rules_of_the_calculator_rule_engine():
