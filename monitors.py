@@ -23,8 +23,10 @@ def shard_counts(run, first, batch, rounds):
     """A shard's sums for the log: of its first round (an unbiased sample of the policy, its reward
     before shaping) and of every round sampled."""
     G, ro, reward = run.cfg["group_size"], first.rollout, first.reward
+    all_fail = reward.view(-1, G).amax(1) == 0
     counts = dict(
-        reward_sum=float(reward.sum()), reward_n=len(reward), all_fail=float((reward.view(-1, G).amax(1) == 0).sum()),
+        reward_sum=float(reward.sum()), reward_n=len(reward), all_fail=float(all_fail.sum()),
+        **advantage_mass(ro, all_fail.repeat_interleave(G)),
         violations=sum(sign < 0 for p, t in zip(ro.problems, ro.texts)
                        for _, sign in run.env.path_signals(p, t)) if hasattr(run.env, "path_signals") else 0,
         degenerate=float((reward.view(-1, G) == reward.view(-1, G)[..., :1]).all(-1).sum()), groups=len(reward) // G,
@@ -40,6 +42,18 @@ def shard_counts(run, first, batch, rounds):
     counts.update(corr_n=len(x), corr_x=float(x.sum()), corr_y=float(y.sum()), corr_xy=float((x * y).sum()),
                   corr_xx=float((x * x).sum()), corr_yy=float((y * y).sum()))
     return counts
+
+
+def advantage_mass(ro, failed):
+    """all_fail_adv (Σ|A| over the rows of all-fail groups) and adv_mass (Σ|A| over all rows): what
+    share of the policy gradient's weight the groups without a win carry. A row's |A| is its
+    advantage's, or, token by token (process rewards), the mean |A_t| over its response tokens."""
+    if ro.advantages is None:
+        return dict(all_fail_adv=0.0, adv_mass=0.0)
+    mass = ro.advantages.abs()
+    if mass.dim() == 2:
+        mass = (mass * ro.mask).sum(1) / ro.mask.sum(1).clamp(min=1)
+    return dict(all_fail_adv=float(mass[failed.to(mass.device)].sum()), adv_mass=float(mass.sum()))
 
 
 def retokenized_rows(ro):
@@ -64,9 +78,9 @@ def misaligned_rows(run, ro):
 
 def rollout_figures(run, state, shards, counts):
     """The iteration's figures, summed over ranks: reward (the first rounds'), reward_shaped,
-    degenerate_frac, all_fail_frac, kept_groups_frac, extra_rollouts, lengths, truncated_frac,
-    work_frac, parse_error_rate, reward_len_corr, verifier_error_rate, kl_ref (with a KL term),
-    kl_reward (with the KL in the reward), sampler_logprob_gap (π_old recomputed),
+    degenerate_frac, all_fail_frac, all_fail_adv_share (advantage_mass), kept_groups_frac,
+    extra_rollouts, lengths, truncated_frac, work_frac, parse_error_rate, reward_len_corr,
+    verifier_error_rate, kl_ref (with a KL term), kl_reward (with the KL in the reward), sampler_logprob_gap (π_old recomputed),
     violations_per_episode (a rule engine), this rank's time split time_decode / time_verify /
     time_score and decode_tok_per_s; and, only in an iteration that has one, retokenized_frac,
     adv_sign_error_frac and nonfinite_logprob_frac (failures a healthy pipeline never has)."""
@@ -76,7 +90,7 @@ def rollout_figures(run, state, shards, counts):
     lengths = torch.cat([b.lengths.float() for b in shards])
     sums = {k: sum(c[k] for c in counts)
             for k in ("reward_sum", "reward_n", "degenerate", "groups", "extra_rollouts", "kept_groups", "work",
-                      "all_fail", "violations", "parse_errors", "corr_n", "corr_x", "corr_y", "corr_xy", "corr_xx",
+                      "all_fail", "all_fail_adv", "adv_mass", "violations", "parse_errors", "corr_n", "corr_x", "corr_y", "corr_xy", "corr_xx",
                       "corr_yy", "retokenized", "misaligned")}
     sums["nonfinite"] = sum(float((~torch.isfinite(lp) & (b.mask > 0)).sum()) for b in shards
                             for lp in (b.old_logprobs, b.ref_logprobs, b.sampler_logprobs) if lp is not None)
@@ -96,6 +110,7 @@ def rollout_figures(run, state, shards, counts):
     figures = dict(
         reward=sums["reward_sum"] / sums["reward_n"], reward_shaped=sums["shaped"] / max(sums["kept_groups"] * G, 1),
         degenerate_frac=sums["degenerate"] / sums["groups"], all_fail_frac=sums["all_fail"] / sums["groups"],
+        all_fail_adv_share=sums["all_fail_adv"] / sums["adv_mass"] if sums["adv_mass"] else 0.0,
         kept_groups_frac=sums["kept_groups"] / sums["groups"], extra_rollouts=sums["extra_rollouts"],
         len_mean=len_mean, len_std=max(sums["len_sq"] / sums["len_n"] - len_mean ** 2, 0.0) ** 0.5,
         truncated_frac=sums["truncated"] / sums["len_n"],

@@ -16,17 +16,24 @@ format, so that the start partly solves them.
                 one_swapped  a held-out map with one room named from another role's names
 
 Step 2, the study: from the checkpoint, more SFT (at the learning rate the SFT recipe ends at, on the
-same demonstrations) and GRPO (its default recipe) for equal training time, two seeds, each
-evaluated on --eval_problems held-out problems and as many of the --split candidate split every
---rl_iters / --evals GRPO iterations and at the matching SFT training time. Each arm runs in
-segments resumed from its checkpoint (init_from=resume continues exactly: optimizer, schedule, data
-order); SFT gets the iterations that fit in GRPO's measured training time up to each evaluation at
+same demonstrations) and GRPO (its default recipe) for equal training time, three seeds. Each
+evaluation answers the same --eval_problems problems of the held-out split and of every --split
+(comma-separated), once greedily and once sampled at T = 1, every --rl_iters / --evals GRPO
+iterations and at the matching SFT training time. Each answer is kept (right or wrong, worked or bare, the question's form: symbols or words), so arms are
+compared paired on the same problems and broken down by form. Each arm runs in segments resumed
+from its checkpoint (init_from=resume continues exactly: optimizer, schedule, data order); SFT seed
+s gets the iterations that fit in GRPO seed s's measured training time up to each evaluation, at
 the SFT rate of its own previous segments (the first: the start's metrics.jsonl, or two timed
-iterations when the start has none). It writes results.json, ood.md
-(the table) and the plot into --out.
+iterations when the start has none). It writes results.json, ood.md (the tables) and the plot into
+--out.
+
+Step 3, --steps_written: why an arm lost or gained on a longer chain, from each run's last
+checkpoint: how many equations its worked answers write against the chain's length, and how many
+of them are the solution's own steps.
 
     python experiments/ood.py --search --init_from=out/sft                   # step 1 (~3 min)
-    python experiments/ood.py --init_from=out/sft --split=steps+1            # step 2 (~40 min on 2 cores)
+    python experiments/ood.py --init_from=out/sft --split=steps+1,steps+2,reworded --eval_problems=1000  # step 2
+    python experiments/ood.py --init_from=out/sft --out=out/ood --steps_written  # step 3: the steps written
     python experiments/ood.py --quick --out=/tmp/ood                         # a toy-size smoke test
 
 --set key=value (repeatable) passes a train.py key to every run (each takes the keys its algorithm knows).
@@ -37,7 +44,6 @@ import json
 import os
 import random
 import sys
-import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -46,10 +52,10 @@ import bands  # noqa: E402  (after the path: the script runs from anywhere)
 import options  # noqa: E402
 from envs import Arithmetic  # noqa: E402
 from envs.treasure import MAP_TEXT, ROOM_NAMES, ROOMS, optimal_episode  # noqa: E402
-from evaluation import greedy_accuracy  # noqa: E402
+from rollouts import generate, response_text  # noqa: E402
 from experiments.generalpoints import run, save_study  # noqa: E402  (train.train with the keys of the run's algorithm)
 
-SEEDS = (1337, 1338)
+SEEDS = (1337, 1338, 1339)
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, prompts_per_iter=2, group_size=2, eval_batch_size=8,
              max_new_tokens=24, train_problems=64, val_examples=8, device="cpu", plot=False)
 # more SFT continues at the learning rate the SFT recipe's cosine ends at (no second warm-up to its peak)
@@ -91,16 +97,9 @@ CANDIDATES = dict(
 
 
 def accuracy(r, model, split, n):
-    """(greedy accuracy, binomial band) on n problems of `split`: heldout, or a candidate's name."""
-    if split == "heldout":
-        metrics, _ = greedy_accuracy(r, model, "heldout", n)
-    else:  # the candidate stands in for the run's "ood" split
-        make, env = CANDIDATES[r.env.name][split], r.env
-        shifted = types.SimpleNamespace(name=env.name, verify=env.verify, shows_work=env.shows_work,
-                                        problems=lambda s, k, seed=0: make(env, k, seed))
-        metrics, _ = greedy_accuracy(types.SimpleNamespace(**{**vars(r), "env": shifted}), model, "ood", n)
-        metrics = {"heldout_acc": metrics["ood_acc"]}
-    acc = metrics["heldout_acc"]
+    """(greedy accuracy, binomial band) on the first n problems of `split`: heldout, or a candidate's name."""
+    correct, _ = answers(r, model, split_problems(r.env, split, n), 0.0)
+    acc = sum(correct) / n
     return acc, bands.binomial(acc, n)
 
 
@@ -123,6 +122,53 @@ def search(args, common):
     print("\n".join(lines))
 
 
+def steps_written(args, common):
+    """Step 3, after a study (--steps_written, the same --out): for the start and every run's last
+    checkpoint, greedy answers to each split's problems: the share that show work, how many
+    equations a worked answer writes against the chain's length, how many of them are the
+    solution's own steps (Arithmetic.step_rewards), and the accuracy of worked and of bare answers;
+    means over each arm's seeds. Writes steps.md and steps.json into --out."""
+    results = json.load(open(os.path.join(args.out, "results.json")))
+    r = loaded(args, common)
+    problems = {split: split_problems(r.env, split, results["eval_problems"]) for split in results["splits"]}
+    checkpoints = dict(start=[args.init_from], **{arm: [os.path.join(args.out, f"{arm}_{seed}") for seed in runs]
+                                                  for arm, runs in results["arms"].items()})
+    rows = {}
+    for who, dirs in checkpoints.items():
+        for d in dirs:
+            model = run(dict(common, algo="sft", init_from=d, max_iters=0, eval_interval=0, overwrite=True,
+                             out_dir=os.path.join(args.out, "loaded"))).raw_model
+            for split, probs in problems.items():
+                tokens, _, _ = generate(r, model, [r.tok.prompt_ids(p["prompt"]) for p in probs], temperature=0.0)
+                texts = [response_text(r, t) for t in tokens]
+                worked = [t for p, t in zip(probs, texts) if r.env.shows_work(t)]
+                worked_p = [p for p, t in zip(probs, texts) if r.env.shows_work(t)]
+                right = [r.env.verify(p, t) for p, t in zip(probs, texts)]
+                written = [t.split("Answer:", 1)[0].count("=") for t in worked]
+                own = [sum(v for _, v in r.env.step_rewards(p, t)[:-1]) for p, t in zip(worked_p, worked)]
+                mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
+                row = dict(acc=mean(right), worked=len(worked) / len(probs), equations=mean(written),
+                           chain=mean([len(p["steps"]) for p in probs]), own_steps=mean(own),
+                           every_step=mean([w >= len(p["steps"]) for w, p in zip(own, worked_p)]),
+                           acc_worked=mean([x for x, t in zip(right, texts) if r.env.shows_work(t)]),
+                           acc_bare=mean([x for x, t in zip(right, texts) if not r.env.shows_work(t)]))
+                rows.setdefault(who, {}).setdefault(split, []).append(row)
+    lines = [f"Greedy answers to {results['eval_problems']} problems per split; each arm the mean over its "
+             f"{len(results['seeds'])} seeds' last checkpoints.", "",
+             "| split | model | accuracy | worked share | equations per worked answer (chain) | of them the solution's steps | "
+             "worked answers with every step right | accuracy worked / bare |", "|---|---|---|---|---|---|---|---|"]
+    for split in results["splits"]:
+        for who in checkpoints:
+            m = {k: sum(x[k] for x in rows[who][split]) / len(rows[who][split]) for k in rows[who][split][0]}
+            lines.append(f"| {split} | {who} | {m['acc']:.3f} | {m['worked']:.2f} | {m['equations']:.2f} ({m['chain']:.0f}) | "
+                         f"{m['own_steps']:.2f} | {m['every_step']:.2f} | {m['acc_worked']:.3f} / {m['acc_bare']:.3f} |")
+    with open(os.path.join(args.out, "steps.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(args.out, "steps.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print("\n".join(lines))
+
+
 def training_seconds(out_dir):
     return sum(json.loads(line).get("iter_time", 0.0) for line in open(os.path.join(out_dir, "metrics.jsonl")))
 
@@ -135,8 +181,47 @@ def sft_rate(out_dir):
     return sum(times) / len(times)
 
 
-def arm_curve(args, common, arm, seed, start):
-    """One arm and seed in segments: [{iter, seconds, heldout, heldout_band, ood, ood_band}] with the start first."""
+def split_problems(env, split, n):
+    """The first seeded n problems of `split`: heldout, or a candidate's name (the same at every evaluation)."""
+    return env.problems("heldout", n, seed=0) if split == "heldout" else CANDIDATES[env.name][split](env, n, 0)
+
+
+def form(problem):
+    """How the question is written: "words" (a word problem, "Ann had 7 coins, ...") or "symbols"
+    ("What is 7 + 8 - 3?", reworded "Compute ..."); "map" on the treasure hunt."""
+    if "names" in problem:
+        return "map"
+    return "words" if " had " in problem["prompt"] else "symbols"
+
+
+def answers(r, model, problems, temperature):
+    """One answer per problem, greedy (temperature 0) or sampled at a fixed seed: (correct, shows work), 0/1 each."""
+    tokens, _, _ = generate(r, model, [r.tok.prompt_ids(p["prompt"]) for p in problems], temperature=temperature, seed=1)
+    texts = [response_text(r, t) for t in tokens]
+    return ([int(r.env.verify(p, text)) for p, text in zip(problems, texts)],
+            [int(bool(r.env.shows_work(text))) for text in texts])
+
+
+def figures(problems, correct, work):
+    """{acc, band, work, forms: {form: accuracy}, form_n: {form: problems}, correct: [0/1 per problem]}."""
+    forms = {}
+    for p, c in zip(problems, correct):
+        forms.setdefault(form(p), []).append(c)
+    acc = sum(correct) / len(correct)
+    return dict(acc=acc, band=bands.binomial(acc, len(correct)), work=sum(work) / len(work),
+                forms={f: sum(v) / len(v) for f, v in sorted(forms.items())},
+                form_n={f: len(v) for f, v in sorted(forms.items())}, correct=correct)
+
+
+def evaluate(r, problems):
+    """{"greedy": {split: figures}, "sampled": {split: figures}} on every split's problems, one answer
+    each, greedy and sampled at T = 1."""
+    return {mode: {split: figures(probs, *answers(r, r.raw_model, probs, temperature))
+                   for split, probs in problems.items()} for mode, temperature in (("greedy", 0.0), ("sampled", 1.0))}
+
+
+def arm_curve(args, common, arm, seed, start, problems):
+    """One arm and seed in segments: [{iter, seconds, greedy: {split: figures}, sampled: ...}], the start first."""
     out_dir, points, iters, rate = os.path.join(args.out, f"{arm}_{seed}"), [dict(start, iter=0, seconds=0.0)], 0, None
     segment, begun = max(1, args.rl_iters // args.evals), []
 
@@ -160,43 +245,102 @@ def arm_curve(args, common, arm, seed, start):
         seconds = training_seconds(out_dir)
         if arm == "sft":
             rate = sft_rate(out_dir)
-        h, hb = accuracy(r, r.raw_model, "heldout", args.eval_problems)
-        o, ob = accuracy(r, r.raw_model, args.split, args.eval_problems)
-        points.append(dict(iter=iters, seconds=seconds, heldout=h, heldout_band=hb, ood=o, ood_band=ob))
-        print(f"{arm} seed {seed}: iteration {iters}, {seconds:.0f} s of training: held-out {h:.3f}, {args.split} {o:.3f}")
+        points.append(dict(iter=iters, seconds=seconds, **evaluate(r, problems)))
+        print(f"{arm} seed {seed}: iteration {iters}, {seconds:.0f} s of training: " +
+              ", ".join(f"{s} {f['acc']:.3f}" for s, f in points[-1]["greedy"].items()))
     return points
 
 
+def ends(results, arm, mode, split, key="acc"):
+    """The figure `key` of every seed's last evaluation of `arm` (seed order)."""
+    return [points[-1][mode][split][key] for points in results["arms"][arm].values()]
+
+
+def gap(results, mode, split):
+    """GRPO minus more SFT at the end, on the same problems: (per-seed paired differences, the
+    across-seed mean and band, each seed's per-problem band)."""
+    grpo, sft = results["arms"]["grpo"], results["arms"]["sft"]
+    per_seed = [bands.paired(grpo[s][-1][mode][split]["correct"], sft[s][-1][mode][split]["correct"]) for s in grpo]
+    return per_seed, bands.paired_across_seeds([d for d, _ in per_seed])
+
+
+def signed(mean, half):
+    return f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "")
+
+
 def table(results):
-    lines = [f"| arm | seed | iteration | training time (s) | held-out | {results['split']} (OOD) |", "|---|---|---|---|---|---|"]
+    splits, n, start = results["splits"], results["eval_problems"], results["start"]
+    lines = ["| arm | seed | iteration | training time (s) | " + " | ".join(f"{s} greedy" for s in splits) + " |",
+             "|---|---|---|---|" + "---|" * len(splits)]
     for arm, runs in results["arms"].items():
         for seed, points in runs.items():
-            lines += [f"| {arm} | {seed} | {p['iter']} | {p['seconds']:.0f} | {p['heldout']:.3f} ± {p['heldout_band']:.3f} | "
-                      f"{p['ood']:.3f} ± {p['ood_band']:.3f} |" for p in points]
-    lines.append("")
-    start = results["start"]
-    for arm, runs in results["arms"].items():
-        ends = [points[-1] for points in runs.values()]
-        for key in ("heldout", "ood"):
-            cell = bands.cell([p[key] for p in ends], results["eval_problems"])  # seeds' spread, floored by the binomial band
-            lines.append(f"- {arm}, {key}: {start[key]:.3f} → {cell} ({len(ends)} seeds)")
+            lines += [f"| {arm} | {seed} | {p['iter']} | {p['seconds']:.0f} | " +
+                      " | ".join(f"{p['greedy'][s]['acc']:.3f}" for s in splits) + " |" for p in points]
+    lines += ["", f"At the end, {len(results['seeds'])} seeds, {n} problems per split (one evaluation's band at most "
+              f"± {bands.binomial(0.5, n):.3f}); the start, then each arm's mean ± band (or both seeds and their range):", "",
+              "| split | answer | start | more SFT | GRPO | GRPO − more SFT (paired) | worked share: start / SFT / GRPO |",
+              "|---|---|---|---|---|---|---|"]
+    for split in splits:
+        for mode in ("greedy", "sampled"):
+            per_seed, (mean, half) = gap(results, mode, split)
+            work = [start[mode][split]["work"]] + [sum(ends(results, a, mode, split, "work")) / len(results["seeds"])
+                                                   for a in ("sft", "grpo")]
+            lines.append(f"| {split} | {mode} | {start[mode][split]['acc']:.3f} | "
+                         f"{bands.cell(ends(results, 'sft', mode, split), n)} | {bands.cell(ends(results, 'grpo', mode, split), n)} | "
+                         f"{signed(mean, half)} (per seed {', '.join(signed(d, h) for d, h in per_seed)}) | "
+                         + " / ".join(f"{w:.2f}" for w in work) + " |")
+    forms = sorted({f for split in splits for f in start["greedy"][split]["forms"]})
+    lines += ["", "Greedy accuracy by the question's form (start → the seeds' mean at the end):", "",
+              "| split | form | start | more SFT | GRPO |", "|---|---|---|---|---|"]
+    for split in splits:
+        for f in forms:
+            if f not in start["greedy"][split]["forms"]:
+                continue
+            mean = lambda arm: sum(p[-1]["greedy"][split]["forms"][f] for p in results["arms"][arm].values()) / len(results["seeds"])
+            lines.append(f"| {split} | {f} | {start['greedy'][split]['forms'][f]:.3f} | {mean('sft'):.3f} | {mean('grpo'):.3f} |")
     return "\n".join(lines) + "\n"
 
 
 def plot(results, path):
+    """Top: greedy accuracy against training time, each arm's seed mean with its band (or both seeds' range),
+    one panel per split. Bottom: at the end, greedy accuracy by the question's form, start / SFT / GRPO."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharex=True)
-    for ax, key, title in zip(axes, ("heldout", "ood"), ("in distribution (held-out)", f"OOD ({results['split']})")):
-        for (arm, runs), colour in zip(results["arms"].items(), ("C0", "C1")):
-            for j, points in enumerate(runs.values()):
-                ax.errorbar([p["seconds"] for p in points], [p[key] for p in points], yerr=[p[f"{key}_band"] for p in points],
-                            color=colour, ls="-" if j == 0 else "--", marker="o", capsize=2, label=f"{arm} (seed {j + 1})")
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("training time (s)")
-    axes[0].set_ylabel("greedy accuracy")
-    axes[0].legend(fontsize=7)
+    splits, n = results["splits"], results["eval_problems"]
+    fig, axes = plt.subplots(2, len(splits), figsize=(3.6 * len(splits), 6.2), squeeze=False)
+    colours = dict(sft="#d95f02", grpo="#1b9e77", start="#7f7f7f")
+    for ax, split in zip(axes[0], splits):
+        for arm, runs in results["arms"].items():
+            curves = list(runs.values())
+            xs = [sum(c[i]["seconds"] for c in curves) / len(curves) for i in range(len(curves[0]))]
+            cells = [bands.across_seeds([c[i]["greedy"][split]["acc"] for c in curves], n) for i in range(len(curves[0]))]
+            lo = [min(c[i]["greedy"][split]["acc"] for c in curves) if h is None else m - h for i, (m, h) in enumerate(cells)]
+            hi = [max(c[i]["greedy"][split]["acc"] for c in curves) if h is None else m + h for i, (m, h) in enumerate(cells)]
+            ax.plot(xs, [m for m, _ in cells], color=colours[arm], marker="o", label="GRPO" if arm == "grpo" else "more SFT")
+            ax.fill_between(xs, lo, hi, color=colours[arm], alpha=0.2)
+        ax.set_ylim(bottom=0)  # from zero: no change drawn larger than it is
+        ax.set_title(f"{split} greedy" + (" (in distribution)" if split == "heldout" else " (OOD)"), fontsize=9)
+        ax.set_xlabel("training time (s)", fontsize=8)
+    axes[0][0].set_ylabel(f"accuracy, {len(results['seeds'])} seeds' mean and band")
+    axes[0][0].legend(fontsize=7)
+    for ax, split in zip(axes[1], splits):
+        forms = list(results["start"]["greedy"][split]["forms"])
+        for j, who in enumerate(("start", "sft", "grpo")):
+            if who == "start":
+                values, halves = [results["start"]["greedy"][split]["forms"][f] for f in forms], None
+            else:
+                ends_by_form = [[p[-1]["greedy"][split]["forms"][f] for p in results["arms"][who].values()] for f in forms]
+                values = [sum(v) / len(v) for v in ends_by_form]
+                halves = [bands.across_seeds(v, results["start"]["greedy"][split]["form_n"][f])[1]
+                          for v, f in zip(ends_by_form, forms)]
+                halves = None if None in halves else halves
+            ax.bar([i + (j - 1) * 0.27 for i in range(len(forms))], values, 0.27, yerr=halves, capsize=2, color=colours[who],
+                   label=dict(start="start", sft="more SFT", grpo="GRPO")[who])
+        ax.set_xticks(range(len(forms)), forms, fontsize=8)
+        ax.set_ylim(bottom=0)  # from zero: no change drawn larger than it is
+        ax.set_title(f"{split} greedy at the end, by form", fontsize=9)
+    axes[1][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -206,7 +350,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--init_from", default="", help="the SFT checkpoint both arms start from")
     parser.add_argument("--search", action="store_true", help="step 1: the start's accuracy on every candidate split")
-    parser.add_argument("--split", default="steps+1", help="step 2's OOD split: a candidate of the checkpoint's env")
+    parser.add_argument("--steps_written", action="store_true",
+                        help="step 3, after step 2 in the same --out: how many steps the answers write, per split")
+    parser.add_argument("--split", default="steps+1", help="step 2's OOD splits, comma-separated candidates of the checkpoint's env")
     parser.add_argument("--rl_iters", type=int, default=20, help="GRPO iterations (fixes the training-time budget)")
     parser.add_argument("--evals", type=int, default=4, help="evaluations per arm after its start")
     parser.add_argument("--seeds", type=int, default=len(SEEDS), help="runs per arm (seeds 1337, 1338, ...)")
@@ -219,28 +365,33 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if args.quick:
         args.rl_iters, args.evals, args.eval_problems = 2, 2, 4
-        if not args.init_from:
+        if not args.init_from:  # a toy start, trained once per --out
             args.init_from = os.path.join(args.out, "init")
-            run(dict(QUICK, algo="sft", max_iters=2, eval_interval=0, log_interval=1, checkpoint=True, out_dir=args.init_from))
+            if not os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):
+                run(dict(QUICK, algo="sft", max_iters=2, eval_interval=0, log_interval=1, checkpoint=True, out_dir=args.init_from))
     if not os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):
         parser.error(f"--init_from={args.init_from!r} holds no checkpoint")
     env = json.load(open(os.path.join(args.init_from, "config.json")))["env"]
     common = {**(QUICK if args.quick else {}), "env": env, "log_interval": 1, **options.parse_args([f"--{kv}" for kv in args.set])}
     if args.search:
         return search(args, common)
-    if args.split not in CANDIDATES.get(env, {}):
-        parser.error(f"--split={args.split!r}: choose from {sorted(CANDIDATES.get(env, {}))} for env {env!r}")
+    if args.steps_written:
+        return steps_written(args, common)
+    splits = ["heldout"] + args.split.split(",")
+    for split in splits[1:]:
+        if split not in CANDIDATES.get(env, {}):
+            parser.error(f"--split={split!r}: choose from {sorted(CANDIDATES.get(env, {}))} for env {env!r}")
 
     r = loaded(args, common)
-    start = dict(zip(("heldout", "heldout_band"), accuracy(r, r.raw_model, "heldout", args.eval_problems)))
-    start.update(zip(("ood", "ood_band"), accuracy(r, r.raw_model, args.split, args.eval_problems)))
-    results = dict(init_from=args.init_from, split=args.split, eval_problems=args.eval_problems, start=start, arms={})
+    problems = {split: split_problems(r.env, split, args.eval_problems) for split in splits}
     seeds = [SEEDS[0] + k for k in range(args.seeds)]
+    results = dict(init_from=args.init_from, splits=splits, eval_problems=args.eval_problems, seeds=seeds,
+                   start=evaluate(r, problems), arms={})
     for arm in ("grpo", "sft"):
         for seed in seeds:
-            if arm == "sft":  # GRPO's training time at each of its evaluations (the first seed's)
-                args.budget = [p["seconds"] for p in results["arms"]["grpo"][seeds[0]][1:]]
-            results["arms"].setdefault(arm, {})[seed] = arm_curve(args, common, arm, seed, start)
+            if arm == "sft":  # the GRPO run of the same seed: its training time at each of its evaluations
+                args.budget = [p["seconds"] for p in results["arms"]["grpo"][seed][1:]]
+            results["arms"].setdefault(arm, {})[seed] = arm_curve(args, common, arm, seed, results["start"], problems)
             with open(os.path.join(args.out, "results.json"), "w") as f:
                 json.dump(results, f, indent=1)
     save_study(args.out, "ood", results, table, plot, args.plot)

@@ -1,7 +1,7 @@
 """
 RLVP where groups fail (SPEC §3 RLVP, Process vs outcome rewards; Ch7 "RLVP"): on the treasure hunt
 (--env=treasure), where most GRPO groups of a short SFT hold no win at all, GRPO with three rewards
-from one SFT checkpoint, the same rollouts each (prompts_per_iter × group_size × iters), two seeds:
+from one SFT checkpoint, the same rollouts each (prompts_per_iter × group_size × iters), three seeds:
 
     outcome   the verifier alone: 1 for opening the chest, else 0 (reward_mode=outcome); an all-fail
               group has zero advantage and teaches nothing
@@ -10,18 +10,24 @@ from one SFT checkpoint, the same rollouts each (prompts_per_iter × group_size 
               normalised separately over the group, then combined (reward_mode=rlvp, β = rlvp_beta)
     process   a reward at every call (+1 progress, −1 refused/wasted/fatal, 0 otherwise) and the
               outcome at the end, normalised over the group's steps (reward_mode=process)
+    frozen    the control: outcome at learning rate 0 (the policy never changes), so its rollout
+              figures show how far 32 plays per iteration wander on their own (not run by default)
 
 Per iteration (the iteration's rollouts: a fair sample of the policy) it records the rollout win
-rate, the share of all-fail groups and the rule violations per episode; at the start (once: greedy
-decoding is the same for every run) and after every --iters / --evals iterations, greedy wins on
---eval_problems held-out maps and --ood_problems OOD maps (rooms named from other roles' names). The
-held-out split is small (73 distinct maps), hence two seeds. Each run trains in --evals segments,
-each resumed from the last one's checkpoint (init_from=resume continues exactly). It writes
-results.json, rlvp.md (the table) and the plot into --out.
+rate, the share of all-fail groups, the share of the advantage mass they carry and the rule
+violations per play; the maps and the sampler's seed of iteration i depend on (seed, i) alone, so
+the arms of one seed meet the same maps. At the start (once: greedy decoding is the same for every
+run) and after every --iters / --evals iterations, greedy wins on every distinct held-out map and
+on --ood_problems OOD maps (rooms named from other roles' names), each map's result kept for paired
+comparisons. Each run trains in --evals segments, each resumed from the last one's checkpoint
+(init_from=resume continues exactly). It writes results.json, rlvp.md (the tables) and the plot
+into --out. Then --plays reads what each arm learnt to do from its greedy plays (plays.md).
 
     python train.py --algo sft --env=treasure --max_iters=200 --lr_decay_iters=300 --batch_size=8 \
         --train_problems=2000 --eval_interval=100 --eval_problems=100 --out_dir=out/treasure_sft  # the start
-    python experiments/rlvp.py --init_from=out/treasure_sft          # ~55 min on 2 shared cores
+    python experiments/rlvp.py --init_from=out/treasure_sft --arms=frozen --iters=25 --evals=1   # the control (~4 min)
+    python experiments/rlvp.py --init_from=out/treasure_sft                             # the study (~75 min on 2 cores)
+    python experiments/rlvp.py --init_from=out/treasure_sft --plays                     # what the arms' plays do (~3 min)
     python experiments/rlvp.py --quick --out=/tmp/rlvp               # a toy-size smoke test (numbers mean nothing)
 
 --set key=value (repeatable) passes a train.py key to every run.
@@ -38,21 +44,25 @@ sys.path.insert(0, ROOT)
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
 import options  # noqa: E402
 from experiments.generalpoints import init_checkpoint, run, save_study  # noqa: E402  (an SFT start, train.train by algorithm)
-from experiments.ood import accuracy  # noqa: E402  (greedy accuracy on a split, with its band)
+from experiments.ood import answers  # noqa: E402  (one answer per problem: right or wrong)
+from rollouts import generate, response_text  # noqa: E402
 
-ARMS = dict(outcome=dict(reward_mode="outcome"), rlvp=dict(reward_mode="rlvp"), process=dict(reward_mode="process"))
-SEEDS = (1337, 1338)
+ARMS = dict(outcome=dict(reward_mode="outcome"), rlvp=dict(reward_mode="rlvp"), process=dict(reward_mode="process"),
+            frozen=dict(reward_mode="outcome", learning_rate=0.0, min_lr=0.0))
+DEFAULT_ARMS = ("outcome", "rlvp", "process")
+SEEDS = (1337, 1338, 1339)
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, prompts_per_iter=2, group_size=2, eval_batch_size=8,
              max_new_tokens=24, train_problems=32, val_examples=8, device="cpu", plot=False)
-PER_ITER = ("reward", "all_fail_frac", "violations_per_episode")
+PER_ITER = ("reward", "all_fail_frac", "all_fail_adv_share", "violations_per_episode")
 PER_EVAL = ("heldout_acc", "ood_acc")
 
 
 def curve(out_dir, evaluations):
-    """{iter: {reward, all_fail_frac, violations_per_episode (the rollouts sampled at that iteration),
-    heldout_acc, ood_acc (evaluations: {iter: figures} of the policy at that iteration)}} of one run.
-    A training row logged as iteration i + 1 holds the rollouts sampled at iteration i."""
+    """{iter: {reward, all_fail_frac, all_fail_adv_share, violations_per_episode (the rollouts sampled
+    at that iteration), heldout_acc, ood_acc, heldout_correct, ood_correct (evaluations: {iter:
+    figures} of the policy at that iteration)}} of one run. A training row logged as iteration i + 1
+    holds the rollouts sampled at iteration i."""
     points = {i: dict(figures) for i, figures in evaluations.items()}
     for row in map(json.loads, open(os.path.join(out_dir, "metrics.jsonl"))):
         if "reward" in row:
@@ -60,13 +70,22 @@ def curve(out_dir, evaluations):
     return {i: points[i] for i in sorted(points)}
 
 
-def evaluate(r, args):
-    """Greedy wins on --eval_problems held-out maps and --ood_problems OOD maps."""
-    return dict(heldout_acc=accuracy(r, r.raw_model, "heldout", args.eval_problems)[0],
-                ood_acc=accuracy(r, r.raw_model, "ood", args.ood_problems)[0])
+def eval_maps(env, args):
+    """Every distinct held-out map (the split is small: all of it, each once) and --ood_problems OOD maps."""
+    distinct = {p["prompt"]: p for p in env.problems("heldout", 5000, seed=0)}
+    return dict(heldout=[distinct[k] for k in sorted(distinct)], ood=env.problems("ood", args.ood_problems, seed=0))
 
 
-def grpo_run(args, common, arm, seed, start, start_figures):
+def evaluate(r, maps):
+    """Greedy wins on the held-out and OOD maps: the rate and each map's 0/1 (for paired comparisons)."""
+    figures = {}
+    for split, problems in maps.items():
+        correct, _ = answers(r, r.raw_model, problems, 0.0)
+        figures.update({f"{split}_acc": sum(correct) / len(correct), f"{split}_correct": correct})
+    return figures
+
+
+def grpo_run(args, common, arm, seed, start, start_figures, maps):
     """One arm and seed: --iters GRPO iterations from `start` in --evals segments, each resumed from
     the last one's checkpoint (an exact continuation) and evaluated at its end. Returns its curve."""
     out_dir, evaluations = os.path.join(args.out, f"{arm}_{seed}"), {0: start_figures}
@@ -74,112 +93,241 @@ def grpo_run(args, common, arm, seed, start, start_figures):
         iters = round(k * args.iters / args.evals)
         r = run(dict(common, **ARMS[arm], algo="grpo", init_from=start if k == 1 else "resume", max_iters=iters,
                      seed=seed, eval_interval=0, checkpoint=True, out_dir=out_dir))
-        evaluations[iters] = evaluate(r, args)
-        print(f"{arm} seed {seed}, iteration {iters}: {evaluations[iters]}")
+        evaluations[iters] = evaluate(r, maps)
+        print(f"{arm} seed {seed}, iteration {iters}: held-out {evaluations[iters]['heldout_acc']:.3f}, "
+              f"OOD {evaluations[iters]['ood_acc']:.3f}")
     return curve(out_dir, evaluations)
 
 
-def mean_band(values):
-    """(mean, t·SE over the seeds from 3 seeds; None for 1 or 2): the seeds' spread alone (the binomial
-    band of one evaluation is reported beside it). bands.paired_across_seeds is the same rule."""
-    return bands.paired_across_seeds(values) if len(values) > 1 else (values[0], None)
+def per_iteration(points, key):
+    """[(iteration, value)] of a figure, in iteration order (results.json's keys are strings)."""
+    return sorted((int(i), p[key]) for i, p in points.items() if key in p)
+
+
+def thirds(points, key):
+    """The figure's mean over the first and over the last third of the iterations (a run's start and end)."""
+    values = [v for _, v in per_iteration(points, key)]
+    k = max(1, len(values) // 3)
+    return sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+def mean_all(points, key):
+    values = [v for _, v in per_iteration(points, key)]
+    return sum(values) / len(values)
+
+
+def mean_evals(points):
+    """Greedy held-out wins averaged over the evaluations after the start: one evaluation of 87 maps
+    swings by ± 0.1, the mean of six much less."""
+    values = [v for i, v in per_iteration(points, "heldout_acc") if i > 0]
+    return sum(values) / len(values)
+
+
+def last_eval(points):
+    return max(((int(i), p) for i, p in points.items() if "heldout_acc" in p), key=lambda ip: ip[0])[1]
 
 
 def summary(results):
-    """Per arm, over the seeds: the start and end of every figure (rollout figures averaged over the
-    first and the last third of the iterations, evaluations at the first and the last one), the mean
-    over seeds with ± 2 SE over seeds, and the binomial band of one evaluation."""
+    """Per arm over the seeds, each figure as bands.across_seeds gives it: rollout figures over the
+    first and the last third of the iterations and over all of them, greedy wins at the last
+    evaluation; and each other arm against outcome, paired per seed (the same maps)."""
+    n_plays, n_maps = results["prompts_per_iter"] * results["group_size"], len(results["start"]["heldout_correct"])
     out = {}
     for arm, runs in results["arms"].items():
-        fig = {}
-        for key in PER_ITER + PER_EVAL:
-            starts, ends = [], []
-            for points in runs.values():
-                values = [p[key] for p in points.values() if key in p]
-                k = max(1, len(values) // 3) if key in PER_ITER else 1
-                starts.append(sum(values[:k]) / k)
-                ends.append(sum(values[-k:]) / k)
-            fig[key] = dict(start=mean_band(starts), end=mean_band(ends))
+        seeds = list(runs.values())
+        third = max(1, results["iters"] // 3)
+        fig = {key: dict(first=bands.across_seeds([thirds(p, key)[0] for p in seeds], third * n_plays if key == "reward" else None),
+                         last=bands.across_seeds([thirds(p, key)[1] for p in seeds], third * n_plays if key == "reward" else None),
+                         all=bands.across_seeds([mean_all(p, key) for p in seeds],
+                                                results["iters"] * n_plays if key == "reward" else None))
+               for key in PER_ITER}
+        fig.update({key: bands.across_seeds([last_eval(p)[key] for p in seeds], n_maps if key == "heldout_acc" else
+                                            results["ood_problems"]) for key in PER_EVAL})
+        fig["heldout_mean"] = bands.across_seeds([mean_evals(p) for p in seeds], n_maps)  # (the same maps each time)
         out[arm] = fig
+    if "outcome" in results["arms"]:
+        base = results["arms"]["outcome"]
+        for arm, runs in results["arms"].items():
+            if arm in ("outcome", "frozen"):
+                continue
+            seeds = [s for s in runs if s in base]
+            wins = [bands.paired(last_eval(runs[s])["heldout_correct"], last_eval(base[s])["heldout_correct"])[0] for s in seeds]
+            rollout = [mean_all(runs[s], "reward") - mean_all(base[s], "reward") for s in seeds]
+            over_evals = [mean_evals(runs[s]) - mean_evals(base[s]) for s in seeds]
+            out[arm]["vs_outcome"] = dict(heldout_acc=bands.paired_across_seeds(wins), reward=bands.paired_across_seeds(rollout),
+                                          heldout_mean=bands.paired_across_seeds(over_evals), per_seed_heldout=wins,
+                                          per_seed_reward=rollout, per_seed_heldout_mean=over_evals)
     return out
 
 
+def cell(mean_half, digits=3, sign=""):
+    mean, half = mean_half
+    return f"{mean:{sign}.{digits}f}" + (f" ± {half:.{digits}f}" if half is not None else "")
+
+
 def table(results):
-    n, P, G = min(results["eval_problems"], results["ood_problems"]), results["prompts_per_iter"], results["group_size"]
-    rows = ["| arm | rollout win rate | all-fail groups | violations / episode | held-out greedy | OOD greedy |",
-            "|---|---|---|---|---|---|"]
-    for arm, fig in summary(results).items():
-        spread = lambda half: f" ± {half:.3f}" if half is not None else ""
-        cells = [f"{fig[k]['start'][0]:.3f} → {fig[k]['end'][0]:.3f}{spread(fig[k]['end'][1])}" for k in PER_ITER + PER_EVAL]
-        rows.append(f"| {arm} | " + " | ".join(cells) + " |")
-    band = bands.binomial(0.5, n)
-    rows += ["", f"Means over {len(results['seeds'])} seeds ({', '.join(map(str, results['seeds']))}); ± 2 standard "
-             f"errors over the seeds at the end. Rollout figures: the first → the last third of {results['iters']} "
-             f"iterations of {P} maps × {G} plays; evaluations: greedy wins on {results['eval_problems']} held-out and "
-             f"{results['ood_problems']} OOD maps, the start → the last evaluation (one evaluation's binomial band is "
-             f"at most ± {band:.3f})."]
+    G, P, n_maps = results["group_size"], results["prompts_per_iter"], len(results["start"]["heldout_correct"])
+    fig = summary(results)
+    rows = ["| arm | rollout win rate: first → last third (all) | all-fail groups | their share of the advantage mass | "
+            "violations / play | held-out greedy wins (mean over evaluations) | OOD greedy wins |", "|---|---|---|---|---|---|---|"]
+    for arm, f in fig.items():
+        per_iter = [f"{cell(f[k]['first'])} → {cell(f[k]['last'])}" + (f" ({cell(f[k]['all'])})" if k == "reward" else "")
+                    for k in PER_ITER]
+        rows.append(f"| {arm} | " + " | ".join(per_iter) + f" | {results['start']['heldout_acc']:.3f} → {cell(f['heldout_acc'])} "
+                    f"({cell(f['heldout_mean'])}) | "
+                    f"{results['start']['ood_acc']:.3f} → {cell(f['ood_acc'])} |")
+    seeds = sorted({int(s) for runs in results["arms"].values() for s in runs})
+    rows += ["", f"Means over {len(seeds)} seeds ({', '.join(map(str, seeds))}) ± the band "
+             f"(bands.py: t·SE over the seeds, floored by the binomial band for win rates; none for two seeds). "
+             f"Rollout figures over the first and the last third of {results['iters']} iterations of {P} maps × {G} "
+             f"plays; greedy wins on all {n_maps} held-out and {results['ood_problems']} OOD maps, the start → the last "
+             f"evaluation.", ""]
+    paired = {arm: f["vs_outcome"] for arm, f in fig.items() if "vs_outcome" in f}
+    if paired:
+        rows += ["| arm − outcome (paired per seed) | held-out greedy wins at the end | held-out greedy wins, mean over "
+                 "evaluations | rollout win rate over all iterations |", "|---|---|---|---|"]
+        per_seed = lambda values: "(per seed " + ", ".join(f"{v:+.3f}" for v in values) + ")"
+        for arm, d in paired.items():
+            rows.append(f"| {arm} | {cell(d['heldout_acc'], sign='+')} {per_seed(d['per_seed_heldout'])} | "
+                        f"{cell(d['heldout_mean'], sign='+')} {per_seed(d['per_seed_heldout_mean'])} | "
+                        f"{cell(d['reward'], sign='+')} {per_seed(d['per_seed_reward'])} |")
     return "\n".join(rows) + "\n"
 
 
+COLOURS = dict(outcome="#444444", rlvp="#1f77b4", process="#ff7f0e", frozen="#9467bd")
+
+
+def smoothed(pairs, window):
+    """A trailing mean over `window` iterations: [(iteration, mean of the last `window` values)]."""
+    return [(pairs[j][0], sum(v for _, v in pairs[max(0, j - window + 1):j + 1]) / len(pairs[max(0, j - window + 1):j + 1]))
+            for j in range(len(pairs))]
+
+
+def band_line(ax, curves, colour, label, n=None, top=None, **style):
+    """The seeds' mean of aligned [(x, y)] curves with its band (bands.across_seeds; two seeds: their
+    range), drawn within [0, top]: every figure here is a count or a share."""
+    xs = [x for x, _ in curves[0]]
+    columns = [[c[j][1] for c in curves] for j in range(len(xs))]
+    cells = [bands.across_seeds(col, n) for col in columns]
+    lo = [max(0.0, min(col) if h is None else m - h) for col, (m, h) in zip(columns, cells)]
+    hi = [min(top or float("inf"), max(col) if h is None else m + h) for col, (m, h) in zip(columns, cells)]
+    ax.plot(xs, [m for m, _ in cells], color=colour, label=label, **style)
+    if len(curves) > 1:
+        ax.fill_between(xs, lo, hi, color=colour, alpha=0.15, lw=0)
+
+
 def plot(results, path):
+    """Five panels, one line per arm (the seeds' mean, its band shaded): the rollout win rate, the
+    violations per play, the all-fail share of groups and of the advantage mass (trailing means over
+    10 iterations), and greedy wins on every held-out map at each evaluation (OOD: in the table)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    keys = PER_ITER[:2] + PER_EVAL
-    titles = dict(reward="rollout win rate", all_fail_frac="all-fail groups", heldout_acc="held-out greedy wins",
-                  ood_acc="OOD greedy wins")
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
-    for ax, key in zip(axes, keys):
-        for (arm, runs), colour in zip(results["arms"].items(), ("C0", "C1", "C2")):
-            for j, points in enumerate(runs.values()):
-                pts = [(i, p[key]) for i, p in points.items() if key in p]
-                ax.plot(*zip(*pts), color=colour, ls="-" if j == 0 else "--", marker="." if key in PER_EVAL else None,
-                        label=f"{arm} (seed {j + 1})")
-        ax.set_title(titles[key], fontsize=9)
+    plays = results["prompts_per_iter"] * results["group_size"]
+    window = min(10, max(1, results["iters"] // 5))
+    panels = [("reward", f"rollout win rate (mean of {window} iterations)", plays * window),
+              ("violations_per_episode", f"rule violations per play (mean of {window})", None),
+              ("all_fail_frac", f"all-fail groups (mean of {window})", None),
+              ("all_fail_adv_share", f"their share of the advantage mass Σ|A| (mean of {window})", None),
+              ("heldout_acc", f"held-out greedy wins ({len(results['start']['heldout_correct'])} maps)", None)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4))
+    for ax, (key, title, n) in zip(axes, panels):
+        for arm, runs in results["arms"].items():
+            seeds = list(runs.values())
+            if key in PER_EVAL:
+                band_line(ax, [per_iteration(pts, key) for pts in seeds], COLOURS[arm], arm,
+                          n=len(results["start"]["heldout_correct"]), top=1.0, marker="o", ms=3)
+            else:
+                band_line(ax, [smoothed(per_iteration(pts, key), window) for pts in seeds], COLOURS[arm], arm, n,
+                          top=None if key == "violations_per_episode" else 1.0)
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("iteration", fontsize=8)
-    axes[0].legend(fontsize=6)
+        ax.set_ylim(bottom=0)  # from zero: no fall drawn larger than it is
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def plays(args, common):
+    """After a study (--plays, the same --out): what each arm's policy does, from greedy plays of the
+    start and of every run's last checkpoint on every distinct held-out map: calls per play, the
+    rule engine's judgements per play (+1 progress, −1 refused / wasted / fatal), the share of plays
+    that stop short (neither a win nor a violation on their last call: quitting while ahead, which
+    no rule penalises) and wins. Means over each arm's seeds; writes plays.md and plays.json."""
+    results = json.load(open(os.path.join(args.out, "results.json")))
+    checkpoints = dict(start=[results["init_from"]], **{arm: [os.path.join(args.out, f"{arm}_{seed}") for seed in runs]
+                                                        for arm, runs in results["arms"].items()})
+    rows = {}
+    for who, dirs in checkpoints.items():
+        for d in dirs:
+            r = run(dict(common, algo="grpo", init_from=d, max_iters=0, eval_interval=0, overwrite=True,
+                         out_dir=os.path.join(args.out, "loaded")))
+            maps = eval_maps(r.env, args)["heldout"]
+            tokens, _, _ = generate(r, r.raw_model, [r.tok.prompt_ids(p["prompt"]) for p in maps], temperature=0.0)
+            texts = [response_text(r, t) for t in tokens]
+            judged = [r.env.judge_calls(p, t) for p, t in zip(maps, texts)]
+            wins = [r.env.verify(p, t) for p, t in zip(maps, texts)]
+            stop_short = [not w and (not j or j[-1][1] >= 0) for w, j in zip(wins, judged)]
+            n = len(maps)
+            rows.setdefault(who, []).append(dict(
+                calls=sum(map(len, judged)) / n, progress=sum(v > 0 for j in judged for _, v in j) / n,
+                violations=sum(v < 0 for j in judged for _, v in j) / n, stop_short=sum(stop_short) / n,
+                wins=sum(wins) / n, example=texts[0]))
+    lines = [f"Greedy plays on all {len(eval_maps(r.env, args)['heldout'])} held-out maps; each arm the mean over "
+             f"its {len(results['seeds'])} seeds' last checkpoints (the optimal play: 11 calls, 11 progress).", "",
+             "| policy | calls / play | progress / play | violations / play | stops short | wins |", "|---|---|---|---|---|---|"]
+    for who, runs in rows.items():
+        m = {k: sum(x[k] for x in runs) / len(runs) for k in ("calls", "progress", "violations", "stop_short", "wins")}
+        lines.append(f"| {who} | {m['calls']:.2f} | {m['progress']:.2f} | {m['violations']:.2f} | {m['stop_short']:.2f} | "
+                     f"{m['wins']:.3f} |")
+    with open(os.path.join(args.out, "plays.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(args.out, "plays.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print("\n".join(lines))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--init_from", default="", help="an SFT checkpoint of --env=treasure (default: train one)")
     parser.add_argument("--init_iters", type=int, default=200, help="iterations of that SFT run when there is none")
-    parser.add_argument("--iters", type=int, default=14, help="GRPO iterations per run")
+    parser.add_argument("--iters", type=int, default=150, help="GRPO iterations per run")
     parser.add_argument("--prompts_per_iter", type=int, default=8, help="maps per iteration")
     parser.add_argument("--group_size", type=int, default=4, help="plays per map")
-    parser.add_argument("--evals", type=int, default=1, help="evaluations per run after the (shared) start")
-    parser.add_argument("--eval_problems", type=int, default=64, help="held-out maps per evaluation")
-    parser.add_argument("--ood_problems", type=int, default=32, help="OOD maps per evaluation")
-    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, from " + ", ".join(ARMS))
+    parser.add_argument("--evals", type=int, default=6, help="evaluations per run after the (shared) start")
+    parser.add_argument("--ood_problems", type=int, default=64, help="OOD maps per evaluation")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help="comma-separated, from " + ", ".join(ARMS))
     parser.add_argument("--seeds", type=int, default=len(SEEDS), help="runs per arm (seeds 1337, 1338, ...)")
+    parser.add_argument("--plays", action="store_true", help="after the study, in the same --out: what each arm's plays do")
     parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke test (numbers mean nothing)")
     parser.add_argument("--out", default="out/rlvp")
     parser.add_argument("--plot", default="", help="the plot's path (default: OUT/rlvp.png)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
     args = parser.parse_args()
     if args.quick:
-        args.init_iters, args.iters, args.evals, args.eval_problems, args.ood_problems = 2, 2, 2, 4, 4
+        args.init_iters, args.iters, args.evals, args.ood_problems = 2, 2, 2, 4
     common = {"batch_size": 8, "train_problems": 2000, "lr_decay_iters": 300, **(QUICK if args.quick else {}), "env": "treasure",
-              "eval_problems": args.eval_problems, "log_interval": 1, "checkpoint": False,
-              **options.parse_args([f"--{kv}" for kv in args.set])}
+              "eval_problems": 100, "log_interval": 1, "checkpoint": False, **options.parse_args([f"--{kv}" for kv in args.set])}
     os.makedirs(args.out, exist_ok=True)
+    if args.plays:
+        return plays(args, common)
     start = init_checkpoint(args, common)
     common.update(prompts_per_iter=args.prompts_per_iter, group_size=args.group_size, eval_samples=0)
     if args.quick:
         common.update(prompts_per_iter=QUICK["prompts_per_iter"], group_size=QUICK["group_size"])
 
     seeds = [SEEDS[0] + k for k in range(args.seeds)]
-    results = dict(init_from=start, iters=args.iters, eval_problems=args.eval_problems, ood_problems=args.ood_problems,
-                   seeds=seeds, prompts_per_iter=common["prompts_per_iter"], group_size=common["group_size"], arms={})
-    results["start"] = evaluate(run(dict(common, algo="grpo", init_from=start, max_iters=0, eval_interval=0,
-                                         out_dir=os.path.join(args.out, "start"))), args)  # greedy: one for all runs
-    print(f"start: {results['start']}")
-    for arm in args.arms.split(","):
-        for seed in seeds:
-            results["arms"].setdefault(arm, {})[seed] = grpo_run(args, common, arm, seed, start, results["start"])
+    results = dict(init_from=start, iters=args.iters, ood_problems=args.ood_problems, seeds=seeds,
+                   prompts_per_iter=common["prompts_per_iter"], group_size=common["group_size"], arms={})
+    r = run(dict(common, algo="grpo", init_from=start, max_iters=0, eval_interval=0, out_dir=os.path.join(args.out, "start")))
+    maps = eval_maps(r.env, args)
+    results["start"] = evaluate(r, maps)  # greedy: one for all runs
+    print(f"start: held-out {results['start']['heldout_acc']:.3f} on {len(maps['heldout'])} maps, "
+          f"OOD {results['start']['ood_acc']:.3f} on {len(maps['ood'])}")
+    for seed in seeds:  # seed by seed: an interrupted study still holds whole seeds of every arm
+        for arm in args.arms.split(","):
+            results["arms"].setdefault(arm, {})[seed] = grpo_run(args, common, arm, seed, start, results["start"], maps)
             with open(os.path.join(args.out, "results.json"), "w") as f:
                 json.dump(results, f, indent=1)
     results["summary"] = summary(results)

@@ -13,6 +13,7 @@ import torch
 import envs
 import grpo
 import grpo_estimators
+import monitors
 import ppo
 import train as T
 from conftest import TINY
@@ -165,6 +166,23 @@ def test_process_mode_trains_on_per_token_advantages(tmp_path):
     for row, m in zip(adv, mb.mask):  # constant up to the middle step, then constant to the end
         values = row[m > 0].unique_consecutive()
         assert len(values) <= 2
+
+
+def test_advantage_mass_on_all_fail_groups(tmp_path):
+    """all_fail_adv_share = Σ|A| over the rows of all-fail groups / Σ|A| over all rows, a row's |A| its
+    advantage or the mean |A_t| over its response tokens: 0 under the outcome reward (such a group
+    has A = 0), all of it where every group fails and a process reward still ranks the samples."""
+    ro = SimpleNamespace(advantages=torch.tensor([0.0, 0.0, 1.0, -1.0]), mask=None)
+    assert monitors.advantage_mass(ro, torch.tensor([True, True, False, False])) == dict(all_fail_adv=0.0, adv_mass=2.0)
+    ro = SimpleNamespace(advantages=torch.tensor([[1.0, -2.0, 7.0], [0.5, 0.5, 0.0]]),
+                         mask=torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]))
+    assert monitors.advantage_mass(ro, torch.tensor([True, False])) == pytest.approx(dict(all_fail_adv=1.5, adv_mass=1.5 + 1 / 3))
+    outcome = grpo.batches(*(lambda run: (run, run.state, 0))(small(tmp_path, "grpo", max_iters=0)))[1]
+    assert outcome["all_fail_frac"] == 1.0 and outcome["all_fail_adv_share"] == 0.0  # a random model fails every group
+    run = small(tmp_path, "grpo", reward_mode="process", max_iters=0)
+    run.env.step_rewards = lambda p, text: [(len(text) // 2, float(len(text) % 2)), (len(text), 0.0)]
+    process = grpo.batches(run, run.state, 0)[1]
+    assert process["all_fail_frac"] == 1.0 and process["all_fail_adv_share"] == 1.0
 
 
 @pytest.mark.slow  # a script's smoke run at toy size: `-m slow`

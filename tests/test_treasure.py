@@ -152,19 +152,39 @@ def test_rlvp_and_process_modes_accept_the_treasure_hunt():
 
 @pytest.mark.slow
 def test_rlvp_experiment_runs_at_toy_size(tmp_path):
-    """experiments/rlvp.py --quick end to end (~25 s): an SFT start, three arms × two seeds of GRPO,
-    per-iteration rollout figures and evaluations at the start and the end, the table and the plot."""
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "rlvp.py"), "--quick", f"--out={tmp_path}"],
+    """experiments/rlvp.py --quick end to end (~25 s): an SFT start, three arms × three seeds of GRPO,
+    per-iteration rollout figures and evaluations on every distinct held-out map at the start and the
+    end, the tables and the plot; then the frozen control (learning rate 0): its greedy wins stay the start's."""
+    script = os.path.join(ROOT, "experiments", "rlvp.py")
+    done = subprocess.run([sys.executable, script, "--quick", f"--out={tmp_path}"],
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.load(open(tmp_path / "results.json"))
-    assert set(results["arms"]) == {"outcome", "rlvp", "process"} and results["seeds"] == [1337, 1338]
+    assert set(results["arms"]) == {"outcome", "rlvp", "process"} and results["seeds"] == [1337, 1338, 1339]
+    distinct = {p["prompt"] for p in ENV.problems("heldout", 5000)}
+    assert len(results["start"]["heldout_correct"]) == len(distinct) and len(distinct) > 64  # all of the split, once each
     for runs in results["arms"].values():
         for points in runs.values():
             assert sorted(map(int, points)) == [0, 1, 2]
-            assert {"reward", "all_fail_frac", "heldout_acc", "ood_acc"} <= set(points["0"])
-            assert "heldout_acc" in points["2"]
-    assert "| rlvp |" in (tmp_path / "rlvp.md").read_text() and (tmp_path / "rlvp.png").exists()
+            assert {"reward", "all_fail_frac", "all_fail_adv_share", "heldout_acc", "ood_acc"} <= set(points["0"])
+            assert points["2"]["heldout_acc"] == sum(points["2"]["heldout_correct"]) / len(distinct)
+    text = (tmp_path / "rlvp.md").read_text()
+    assert "| rlvp |" in text and "| process | " in text and (tmp_path / "rlvp.png").exists()
+    done = subprocess.run([sys.executable, script, "--quick", "--plays", f"--out={tmp_path}"], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    plays = json.load(open(tmp_path / "plays.json"))
+    assert [len(plays[who]) for who in ("start", "outcome", "rlvp", "process")] == [1, 3, 3, 3]
+    assert plays["start"][0]["wins"] == results["start"]["heldout_acc"]  # the same greedy plays as the study's evaluation
+    from experiments import rlvp
+    assert rlvp.smoothed([(0, 1.0), (1, 0.0), (2, 0.5)], 2) == [(0, 1.0), (1, 0.5), (2, 0.25)]
+    frozen = tmp_path / "frozen"
+    done = subprocess.run([sys.executable, script, "--quick", "--arms=frozen", "--seeds=1", f"--out={frozen}",
+                           f"--init_from={tmp_path / 'init'}"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    control = json.load(open(frozen / "results.json"))
+    assert control["arms"]["frozen"]["1337"]["2"]["heldout_correct"] == control["start"]["heldout_correct"]
 
 
 def test_ood_candidate_splits_keep_the_task_and_shift_it():
@@ -200,10 +220,23 @@ def test_ood_experiment_runs_at_toy_size(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.load(open(tmp_path / "results.json"))
     grpo, sft = results["arms"]["grpo"], results["arms"]["sft"]
-    assert [p["iter"] for p in grpo["1337"]] == [0, 1, 2] and len(sft["1338"]) == 3
-    assert grpo["1337"][0] == sft["1337"][0] and "| sft | 1338 |" in (tmp_path / "ood.md").read_text()
+    assert [p["iter"] for p in grpo["1337"]] == [0, 1, 2] and len(sft["1339"]) == 3 and results["splits"] == ["heldout", "steps+1"]
+    assert grpo["1337"][0] == sft["1337"][0] and "| sft | 1339 |" in (tmp_path / "ood.md").read_text()
+    for points in list(grpo.values()) + list(sft.values()):  # every answer kept: paired comparisons, forms
+        assert [sorted(p) for p in points] == [["greedy", "iter", "sampled", "seconds"]] * 3
+        end = points[-1]["greedy"]["steps+1"]
+        assert len(end["correct"]) == 4 and end["acc"] == sum(end["correct"]) / 4 and sum(end["form_n"].values()) == 4
+    from experiments import ood
+    per_seed, _ = ood.gap(results, "greedy", "steps+1")
+    assert [d for d, _ in per_seed] == [sum(grpo[s][-1]["greedy"]["steps+1"]["correct"]) / 4 - sum(sft[s][-1]["greedy"]["steps+1"]["correct"]) / 4
+                                        for s in grpo]
+    done = subprocess.run([sys.executable, script, "--quick", "--steps_written", f"--out={tmp_path}"], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    steps = json.load(open(tmp_path / "steps.json"))
+    assert [len(steps[who]["steps+1"]) for who in ("start", "grpo", "sft")] == [1, 3, 3]
+    assert steps["grpo"]["steps+1"][0]["chain"] == 4 and 0 <= steps["start"]["heldout"][0]["worked"] <= 1
     done = subprocess.run([sys.executable, script, "--quick", "--search", f"--out={tmp_path}"], capture_output=True,
                           text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    from experiments import ood
     assert [row[0] for row in json.load(open(tmp_path / "search.json"))["rows"]][1:] == list(ood.CANDIDATES["arithmetic"])
