@@ -11,6 +11,7 @@ counted). Prints a table, writes results.json and accuracy_vs_rollout_tokens.png
 
     python experiments/pg_family.py --sft=out/sft
     python experiments/pg_family.py --sft=out/sft --arms=grpo,cispo --iters=12 --seeds=1337 --edge=
+    python experiments/pg_family.py --sft=out/sft --kl_test --seeds=1337,1338,1339     # the KL term, one factor
 
 An arm's band is the larger of 2 standard errors of its final accuracy across the seeds and the
 binomial band of that mean, ± 2·√(p(1 − p)/n). Runs already finished in --out are read, not run again.
@@ -36,6 +37,9 @@ def recipe(name, **extra):
 
 
 ARMS = {name: recipe(name) for name in ("grpo", "dr_grpo", "dapo", "gspo", "cispo")}
+# the KL claim as a one-factor test (--kl_test): each recipe with and without GRPO's k3 KL term (β = 0.04),
+# nothing else changed
+KL_PAIRS = dict(grpo=("grpo", dict(ARMS["grpo"], kl="off")), cispo=(dict(ARMS["cispo"], kl="k3_loss", kl_coef=0.04), "cispo"))
 # edge sampling: a pool small enough that prompts come back within a run (at the defaults, 8 prompts ×
 # 30 iterations = 240 draws from 128 prompts: every prompt seen once, then those in the 20-80% band
 # again), large enough not to be learnt by heart (a pool of 32 was, in an earlier run: docs)
@@ -99,6 +103,53 @@ def run_arm(name, arm, seeds, common, out):
     return curves
 
 
+def kl_test(seeds, common, out, n):
+    """Each of KL_PAIRS with and without the KL term, every seed: the accuracy at the end, the fall
+    from the best evaluation after the start to the end, and with-KL minus without, paired per seed
+    (the same seed: the same prompts, the same held-out problems) with bands.paired_across_seeds.
+    Writes kl_test.md and kl_test.png into `out`."""
+    lines = [f"| recipe | arm | held-out at it. {common['max_iters']} (per seed) | fall from its best evaluation (per seed) |",
+             "|---|---|---|---|"]
+    diffs, curves = [], {}
+    for recipe, (with_kl, without) in KL_PAIRS.items():
+        pair = {}
+        for label, arm in (("with KL", with_kl), ("without KL", without)):
+            name = arm if isinstance(arm, str) else f"{recipe}_{'kl' if label == 'with KL' else 'no_kl'}"
+            pair[label] = run_arm(name, ARMS[arm] if isinstance(arm, str) else arm, seeds, common, out)
+            ends = [c[-1][2] for c in pair[label]]
+            falls = [max(p[2] for p in c[1:]) - c[-1][2] for c in pair[label]]
+            lines.append(f"| {recipe} | {label} | {bands.cell(ends, n)} ({', '.join(f'{v:.3f}' for v in ends)}) | "
+                         f"{sum(falls) / len(falls):.3f} ({', '.join(f'{v:.3f}' for v in falls)}) |")
+        end_gap = [a[-1][2] - b[-1][2] for a, b in zip(pair["with KL"], pair["without KL"])]
+        mean, half = bands.paired_across_seeds(end_gap)
+        diffs.append(f"- {recipe}: with KL minus without at it. {common['max_iters']}: {mean:+.3f}"
+                     + (f" ± {half:.3f}" if half is not None else " (two seeds: no band)")
+                     + f" (per seed {', '.join(f'{d:+.3f}' for d in end_gap)})")
+        curves[recipe] = pair
+    text = "\n".join(lines + [""] + diffs) + "\n"
+    with open(os.path.join(out, "kl_test.md"), "w") as f:
+        f.write(text)
+    print(text)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(curves), figsize=(4.6 * len(curves), 3.6), sharey=True)
+    for ax, (recipe, pair) in zip(axes, curves.items()):
+        for (label, runs), colour in zip(pair.items(), ("#1b9e77", "#d95f02")):
+            iters = [p[0] for p in runs[0]]
+            cells = [bands.across_seeds([c[i][2] for c in runs], n) for i in range(len(iters))]
+            ax.plot(iters, [m for m, _ in cells], marker="o", color=colour, label=label)
+            if all(h is not None for _, h in cells):
+                ax.fill_between(iters, [m - h for m, h in cells], [m + h for m, h in cells], color=colour, alpha=0.2)
+        ax.set_title(f"{recipe}: the KL term alone changed", fontsize=10)
+        ax.set_xlabel("iteration")
+        ax.set_ylim(bottom=0)
+    axes[0].set_ylabel(f"greedy held-out accuracy ({n} problems),\n{len(seeds)} seeds' mean and band")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "kl_test.png"), dpi=100)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -107,6 +158,8 @@ def main(argv=None):
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {', '.join(ARMS)}")
     parser.add_argument("--edge", default="best", help="the recipe edge sampling runs on: best (the arm with the "
                         "highest final mean accuracy), a recipe's name, or empty for none")
+    parser.add_argument("--kl_test", action="store_true", help="the KL claim as a one-factor test: grpo and cispo, "
+                        "each with and without the KL term (KL_PAIRS), every seed; kl_test.md and kl_test.png")
     parser.add_argument("--seeds", default="1337,1338", help="comma-separated training seeds of every arm")
     parser.add_argument("--iters", type=int, default=30, help="iterations per arm")
     parser.add_argument("--eval_every", type=int, default=10, help="iterations between held-out evaluations")
@@ -122,6 +175,9 @@ def main(argv=None):
                   minibatches=args.minibatches, plot=False)
     common.update(options.parse_args([f"--{kv}" for kv in args.set]))
     seeds, n = [int(s) for s in args.seeds.split(",")], args.eval_problems
+    os.makedirs(args.out, exist_ok=True)
+    if args.kl_test:
+        return kl_test(seeds, common, args.out, n)
     results = {name: run_arm(name, ARMS[name], seeds, common, args.out) for name in args.arms.split(",")}
     if args.edge:
         base = max(results, key=lambda a: final(results[a], n)[0]) if args.edge == "best" else args.edge

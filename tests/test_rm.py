@@ -175,21 +175,118 @@ def test_rm_refuses_single_examples(tiny, tmp_path):
         T.train(rm_config(tiny, data=mixed, max_iters=1))
 
 
+def test_overoptimisation_paired_bootstrap_and_turning_points():
+    """experiments/overoptimisation.py's pure functions on hand-made numbers where the answer is known:
+    the per-prompt bootstrap of a paired fall (clearly above 0, and centred on 0), Best-of-N's kept
+    answers (N = 1: every sample; the largest N: each prompt's top proxy), the paired turning point,
+    PPO's across-seeds rule (a t band from 3 seeds, none from 2) and the gold-wrong examples."""
+    from experiments import overoptimisation as oo
+    # a fall on 60 of 100 prompts, none on 40: mean 0.6, SE 0.049, the interval ~ [0.50, 0.70]
+    mean, low, high = oo.paired_bootstrap(torch.tensor([1.0] * 60 + [0.0] * 40))
+    assert mean == pytest.approx(0.6) and 0.48 < low < 0.53 and 0.67 < high < 0.72
+    assert oo.paired_bootstrap(torch.tensor([1.0] * 60 + [0.0] * 40)) == (mean, low, high)  # a fixed seed
+    # as many rises as falls: centred on 0, the interval ~ ±0.196 holds it
+    mean, low, high = oo.paired_bootstrap(torch.tensor([1.0, -1.0] * 50))
+    assert mean == 0 and -0.25 < low < -0.15 and 0.15 < high < 0.25
+
+    # 4 samples per prompt, the proxy rising with the sample's index; half the prompts right only at
+    # sample 1, half only at sample 3
+    P = 40
+    proxy = torch.tensor([[0.0, 1.0, 2.0, 3.0]] * P) + torch.arange(P).unsqueeze(1)  # offsets: relative per prompt
+    gold = torch.tensor([[0.0, 1.0, 0.0, 0.0]] * (P // 2) + [[0.0, 0.0, 0.0, 1.0]] * (P // 2))
+    index = torch.arange(4.0).expand(P, 4)
+    length, worked = 10 * (index + 1), index % 2  # samples 1 and 3 show their work
+    points, per_prompt = oo.best_of_n(proxy, gold, length, worked)
+    assert [p["N"] for p in points] == [1, 2, 4]
+    assert torch.equal(per_prompt[1], gold.mean(1))  # N = 1 keeps every sample: each prompt's mean gold
+    assert [p["gold"] for p in points] == pytest.approx([0.25, 0.5, 0.5])  # N = 2 keeps samples 1 and 3
+    assert per_prompt[4].tolist() == [0.0] * (P // 2) + [1.0] * (P // 2)  # N = 4 keeps sample 3
+    assert points[0]["proxy"] == pytest.approx(0.0) and points[2]["proxy"] == pytest.approx(1.5)
+    assert points[2]["proxy_band"] == pytest.approx(0.0)  # the same lift on every prompt
+    assert [p["length"] for p in points] == pytest.approx([25.0, 30.0, 40.0])
+    assert [p["worked"] for p in points] == pytest.approx([0.5, 1.0, 1.0])
+    turn = oo.bon_turning_point(points, per_prompt)  # peak at N = 2; to N = 4: +0.5 on half, −0.5 on half
+    assert turn["N"] == 2 and not turn["significant"] and len(turn["drops"]) == 1
+    assert turn["drops"][0]["low"] < 0 < turn["drops"][0]["high"]
+    gold[P // 2:] = torch.tensor([0.0, 1.0, 0.0, 0.0])  # now every prompt right only at sample 1
+    points, per_prompt = oo.best_of_n(proxy, gold, length, worked)
+    turn = oo.bon_turning_point(points, per_prompt)  # peak at N = 2, 0.5 lower at N = 4 on every prompt
+    assert turn["N"] == 2 and turn["significant"] and turn["drops"][0]["low"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="power of two"):
+        oo.best_of_n(proxy[:, :3], gold[:, :3], length[:, :3], worked[:, :3])
+
+    # PPO: seeds whose gold falls by ~0.1 after the second bin, each seed by a different amount
+    def seed_run(seed, golds):
+        return dict(seed=seed, evals=[], curve=[dict(iters=f"{k}", kl=float(k), proxy=float(k), gold=g, len_mean=20.0,
+                                                      work_frac=0.5, rollouts=512) for k, g in enumerate(golds)])
+    runs = [seed_run(1337, [0.30, 0.40, 0.31]), seed_run(1338, [0.32, 0.42, 0.30]), seed_run(1339, [0.31, 0.41, 0.32])]
+    mean = oo.ppo_mean(runs)
+    assert [p["gold"] for p in mean] == pytest.approx([0.31, 0.41, 0.31])
+    assert mean[1]["gold_band"] >= 1.96 * math.sqrt(0.41 * 0.59 / 512)  # floored by the binomial band of a bin
+    assert mean[0]["len_mean_band"] == 0.0 and mean[0]["gold_per_seed"] == [0.30, 0.32, 0.31]
+    turn = oo.ppo_turning_point(runs, mean)
+    assert turn["iters"] == "1" and turn["drops"][0]["per_seed"] == pytest.approx([0.09, 0.12, 0.09])
+    assert turn["significant"] and turn["drops"][0]["band"] == pytest.approx(4.303 * math.sqrt(0.0003) / math.sqrt(3), rel=1e-3)
+    two = oo.ppo_turning_point(runs[:2], oo.ppo_mean(runs[:2]))  # two seeds: no band, nothing claimed
+    assert two["drops"][0]["band"] is None and not two["significant"]
+
+    # examples: at the largest N each prompt's top-proxy sample; only the gold-wrong ones, highest first
+    problems = [dict(prompt=f"p{i}", answer=i) for i in range(4)]
+    proxy = torch.tensor([[0.0, 5.0], [9.0, 1.0], [2.0, 3.0], [7.0, 0.0]])
+    gold = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 0.0], [0.0, 1.0]])
+    texts = [f"answer {i}.{j}" for i in range(4) for j in range(2)]
+    examples = oo.wrong_examples(problems, texts, proxy, gold, k=5)
+    assert [(e["prompt"], e["answer"], e["proxy_raw"], e["correct"]) for e in examples] == [
+        ("p3", "answer 3.0", 7.0, 3), ("p0", "answer 0.1", 5.0, 0), ("p2", "answer 2.1", 3.0, 2)]
+    assert examples[0]["proxy"] == pytest.approx(7.0 - float(proxy.mean()))
+    assert len(oo.wrong_examples(problems, texts, proxy, gold, k=2)) == 2
+
+
 @pytest.mark.slow
 def test_overoptimisation_experiment_runs_at_toy_size(tmp_path):
-    """experiments/overoptimisation.py --quick end to end (~40 s): a proxy RM on few verifier pairs,
-    Best-of-N at N = 1, 2, 4 (KL = log N − (N − 1)/N, the proxy of the kept answer never below the
-    mean), PPO against the proxy binned over iterations, the table and the plot."""
+    """experiments/overoptimisation.py --quick end to end (~10 s): a proxy RM on few verifier pairs,
+    Best-of-N at N = 1, 2, 4 on the same samples (KL = log N − (N − 1)/N, the proxy of the kept answer
+    never below the mean), three PPO seeds against the proxy binned over iterations and their mean,
+    the turning-point tests, gold-wrong examples, the table and the plot; run again, the finished
+    PPO runs are read, not rerun."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, os.path.join(root, "experiments", "overoptimisation.py"), "--quick",
-                           f"--out={tmp_path}"], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    command = [sys.executable, os.path.join(root, "experiments", "overoptimisation.py"), "--quick", f"--out={tmp_path}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.load(open(tmp_path / "results.json"))
     bon = results["best_of_n"]
     assert [p["N"] for p in bon] == [1, 2, 4] and bon[0]["proxy"] == pytest.approx(0.0, abs=1e-5)
     assert [p["kl"] for p in bon] == pytest.approx([0.0, math.log(2) - 0.5, math.log(4) - 0.75])
     assert all(p["proxy"] >= -1e-5 for p in bon)  # the top of N scores at least the mean
-    assert [p["iters"] for p in results["ppo"]] == ["1-2", "3-4"] and results["ppo_evals"][0]["iter"] == 0
-    assert "| Best-of-N | N = 4 |" in (tmp_path / "overoptimisation.md").read_text()
+    assert all(0 < p["length"] <= 16 and 0 <= p["worked"] <= 1 for p in bon)  # max_new_tokens=16 at --quick
+    per_prompt = results["best_of_n_per_prompt"]
+    assert sorted(per_prompt, key=int) == ["1", "2", "4"] and all(len(g) == results["bon_prompts"] == 4 for g in per_prompt.values())
+    # N = 1 keeps every sample: its gold is the mean over all the samples, prompt by prompt
+    assert bon[0]["gold"] == pytest.approx(results["bon_sample_gold"]) == pytest.approx(sum(per_prompt["1"]) / 4)
+    turn = results["turning_points"]["best_of_n"]
+    later = [p["N"] for p in bon if p["N"] > turn["N"]]
+    assert [d["N"] for d in turn["drops"]] == later and all(d["low"] <= d["drop"] <= d["high"] for d in turn["drops"])
+    assert results["bootstrap_resamples"] == 2000
+
+    runs = results["ppo"]["runs"]
+    assert [r["seed"] for r in runs] == [1337, 1338, 1339]
+    assert all([p["iters"] for p in r["curve"]] == ["1-2", "3-4"] and r["evals"][0]["iter"] == 0 for r in runs)
+    assert all(0 < p["len_mean"] <= 16 and 0 <= p["work_frac"] <= 1 for r in runs for p in r["curve"])
+    mean = results["ppo"]["mean"]
+    assert len(mean) == 2 and all(p["seeds"] == 3 and len(p["gold_per_seed"]) == 3 for p in mean)
+    assert mean[0]["proxy"] == pytest.approx(sum(r["curve"][0]["proxy"] for r in runs) / 3)
+    assert all(len(d["per_seed"]) == 3 and d["band"] is not None for d in results["turning_points"]["ppo"]["drops"])
+
+    examples = results["examples"]
+    assert len(examples) <= 5 and [e["proxy"] for e in examples] == sorted((e["proxy"] for e in examples), reverse=True)
+    assert all(parse_answer(e["answer"]) != e["correct"] for e in examples)  # gold-wrong (arithmetic's verifier)
+    table = (tmp_path / "overoptimisation.md").read_text()
+    assert "| Best-of-N | N = 4 |" in table and "| PPO | iterations 3-4 |" in table
+    assert "High-proxy answers the verifier marks wrong" in table and "bootstrap" in table
     assert (tmp_path / "overoptimisation.png").exists()
+
+    stamps = [os.path.getmtime(tmp_path / f"ppo_{seed}" / "metrics.jsonl") for seed in (1337, 1338, 1339)]
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [os.path.getmtime(tmp_path / f"ppo_{seed}" / "metrics.jsonl") for seed in (1337, 1338, 1339)] == stamps
+    assert json.load(open(tmp_path / "results.json"))["ppo"] == results["ppo"]

@@ -1,0 +1,38 @@
+"""experiments/pg_family.py --kl_test: the KL claim as a one-factor test, at toy size."""
+
+import json
+import os
+import re
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import train as T  # noqa: E402
+from conftest import SFT_DATA, TINY  # noqa: E402
+
+
+def test_kl_test_changes_the_kl_term_alone(tmp_path):
+    """Each pair differs in kl (and kl_coef where it is used) and in nothing else, every seed runs, and
+    the printed per-seed differences are the runs' own final accuracies subtracted."""
+    from experiments import pg_family
+    sft = str(tmp_path / "sft")
+    T.train(dict(TINY, **SFT_DATA, algo="sft", max_iters=2, checkpoint=True, out_dir=sft))
+    out = tmp_path / "kl"
+    pg_family.main(["--sft", sft, "--kl_test", f"--out={out}", "--iters=2", "--eval_every=1", "--eval_problems=4",
+                    "--prompts=2", "--group_size=2", "--seeds=1,2,3", "--set", "max_new_tokens=8",
+                    "--set", "eval_batch_size=8", "--set", "batch_size=4"])
+    config = lambda name: json.load(open(out / name / "config.json"))
+    ignore = {"kl", "kl_coef", "out_dir", "seed"}
+    for with_kl, without in (("grpo_1", "grpo_no_kl_1"), ("cispo_kl_1", "cispo_1")):
+        a, b = config(with_kl), config(without)
+        assert (a["kl"], b["kl"]) == ("k3_loss", "off") and a["kl_coef"] == 0.04
+        assert {k for k in a if a[k] != b.get(k)} <= ignore
+    text = (out / "kl_test.md").read_text()
+    final = lambda name: pg_family.curve(str(out / name))[-1][2]
+    per_seed = [final(f"grpo_{s}") - final(f"grpo_no_kl_{s}") for s in (1, 2, 3)]
+    line = next(l for l in text.splitlines() if l.startswith("- grpo:"))
+    assert [float(x) for x in re.search(r"per seed ([^)]*)\)", line).group(1).split(", ")] == pytest.approx(per_seed, abs=1e-3)
+    assert (out / "kl_test.png").exists()
