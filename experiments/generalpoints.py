@@ -131,6 +131,16 @@ def save_study(out, name, results, table, plot, plot_path=""):
     plot(results, plot_path or os.path.join(out, f"{name}.png"))
     print("\n" + text)
 
+def save_analysis(out, name, lines, data):
+    """An analysis after a study: its table (lines) as NAME.md and its figures as NAME.json in `out`,
+    and the table printed."""
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    print("\n".join(lines))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--init_from", default="", help="an SFT checkpoint of --env=generalpoints (default: train one)")

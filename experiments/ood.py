@@ -53,7 +53,7 @@ import options  # noqa: E402
 from envs import Arithmetic  # noqa: E402
 from envs.treasure import MAP_TEXT, ROOM_NAMES, ROOMS, optimal_episode  # noqa: E402
 from rollouts import generate, response_text  # noqa: E402
-from experiments.generalpoints import run, save_study  # noqa: E402  (train.train with the keys of the run's algorithm)
+from experiments.generalpoints import run, save_analysis, save_study  # noqa: E402  (train.train with the keys of the run's algorithm)
 
 SEEDS = (1337, 1338, 1339)
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, prompts_per_iter=2, group_size=2, eval_batch_size=8,
@@ -162,11 +162,7 @@ def steps_written(args, common):
             m = {k: sum(x[k] for x in rows[who][split]) / len(rows[who][split]) for k in rows[who][split][0]}
             lines.append(f"| {split} | {who} | {m['acc']:.3f} | {m['worked']:.2f} | {m['equations']:.2f} ({m['chain']:.0f}) | "
                          f"{m['own_steps']:.2f} | {m['every_step']:.2f} | {m['acc_worked']:.3f} / {m['acc_bare']:.3f} |")
-    with open(os.path.join(args.out, "steps.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    with open(os.path.join(args.out, "steps.json"), "w") as f:
-        json.dump(rows, f, indent=1)
-    print("\n".join(lines))
+    save_analysis(args.out, "steps", lines, rows)
 
 
 def training_seconds(out_dir):

@@ -43,7 +43,7 @@ sys.path.insert(0, ROOT)
 
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
 import options  # noqa: E402
-from experiments.generalpoints import init_checkpoint, run, save_study  # noqa: E402  (an SFT start, train.train by algorithm)
+from experiments.generalpoints import init_checkpoint, run, save_analysis, save_study  # noqa: E402  (an SFT start, train.train by algorithm)
 from experiments.ood import answers  # noqa: E402  (one answer per problem: right or wrong)
 from rollouts import generate, response_text  # noqa: E402
 
@@ -281,11 +281,7 @@ def plays(args, common):
         m = {k: sum(x[k] for x in runs) / len(runs) for k in ("calls", "progress", "violations", "stop_short", "wins")}
         lines.append(f"| {who} | {m['calls']:.2f} | {m['progress']:.2f} | {m['violations']:.2f} | {m['stop_short']:.2f} | "
                      f"{m['wins']:.3f} |")
-    with open(os.path.join(args.out, "plays.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    with open(os.path.join(args.out, "plays.json"), "w") as f:
-        json.dump(rows, f, indent=1)
-    print("\n".join(lines))
+    save_analysis(args.out, "plays", lines, rows)
 
 
 def main():
