@@ -70,22 +70,29 @@ def final(curves, n):
 
 
 def plot(results, n, path):
+    """One line per arm: the seeds' mean accuracy against the mean rollout tokens, its band shaded
+    (bands.across_seeds: t·SE from 3 seeds; with 2 seeds the band is their range)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = plt.get_cmap("Dark2").colors
     for k, (arm, curves) in enumerate(results.items()):
-        color = f"C{k}"
-        for s, points in enumerate(curves):
-            x = [p[1] / 1e3 for p in points]
-            y = [p[2] for p in points]
-            ax.errorbar(x, y, yerr=[bands.binomial(v, n) for v in y], marker="o", capsize=3, color=color, alpha=0.8,
-                        linestyle="-" if s == 0 else "--", label=arm if s == 0 else None)
-    ax.set_xlabel("rollout tokens decoded (thousands)")
-    ax.set_ylabel(f"greedy held-out accuracy ({n} problems, ± 2 SE)")
-    ax.set_title("One SFT checkpoint, off-policy steps (--minibatches per rollout batch); a line per seed", fontsize=10)
+        points = range(min(map(len, curves)))
+        x = [sum(c[i][1] for c in curves) / len(curves) / 1e3 for i in points]
+        columns = [[c[i][2] for c in curves] for i in points]
+        cells = [bands.across_seeds(col, n) for col in columns]
+        lo = [min(col) if h is None else m - h for col, (m, h) in zip(columns, cells)]
+        hi = [max(col) if h is None else m + h for col, (m, h) in zip(columns, cells)]
+        ax.plot(x, [m for m, _ in cells], marker="o", color=colours[k % len(colours)], label=arm)
+        ax.fill_between(x, lo, hi, color=colours[k % len(colours)], alpha=0.15, lw=0)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("rollout tokens decoded (thousands, the seeds' mean)")
+    ax.set_ylabel(f"greedy held-out accuracy ({n} problems)")
+    ax.set_title("One SFT checkpoint, off-policy steps; each arm's seed mean, shaded: "
+                 + ("the band" if min(map(len, results.values())) >= 3 else "the seeds' range"), fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -36,3 +36,21 @@ def test_kl_test_changes_the_kl_term_alone(tmp_path):
     line = next(l for l in text.splitlines() if l.startswith("- grpo:"))
     assert [float(x) for x in re.search(r"per seed ([^)]*)\)", line).group(1).split(", ")] == pytest.approx(per_seed, abs=1e-3)
     assert (out / "kl_test.png").exists()
+
+
+def test_family_table_and_plot_at_toy_size(tmp_path, capsys):
+    """The main comparison at toy size: two recipes and edge sampling on the best, the table's rows
+    (the seeds' final accuracies), results.json and the plot of each arm's seed mean."""
+    from experiments import pg_family
+    sft = str(tmp_path / "sft")
+    T.train(dict(TINY, **SFT_DATA, algo="sft", max_iters=2, checkpoint=True, out_dir=sft))
+    out = tmp_path / "family"
+    pg_family.main(["--sft", sft, "--arms=grpo,cispo", f"--out={out}", "--iters=2", "--eval_every=1", "--eval_problems=4",
+                    "--prompts=2", "--group_size=2", "--seeds=1,2", "--set", "max_new_tokens=8",
+                    "--set", "eval_batch_size=8", "--set", "batch_size=4"])
+    results = json.load(open(out / "results.json"))["results"]
+    best = max(("grpo", "cispo"), key=lambda a: sum(c[-1][2] for c in results[a]))
+    assert set(results) == {"grpo", "cispo", f"{best}_edge"} and all(len(c) == 2 for c in results.values())
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| grpo |")]
+    assert rows and f"{results['grpo'][0][-1][2]:.3f}, {results['grpo'][1][-1][2]:.3f}" in rows[0]
+    assert (out / "accuracy_vs_rollout_tokens.png").exists()
