@@ -1,4 +1,4 @@
-"""experiments/pg_family.py --kl_test: the KL claim as a one-factor test, at toy size."""
+"""experiments/pg_family.py at toy size: the family's table and plot, and --kl_test, the KL claim as a one-factor test."""
 
 import json
 import os
@@ -12,18 +12,24 @@ sys.path.insert(0, ROOT)
 
 import train as T  # noqa: E402
 from conftest import SFT_DATA, TINY  # noqa: E402
+from experiments import pg_family  # noqa: E402
+
+
+def toy_study(tmp_path, name, *args):
+    """pg_family.main at toy size from a two-iteration SFT: 2 iterations, each evaluated on 4 problems."""
+    sft = str(tmp_path / "sft")
+    T.train(dict(TINY, **SFT_DATA, algo="sft", max_iters=2, checkpoint=True, out_dir=sft))
+    out = tmp_path / name
+    pg_family.main(["--sft", sft, f"--out={out}", "--iters=2", "--eval_every=1", "--eval_problems=4", "--prompts=2",
+                    "--group_size=2", "--set", "max_new_tokens=8", "--set", "eval_batch_size=8", "--set", "batch_size=4",
+                    *args])
+    return out
 
 
 def test_kl_test_changes_the_kl_term_alone(tmp_path):
     """Each pair differs in kl (and kl_coef where it is used) and in nothing else, every seed runs, and
     the printed per-seed differences are the runs' own final accuracies subtracted."""
-    from experiments import pg_family
-    sft = str(tmp_path / "sft")
-    T.train(dict(TINY, **SFT_DATA, algo="sft", max_iters=2, checkpoint=True, out_dir=sft))
-    out = tmp_path / "kl"
-    pg_family.main(["--sft", sft, "--kl_test", f"--out={out}", "--iters=2", "--eval_every=1", "--eval_problems=4",
-                    "--prompts=2", "--group_size=2", "--seeds=1,2,3", "--set", "max_new_tokens=8",
-                    "--set", "eval_batch_size=8", "--set", "batch_size=4"])
+    out = toy_study(tmp_path, "kl", "--kl_test", "--seeds=1,2,3")
     config = lambda name: json.load(open(out / name / "config.json"))
     ignore = {"kl", "kl_coef", "out_dir", "seed"}
     for with_kl, without in (("grpo_1", "grpo_no_kl_1"), ("cispo_kl_1", "cispo_1")):
@@ -41,13 +47,7 @@ def test_kl_test_changes_the_kl_term_alone(tmp_path):
 def test_family_table_and_plot_at_toy_size(tmp_path, capsys):
     """The main comparison at toy size: two recipes and edge sampling on the best, the table's rows
     (the seeds' final accuracies), results.json and the plot of each arm's seed mean."""
-    from experiments import pg_family
-    sft = str(tmp_path / "sft")
-    T.train(dict(TINY, **SFT_DATA, algo="sft", max_iters=2, checkpoint=True, out_dir=sft))
-    out = tmp_path / "family"
-    pg_family.main(["--sft", sft, "--arms=grpo,cispo", f"--out={out}", "--iters=2", "--eval_every=1", "--eval_problems=4",
-                    "--prompts=2", "--group_size=2", "--seeds=1,2", "--set", "max_new_tokens=8",
-                    "--set", "eval_batch_size=8", "--set", "batch_size=4"])
+    out = toy_study(tmp_path, "family", "--arms=grpo,cispo", "--seeds=1,2")
     results = json.load(open(out / "results.json"))["results"]
     best = max(("grpo", "cispo"), key=lambda a: sum(c[-1][2] for c in results[a]))
     assert set(results) == {"grpo", "cispo", f"{best}_edge"} and all(len(c) == 2 for c in results.values())
