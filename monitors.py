@@ -23,10 +23,8 @@ def shard_counts(run, first, batch, rounds):
     """A shard's sums for the log: of its first round (an unbiased sample of the policy, its reward
     before shaping) and of every round sampled."""
     G, ro, reward = run.cfg["group_size"], first.rollout, first.reward
-    all_fail = reward.view(-1, G).amax(1) == 0
     counts = dict(
-        reward_sum=float(reward.sum()), reward_n=len(reward), all_fail=float(all_fail.sum()),
-        **advantage_mass(ro, all_fail.repeat_interleave(G)),
+        reward_sum=float(reward.sum()), reward_n=len(reward), all_fail=float((reward.view(-1, G).amax(1) == 0).sum()),
         violations=sum(sign < 0 for p, t in zip(ro.problems, ro.texts)
                        for _, sign in run.env.path_signals(p, t)) if hasattr(run.env, "path_signals") else 0,
         degenerate=float((reward.view(-1, G) == reward.view(-1, G)[..., :1]).all(-1).sum()), groups=len(reward) // G,
@@ -48,8 +46,6 @@ def advantage_mass(ro, failed):
     """all_fail_adv (Σ|A| over the rows of all-fail groups) and adv_mass (Σ|A| over all rows): what
     share of the policy gradient's weight the groups without a win carry. A row's |A| is its
     advantage's, or, token by token (process rewards), the mean |A_t| over its response tokens."""
-    if ro.advantages is None:
-        return dict(all_fail_adv=0.0, adv_mass=0.0)
     mass = ro.advantages.abs()
     if mass.dim() == 2:
         mass = (mass * ro.mask).sum(1) / ro.mask.sum(1).clamp(min=1)
@@ -78,11 +74,11 @@ def misaligned_rows(run, ro):
 
 def rollout_figures(run, state, shards, counts):
     """The iteration's figures, summed over ranks: reward (the first rounds'), reward_shaped,
-    degenerate_frac, all_fail_frac, all_fail_adv_share (advantage_mass), kept_groups_frac,
-    extra_rollouts, lengths, truncated_frac, work_frac, parse_error_rate, reward_len_corr,
-    verifier_error_rate, kl_ref (with a KL term), kl_reward (with the KL in the reward), sampler_logprob_gap (π_old recomputed),
-    violations_per_episode (a rule engine), this rank's time split time_decode / time_verify /
-    time_score and decode_tok_per_s; and, only in an iteration that has one, retokenized_frac,
+    degenerate_frac, all_fail_frac, all_fail_adv_share (advantage_mass of the trained rows, their
+    final advantages), kept_groups_frac, extra_rollouts, lengths, truncated_frac, work_frac,
+    parse_error_rate, reward_len_corr, verifier_error_rate, kl_ref (with a KL term), kl_reward (with
+    the KL in the reward), sampler_logprob_gap (π_old recomputed), violations_per_episode (a rule
+    engine), this rank's time split time_decode / time_verify / time_score and decode_tok_per_s; and, only in an iteration that has one, retokenized_frac,
     adv_sign_error_frac and nonfinite_logprob_frac (failures a healthy pipeline never has)."""
     cfg, G = run.cfg, run.cfg["group_size"]
     rewards = torch.cat([b.reward for b in shards])
@@ -90,8 +86,11 @@ def rollout_figures(run, state, shards, counts):
     lengths = torch.cat([b.lengths.float() for b in shards])
     sums = {k: sum(c[k] for c in counts)
             for k in ("reward_sum", "reward_n", "degenerate", "groups", "extra_rollouts", "kept_groups", "work",
-                      "all_fail", "all_fail_adv", "adv_mass", "violations", "parse_errors", "corr_n", "corr_x", "corr_y", "corr_xy", "corr_xx",
+                      "all_fail", "violations", "parse_errors", "corr_n", "corr_x", "corr_y", "corr_xy", "corr_xx",
                       "corr_yy", "retokenized", "misaligned")}
+    # the trained rows' final advantages (REINFORCE's batch baseline and adv_scale=batch included)
+    masses = [advantage_mass(b, b.verified.view(-1, G).amax(1).repeat_interleave(G) == 0) for b in shards]
+    sums.update({k: sum(m[k] for m in masses) for k in ("all_fail_adv", "adv_mass")})
     sums["nonfinite"] = sum(float((~torch.isfinite(lp) & (b.mask > 0)).sum()) for b in shards
                             for lp in (b.old_logprobs, b.ref_logprobs, b.sampler_logprobs) if lp is not None)
     sums.update(len_sum=float(lengths.sum()), len_sq=float((lengths ** 2).sum()), len_n=len(lengths),

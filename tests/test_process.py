@@ -183,6 +183,14 @@ def test_advantage_mass_on_all_fail_groups(tmp_path):
     run.env.step_rewards = lambda p, text: [(len(text) // 2, float(len(text) % 2)), (len(text), 0.0)]
     process = grpo.batches(run, run.state, 0)[1]
     assert process["all_fail_frac"] == 1.0 and process["all_fail_adv_share"] == 1.0
+    # the share is of the final advantages: REINFORCE's batch baseline (A = r − 0.5 when one group of two
+    # wins every answer) weighs the all-fail group's rows as much as the winners'
+    for estimator, share in (("grpo", 0.0), ("reinforce", 0.5)):
+        run = small(tmp_path, "grpo", estimator=estimator, max_iters=0)
+        calls = iter(range(10 ** 6))
+        run.env.verify = lambda problem, text: 1.0 if next(calls) < 4 else 0.0  # the first group's four answers
+        figures = grpo.batches(run, run.state, 0)[1]
+        assert figures["all_fail_frac"] == 0.5 and figures["all_fail_adv_share"] == pytest.approx(share)
 
 
 @pytest.mark.slow  # a script's smoke run at toy size: `-m slow`
