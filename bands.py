@@ -53,6 +53,13 @@ def across_seeds(values, n):
     return mean, max(t_975(k - 1) * sd / math.sqrt(k), binomial(mean, n) if n else 0.0)
 
 
+def envelope(values, n):
+    """(mean, low, high) of one figure over seeds, for a plot: the mean ± its band (across_seeds), or,
+    where no band is claimed (two seeds; one seed of a figure that is no accuracy), the seeds' range."""
+    mean, half = across_seeds(values, n)
+    return (mean, min(values), max(values)) if half is None else (mean, mean - half, mean + half)
+
+
 def paired(a, b):
     """(mean difference, half-width) of arm a minus arm b on the same problems, one seed: a and b are
     0/1 per problem (or any per-problem scores), in the same order. The band is 1.96 standard

@@ -31,7 +31,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import options  # noqa: E402  (after the path: the script runs from anywhere)
+import bands  # noqa: E402  (after the path: the script runs from anywhere)
+import options  # noqa: E402
 import train as T  # noqa: E402
 
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
@@ -130,6 +131,29 @@ def save_study(out, name, results, table, plot, plot_path=""):
         f.write(text)
     plot(results, plot_path or os.path.join(out, f"{name}.png"))
     print("\n" + text)
+
+def final_models(out, results, start, common, algo):
+    """(who, run) for the start and then every arm's and seed's last checkpoint of a study in `out`
+    (results["arms"]: {arm: {seed: ...}}, checkpoints in out/ARM_SEED), each loaded with nothing trained."""
+    checkpoints = [("start", start)] + [(arm, os.path.join(out, f"{arm}_{seed}"))
+                                        for arm, runs in results["arms"].items() for seed in runs]
+    for who, checkpoint in checkpoints:
+        yield who, run(dict(common, algo=algo, init_from=checkpoint, max_iters=0, eval_interval=0, overwrite=True,
+                            out_dir=os.path.join(out, "loaded")))
+
+
+def band_line(ax, curves, colour, label, n=None, top=None, **style):
+    """One line for several seeds' curves, each [(x, y)], aligned by index (the shortest sets the
+    length): the mean of x and of y, the band of y shaded (bands.envelope: mean ± band, two seeds'
+    range), drawn within [0, top] since every figure drawn so is a count or a share."""
+    points = range(min(map(len, curves)))
+    xs = [sum(c[j][0] for c in curves) / len(curves) for j in points]
+    cells = [bands.envelope([c[j][1] for c in curves], n) for j in points]
+    ax.plot(xs, [m for m, _, _ in cells], color=colour, label=label, **style)
+    if len(curves) > 1:
+        ax.fill_between(xs, [max(0.0, lo) for _, lo, _ in cells], [min(top or float("inf"), hi) for _, _, hi in cells],
+                        color=colour, alpha=0.15, lw=0)
+
 
 def save_analysis(out, name, lines, data):
     """An analysis after a study: its table (lines) as NAME.md and its figures as NAME.json in `out`,

@@ -53,7 +53,7 @@ import options  # noqa: E402
 from envs import Arithmetic  # noqa: E402
 from envs.treasure import MAP_TEXT, ROOM_NAMES, ROOMS, optimal_episode  # noqa: E402
 from rollouts import generate, response_text  # noqa: E402
-from experiments.generalpoints import run, save_analysis, save_study  # noqa: E402  (train.train with the keys of the run's algorithm)
+from experiments.generalpoints import band_line, final_models, rows, run, save_analysis, save_study  # noqa: E402  (shared by the studies)
 
 SEEDS = (1337, 1338, 1339)
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, prompts_per_iter=2, group_size=2, eval_batch_size=8,
@@ -111,15 +111,11 @@ def loaded(args, common, algo="sft"):
 
 def search(args, common):
     r = loaded(args, common)
-    rows = [("heldout (in distribution)", *accuracy(r, r.raw_model, "heldout", args.eval_problems))]
-    rows += [(name, *accuracy(r, r.raw_model, name, args.eval_problems)) for name in CANDIDATES[r.env.name]]
+    found = [("heldout (in distribution)", *accuracy(r, r.raw_model, "heldout", args.eval_problems))]
+    found += [(name, *accuracy(r, r.raw_model, name, args.eval_problems)) for name in CANDIDATES[r.env.name]]
     lines = [f"Greedy accuracy of {args.init_from} ({r.env.name}) on {args.eval_problems} problems per split:", "",
-             "| split | accuracy | band (95%) |", "|---|---|---|"] + [f"| {n} | {a:.3f} | ± {b:.3f} |" for n, a, b in rows]
-    with open(os.path.join(args.out, "search.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    with open(os.path.join(args.out, "search.json"), "w") as f:
-        json.dump(dict(init_from=args.init_from, env=r.env.name, rows=rows), f, indent=1)
-    print("\n".join(lines))
+             "| split | accuracy | band (95%) |", "|---|---|---|"] + [f"| {n} | {a:.3f} | ± {b:.3f} |" for n, a, b in found]
+    save_analysis(args.out, "search", lines, dict(init_from=args.init_from, env=r.env.name, rows=found))
 
 
 def steps_written(args, common):
@@ -129,49 +125,41 @@ def steps_written(args, common):
     solution's own steps (Arithmetic.step_rewards), and the accuracy of worked and of bare answers;
     means over each arm's seeds. Writes steps.md and steps.json into --out."""
     results = json.load(open(os.path.join(args.out, "results.json")))
-    r = loaded(args, common)
-    problems = {split: split_problems(r.env, split, results["eval_problems"]) for split in results["splits"]}
-    checkpoints = dict(start=[args.init_from], **{arm: [os.path.join(args.out, f"{arm}_{seed}") for seed in runs]
-                                                  for arm, runs in results["arms"].items()})
-    rows = {}
-    for who, dirs in checkpoints.items():
-        for d in dirs:
-            model = run(dict(common, algo="sft", init_from=d, max_iters=0, eval_interval=0, overwrite=True,
-                             out_dir=os.path.join(args.out, "loaded"))).raw_model
-            for split, probs in problems.items():
-                tokens, _, _ = generate(r, model, [r.tok.prompt_ids(p["prompt"]) for p in probs], temperature=0.0)
-                texts = [response_text(r, t) for t in tokens]
-                worked = [t for p, t in zip(probs, texts) if r.env.shows_work(t)]
-                worked_p = [p for p, t in zip(probs, texts) if r.env.shows_work(t)]
-                right = [r.env.verify(p, t) for p, t in zip(probs, texts)]
-                written = [t.split("Answer:", 1)[0].count("=") for t in worked]
-                own = [sum(v for _, v in r.env.step_rewards(p, t)[:-1]) for p, t in zip(worked_p, worked)]
-                mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
-                row = dict(acc=mean(right), worked=len(worked) / len(probs), equations=mean(written),
-                           chain=mean([len(p["steps"]) for p in probs]), own_steps=mean(own),
-                           every_step=mean([w >= len(p["steps"]) for w, p in zip(own, worked_p)]),
-                           acc_worked=mean([x for x, t in zip(right, texts) if r.env.shows_work(t)]),
-                           acc_bare=mean([x for x, t in zip(right, texts) if not r.env.shows_work(t)]))
-                rows.setdefault(who, {}).setdefault(split, []).append(row)
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
+    by_model, problems = {}, None
+    for who, r in final_models(args.out, results, args.init_from, common, "sft"):
+        problems = problems or {split: split_problems(r.env, split, results["eval_problems"]) for split in results["splits"]}
+        for split, probs in problems.items():
+            texts = responses(r, r.raw_model, probs, 0.0)
+            right = [r.env.verify(p, t) for p, t in zip(probs, texts)]
+            shows = [r.env.shows_work(t) for t in texts]
+            worked = [(p, t) for p, t, w in zip(probs, texts, shows) if w]
+            own = [sum(v for _, v in r.env.step_rewards(p, t)[:-1]) for p, t in worked]  # the solution's own steps
+            by_model.setdefault(who, {}).setdefault(split, []).append(dict(
+                acc=mean(right), worked=mean(shows), equations=mean([t.split("Answer:", 1)[0].count("=") for _, t in worked]),
+                chain=mean([len(p["steps"]) for p in probs]), own_steps=mean(own),
+                every_step=mean([o >= len(p["steps"]) for o, (p, _) in zip(own, worked)]),
+                acc_worked=mean([x for x, w in zip(right, shows) if w]),
+                acc_bare=mean([x for x, w in zip(right, shows) if not w])))
     lines = [f"Greedy answers to {results['eval_problems']} problems per split; each arm the mean over its "
              f"{len(results['seeds'])} seeds' last checkpoints.", "",
              "| split | model | accuracy | worked share | equations per worked answer (chain) | of them the solution's steps | "
              "worked answers with every step right | accuracy worked / bare |", "|---|---|---|---|---|---|---|---|"]
     for split in results["splits"]:
-        for who in checkpoints:
-            m = {k: sum(x[k] for x in rows[who][split]) / len(rows[who][split]) for k in rows[who][split][0]}
+        for who in by_model:
+            m = {k: sum(x[k] for x in by_model[who][split]) / len(by_model[who][split]) for k in by_model[who][split][0]}
             lines.append(f"| {split} | {who} | {m['acc']:.3f} | {m['worked']:.2f} | {m['equations']:.2f} ({m['chain']:.0f}) | "
                          f"{m['own_steps']:.2f} | {m['every_step']:.2f} | {m['acc_worked']:.3f} / {m['acc_bare']:.3f} |")
-    save_analysis(args.out, "steps", lines, rows)
+    save_analysis(args.out, "steps", lines, by_model)
 
 
 def training_seconds(out_dir):
-    return sum(json.loads(line).get("iter_time", 0.0) for line in open(os.path.join(out_dir, "metrics.jsonl")))
+    return sum(row.get("iter_time", 0.0) for row in rows(out_dir))
 
 
 def sft_rate(out_dir):
     """Seconds per SFT iteration in a run's metrics.jsonl."""
-    times = [row["iter_time"] for row in map(json.loads, open(os.path.join(out_dir, "metrics.jsonl"))) if "loss" in row]
+    times = [row["iter_time"] for row in rows(out_dir) if "loss" in row]
     if not times:
         raise ValueError(f"{out_dir}/metrics.jsonl has no training rows to time SFT by")
     return sum(times) / len(times)
@@ -190,10 +178,15 @@ def form(problem):
     return "words" if " had " in problem["prompt"] else "symbols"
 
 
+def responses(r, model, problems, temperature):
+    """One response text per problem, greedy (temperature 0) or sampled at a fixed seed."""
+    tokens, _, _ = generate(r, model, [r.tok.prompt_ids(p["prompt"]) for p in problems], temperature=temperature, seed=1)
+    return [response_text(r, t) for t in tokens]
+
+
 def answers(r, model, problems, temperature):
     """One answer per problem, greedy (temperature 0) or sampled at a fixed seed: (correct, shows work), 0/1 each."""
-    tokens, _, _ = generate(r, model, [r.tok.prompt_ids(p["prompt"]) for p in problems], temperature=temperature, seed=1)
-    texts = [response_text(r, t) for t in tokens]
+    texts = responses(r, model, problems, temperature)
     return ([int(r.env.verify(p, text)) for p, text in zip(problems, texts)],
             [int(bool(r.env.shows_work(text))) for text in texts])
 
@@ -308,13 +301,8 @@ def plot(results, path):
     colours = dict(sft="#d95f02", grpo="#1b9e77", start="#7f7f7f")
     for ax, split in zip(axes[0], splits):
         for arm, runs in results["arms"].items():
-            curves = list(runs.values())
-            xs = [sum(c[i]["seconds"] for c in curves) / len(curves) for i in range(len(curves[0]))]
-            cells = [bands.across_seeds([c[i]["greedy"][split]["acc"] for c in curves], n) for i in range(len(curves[0]))]
-            lo = [min(c[i]["greedy"][split]["acc"] for c in curves) if h is None else m - h for i, (m, h) in enumerate(cells)]
-            hi = [max(c[i]["greedy"][split]["acc"] for c in curves) if h is None else m + h for i, (m, h) in enumerate(cells)]
-            ax.plot(xs, [m for m, _ in cells], color=colours[arm], marker="o", label="GRPO" if arm == "grpo" else "more SFT")
-            ax.fill_between(xs, lo, hi, color=colours[arm], alpha=0.2)
+            curves = [[(p["seconds"], p["greedy"][split]["acc"]) for p in points] for points in runs.values()]
+            band_line(ax, curves, colours[arm], "GRPO" if arm == "grpo" else "more SFT", n, top=1.0, marker="o")
         ax.set_ylim(bottom=0)  # from zero: no change drawn larger than it is
         ax.set_title(f"{split} greedy" + (" (in distribution)" if split == "heldout" else " (OOD)"), fontsize=9)
         ax.set_xlabel("training time (s)", fontsize=8)

@@ -58,7 +58,7 @@ import bands  # noqa: E402
 import options  # noqa: E402
 from distributed import chunks  # noqa: E402
 from rollouts import rollouts, score_responses  # noqa: E402
-from experiments.generalpoints import run, save_study  # noqa: E402  (train.train with the keys of the run's algorithm)
+from experiments.generalpoints import rows, run, save_study  # noqa: E402  (train.train with the run's keys, ...)
 
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, eval_batch_size=8, max_new_tokens=16, train_problems=64,
@@ -69,8 +69,7 @@ EXAMPLES = 5      # high-proxy, gold-wrong answers listed
 
 
 def last_eval(out_dir, key):
-    rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
-    return [r[key] for r in rows if key in r][-1]
+    return [r[key] for r in rows(out_dir) if key in r][-1]
 
 
 def proxy_model(args, common):
@@ -169,10 +168,10 @@ def ppo_curve(out_dir, bin_iters):
     """[{iters, kl, proxy, gold, gold_band, len_mean, work_frac, rollouts}] of a PPO run's rollouts,
     binned, and [{iter, heldout_acc, heldout_kl_ref}] of its evaluations. (ppo.py logs len_mean and
     work_frac per iteration: the rollouts' mean length in tokens and their share that shows its work.)"""
-    rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
-    train = [r for r in rows if "rm_score" in r]
+    logged = rows(out_dir)
+    train = [r for r in logged if "rm_score" in r]
     evals = [dict(iter=r["iter"], heldout_acc=r["heldout_acc"], heldout_kl_ref=r.get("heldout_kl_ref"))
-             for r in rows if "heldout_acc" in r]
+             for r in logged if "heldout_acc" in r]
     n = json.load(open(os.path.join(out_dir, "config.json")))
     per_iter = n["batch_size"] * n["gradient_accumulation_steps"] * n["minibatches"]
     base = train[0]["rm_score"]  # the first iteration's rollouts are the SFT model's (no update yet)
@@ -191,12 +190,11 @@ def finished(out_dir, overrides):
     """Whether out_dir holds a PPO run that reached overrides' max_iters with the same settings (its
     config.json agrees on every key it has), so that it is read rather than run again."""
     try:
-        config = json.load(open(os.path.join(out_dir, "config.json")))
-        rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
+        config, logged = json.load(open(os.path.join(out_dir, "config.json"))), rows(out_dir)
     except (OSError, ValueError):
         return False
     same = all(config[k] == v for k, v in overrides.items() if k in config and k not in ("out_dir", "overwrite"))
-    return same and any(r.get("iter") == overrides["max_iters"] and "rm_score" in r for r in rows)
+    return same and any(r.get("iter") == overrides["max_iters"] and "rm_score" in r for r in logged)
 
 
 def ppo_runs(args, common, reward_model):
@@ -249,10 +247,10 @@ def wrong_examples(problems, texts, proxy, gold, k=EXAMPLES):
     proxy_raw, correct}]."""
     samples = proxy.size(1)
     top = proxy.argmax(1)
-    rows = [(float(proxy[i, j]), i, int(j)) for i, j in enumerate(top.tolist()) if gold[i, j] == 0]
+    wrong = [(float(proxy[i, j]), i, int(j)) for i, j in enumerate(top.tolist()) if gold[i, j] == 0]
     base = float(proxy.mean())
     return [dict(prompt=problems[i]["prompt"], answer=texts[i * samples + j], proxy=score - base, proxy_raw=score,
-                 correct=problems[i].get("answer")) for score, i, j in sorted(rows, reverse=True)[:k]]
+                 correct=problems[i].get("answer")) for score, i, j in sorted(wrong, reverse=True)[:k]]
 
 
 def interval(d):

@@ -30,6 +30,7 @@ sys.path.insert(0, ROOT)
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
 import options  # noqa: E402
 import train as T  # noqa: E402
+from experiments.generalpoints import band_line  # noqa: E402  (a seed mean and its band, drawn)
 
 
 def recipe(name, **extra):
@@ -38,8 +39,9 @@ def recipe(name, **extra):
 
 ARMS = {name: recipe(name) for name in ("grpo", "dr_grpo", "dapo", "gspo", "cispo")}
 # the KL claim as a one-factor test (--kl_test): each recipe with and without GRPO's k3 KL term (β = 0.04),
-# nothing else changed
-KL_PAIRS = dict(grpo=("grpo", dict(ARMS["grpo"], kl="off")), cispo=(dict(ARMS["cispo"], kl="k3_loss", kl_coef=0.04), "cispo"))
+# nothing else changed; per recipe {arm's name: its keys}, the arm with the KL term first
+KL_PAIRS = dict(grpo=dict(grpo=ARMS["grpo"], grpo_no_kl=dict(ARMS["grpo"], kl="off")),
+                cispo=dict(cispo_kl=dict(ARMS["cispo"], kl="k3_loss", kl_coef=0.04), cispo=ARMS["cispo"]))
 # edge sampling: a pool small enough that prompts come back within a run (at the defaults, 8 prompts ×
 # 30 iterations = 240 draws from 128 prompts: every prompt seen once, then those in the 20-80% band
 # again), large enough not to be learnt by heart (a pool of 32 was, in an earlier run: docs)
@@ -71,21 +73,15 @@ def final(curves, n):
 
 def plot(results, n, path):
     """One line per arm: the seeds' mean accuracy against the mean rollout tokens, its band shaded
-    (bands.across_seeds: t·SE from 3 seeds; with 2 seeds the band is their range)."""
+    (generalpoints.band_line: t·SE from 3 seeds; with 2 seeds the band is their range)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colours = plt.get_cmap("Dark2").colors
     for k, (arm, curves) in enumerate(results.items()):
-        points = range(min(map(len, curves)))
-        x = [sum(c[i][1] for c in curves) / len(curves) / 1e3 for i in points]
-        columns = [[c[i][2] for c in curves] for i in points]
-        cells = [bands.across_seeds(col, n) for col in columns]
-        lo = [min(col) if h is None else m - h for col, (m, h) in zip(columns, cells)]
-        hi = [max(col) if h is None else m + h for col, (m, h) in zip(columns, cells)]
-        ax.plot(x, [m for m, _ in cells], marker="o", color=colours[k % len(colours)], label=arm)
-        ax.fill_between(x, lo, hi, color=colours[k % len(colours)], alpha=0.15, lw=0)
+        band_line(ax, [[(p[1] / 1e3, p[2]) for p in c] for c in curves], colours[k % len(colours)], arm, n, top=1.0,
+                  marker="o")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("rollout tokens decoded (thousands, the seeds' mean)")
     ax.set_ylabel(f"greedy held-out accuracy ({n} problems)")
@@ -118,11 +114,10 @@ def kl_test(seeds, common, out, n):
     lines = [f"| recipe | arm | held-out at it. {common['max_iters']} (per seed) | fall from its best evaluation (per seed) |",
              "|---|---|---|---|"]
     diffs, curves = [], {}
-    for recipe, (with_kl, without) in KL_PAIRS.items():
+    for recipe, arms in KL_PAIRS.items():
         pair = {}
-        for label, arm in (("with KL", with_kl), ("without KL", without)):
-            name = arm if isinstance(arm, str) else f"{recipe}_{'kl' if label == 'with KL' else 'no_kl'}"
-            pair[label] = run_arm(name, ARMS[arm] if isinstance(arm, str) else arm, seeds, common, out)
+        for label, (name, arm) in zip(("with KL", "without KL"), arms.items()):
+            pair[label] = run_arm(name, arm, seeds, common, out)
             ends = [c[-1][2] for c in pair[label]]
             falls = [max(p[2] for p in c[1:]) - c[-1][2] for c in pair[label]]
             lines.append(f"| {recipe} | {label} | {bands.cell(ends, n)} ({', '.join(f'{v:.3f}' for v in ends)}) | "
@@ -143,11 +138,7 @@ def kl_test(seeds, common, out, n):
     fig, axes = plt.subplots(1, len(curves), figsize=(4.6 * len(curves), 3.6), sharey=True)
     for ax, (recipe, pair) in zip(axes, curves.items()):
         for (label, runs), colour in zip(pair.items(), ("#1b9e77", "#d95f02")):
-            iters = [p[0] for p in runs[0]]
-            cells = [bands.across_seeds([c[i][2] for c in runs], n) for i in range(len(iters))]
-            ax.plot(iters, [m for m, _ in cells], marker="o", color=colour, label=label)
-            if all(h is not None for _, h in cells):
-                ax.fill_between(iters, [m - h for m, h in cells], [m + h for m, h in cells], color=colour, alpha=0.2)
+            band_line(ax, [[(p[0], p[2]) for p in c] for c in runs], colour, label, n, top=1.0, marker="o")
         ax.set_title(f"{recipe}: the KL term alone changed", fontsize=10)
         ax.set_xlabel("iteration")
         ax.set_ylim(bottom=0)

@@ -43,9 +43,9 @@ sys.path.insert(0, ROOT)
 
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
 import options  # noqa: E402
-from experiments.generalpoints import init_checkpoint, run, save_analysis, save_study  # noqa: E402  (an SFT start, train.train by algorithm)
-from experiments.ood import answers  # noqa: E402  (one answer per problem: right or wrong)
-from rollouts import generate, response_text  # noqa: E402
+from experiments.generalpoints import (band_line, final_models, init_checkpoint, rows, run, save_analysis,  # noqa: E402
+                                      save_study)  # (an SFT start, train.train by algorithm, ...)
+from experiments.ood import answers, responses  # noqa: E402  (one answer per problem)
 
 ARMS = dict(outcome=dict(reward_mode="outcome"), rlvp=dict(reward_mode="rlvp"), process=dict(reward_mode="process"),
             frozen=dict(reward_mode="outcome", learning_rate=0.0, min_lr=0.0))
@@ -64,7 +64,7 @@ def curve(out_dir, evaluations):
     figures} of the policy at that iteration)}} of one run. A training row logged as iteration i + 1
     holds the rollouts sampled at iteration i."""
     points = {i: dict(figures) for i, figures in evaluations.items()}
-    for row in map(json.loads, open(os.path.join(out_dir, "metrics.jsonl"))):
+    for row in rows(out_dir):
         if "reward" in row:
             points.setdefault(row["iter"] - 1, {}).update({k: row[k] for k in PER_ITER})
     return {i: points[i] for i in sorted(points)}
@@ -168,30 +168,30 @@ def cell(mean_half, digits=3, sign=""):
 def table(results):
     G, P, n_maps = results["group_size"], results["prompts_per_iter"], len(results["start"]["heldout_correct"])
     fig = summary(results)
-    rows = ["| arm | rollout win rate: first → last third (all) | all-fail groups | their share of the advantage mass | "
-            "violations / play | held-out greedy wins (mean over evaluations) | OOD greedy wins |", "|---|---|---|---|---|---|---|"]
+    lines = ["| arm | rollout win rate: first → last third (all) | all-fail groups | their share of the advantage mass | "
+             "violations / play | held-out greedy wins (mean over evaluations) | OOD greedy wins |", "|---|---|---|---|---|---|---|"]
     for arm, f in fig.items():
         per_iter = [f"{cell(f[k]['first'])} → {cell(f[k]['last'])}" + (f" ({cell(f[k]['all'])})" if k == "reward" else "")
                     for k in PER_ITER]
-        rows.append(f"| {arm} | " + " | ".join(per_iter) + f" | {results['start']['heldout_acc']:.3f} → {cell(f['heldout_acc'])} "
-                    f"({cell(f['heldout_mean'])}) | "
-                    f"{results['start']['ood_acc']:.3f} → {cell(f['ood_acc'])} |")
+        lines.append(f"| {arm} | " + " | ".join(per_iter) + f" | {results['start']['heldout_acc']:.3f} → {cell(f['heldout_acc'])} "
+                     f"({cell(f['heldout_mean'])}) | "
+                     f"{results['start']['ood_acc']:.3f} → {cell(f['ood_acc'])} |")
     seeds = sorted({int(s) for runs in results["arms"].values() for s in runs})
-    rows += ["", f"Means over {len(seeds)} seeds ({', '.join(map(str, seeds))}) ± the band "
-             f"(bands.py: t·SE over the seeds, floored by the binomial band for win rates; none for two seeds). "
-             f"Rollout figures over the first and the last third of {results['iters']} iterations of {P} maps × {G} "
-             f"plays; greedy wins on all {n_maps} held-out and {results['ood_problems']} OOD maps, the start → the last "
-             f"evaluation.", ""]
+    lines += ["", f"Means over {len(seeds)} seeds ({', '.join(map(str, seeds))}) ± the band "
+              f"(bands.py: t·SE over the seeds, floored by the binomial band for win rates; none for two seeds). "
+              f"Rollout figures over the first and the last third of {results['iters']} iterations of {P} maps × {G} "
+              f"plays; greedy wins on all {n_maps} held-out and {results['ood_problems']} OOD maps, the start → the last "
+              f"evaluation.", ""]
     paired = {arm: f["vs_outcome"] for arm, f in fig.items() if "vs_outcome" in f}
     if paired:
-        rows += ["| arm − outcome (paired per seed) | held-out greedy wins at the end | held-out greedy wins, mean over "
-                 "evaluations | rollout win rate over all iterations |", "|---|---|---|---|"]
+        lines += ["| arm − outcome (paired per seed) | held-out greedy wins at the end | held-out greedy wins, mean over "
+                  "evaluations | rollout win rate over all iterations |", "|---|---|---|---|"]
         per_seed = lambda values: "(per seed " + ", ".join(f"{v:+.3f}" for v in values) + ")"
         for arm, d in paired.items():
-            rows.append(f"| {arm} | {cell(d['heldout_acc'], sign='+')} {per_seed(d['per_seed_heldout'])} | "
-                        f"{cell(d['heldout_mean'], sign='+')} {per_seed(d['per_seed_heldout_mean'])} | "
-                        f"{cell(d['reward'], sign='+')} {per_seed(d['per_seed_reward'])} |")
-    return "\n".join(rows) + "\n"
+            lines.append(f"| {arm} | {cell(d['heldout_acc'], sign='+')} {per_seed(d['per_seed_heldout'])} | "
+                         f"{cell(d['heldout_mean'], sign='+')} {per_seed(d['per_seed_heldout_mean'])} | "
+                         f"{cell(d['reward'], sign='+')} {per_seed(d['per_seed_reward'])} |")
+    return "\n".join(lines) + "\n"
 
 
 COLOURS = dict(outcome="#444444", rlvp="#1f77b4", process="#ff7f0e", frozen="#9467bd")
@@ -201,19 +201,6 @@ def smoothed(pairs, window):
     """A trailing mean over `window` iterations: [(iteration, mean of the last `window` values)]."""
     return [(pairs[j][0], sum(v for _, v in pairs[max(0, j - window + 1):j + 1]) / len(pairs[max(0, j - window + 1):j + 1]))
             for j in range(len(pairs))]
-
-
-def band_line(ax, curves, colour, label, n=None, top=None, **style):
-    """The seeds' mean of aligned [(x, y)] curves with its band (bands.across_seeds; two seeds: their
-    range), drawn within [0, top]: every figure here is a count or a share."""
-    xs = [x for x, _ in curves[0]]
-    columns = [[c[j][1] for c in curves] for j in range(len(xs))]
-    cells = [bands.across_seeds(col, n) for col in columns]
-    lo = [max(0.0, min(col) if h is None else m - h) for col, (m, h) in zip(columns, cells)]
-    hi = [min(top or float("inf"), max(col) if h is None else m + h) for col, (m, h) in zip(columns, cells)]
-    ax.plot(xs, [m for m, _ in cells], color=colour, label=label, **style)
-    if len(curves) > 1:
-        ax.fill_between(xs, lo, hi, color=colour, alpha=0.15, lw=0)
 
 
 def plot(results, path):
@@ -256,32 +243,26 @@ def plays(args, common):
     that stop short (neither a win nor a violation on their last call: quitting while ahead, which
     no rule penalises) and wins. Means over each arm's seeds; writes plays.md and plays.json."""
     results = json.load(open(os.path.join(args.out, "results.json")))
-    checkpoints = dict(start=[results["init_from"]], **{arm: [os.path.join(args.out, f"{arm}_{seed}") for seed in runs]
-                                                        for arm, runs in results["arms"].items()})
-    rows = {}
-    for who, dirs in checkpoints.items():
-        for d in dirs:
-            r = run(dict(common, algo="grpo", init_from=d, max_iters=0, eval_interval=0, overwrite=True,
-                         out_dir=os.path.join(args.out, "loaded")))
-            maps = eval_maps(r.env, args)["heldout"]
-            tokens, _, _ = generate(r, r.raw_model, [r.tok.prompt_ids(p["prompt"]) for p in maps], temperature=0.0)
-            texts = [response_text(r, t) for t in tokens]
-            judged = [r.env.judge_calls(p, t) for p, t in zip(maps, texts)]
-            wins = [r.env.verify(p, t) for p, t in zip(maps, texts)]
-            stop_short = [not w and (not j or j[-1][1] >= 0) for w, j in zip(wins, judged)]
-            n = len(maps)
-            rows.setdefault(who, []).append(dict(
-                calls=sum(map(len, judged)) / n, progress=sum(v > 0 for j in judged for _, v in j) / n,
-                violations=sum(v < 0 for j in judged for _, v in j) / n, stop_short=sum(stop_short) / n,
-                wins=sum(wins) / n, example=texts[0]))
-    lines = [f"Greedy plays on all {len(eval_maps(r.env, args)['heldout'])} held-out maps; each arm the mean over "
+    plays_of = {}
+    for who, r in final_models(args.out, results, results["init_from"], common, "grpo"):
+        maps = eval_maps(r.env, args)["heldout"]
+        texts = responses(r, r.raw_model, maps, 0.0)
+        judged = [r.env.judge_calls(p, t) for p, t in zip(maps, texts)]
+        wins = [r.env.verify(p, t) for p, t in zip(maps, texts)]
+        stop_short = [not w and (not j or j[-1][1] >= 0) for w, j in zip(wins, judged)]
+        n = len(maps)
+        plays_of.setdefault(who, []).append(dict(
+            calls=sum(map(len, judged)) / n, progress=sum(v > 0 for j in judged for _, v in j) / n,
+            violations=sum(v < 0 for j in judged for _, v in j) / n, stop_short=sum(stop_short) / n,
+            wins=sum(wins) / n, example=texts[0]))
+    lines = [f"Greedy plays on all {len(maps)} held-out maps; each arm the mean over "
              f"its {len(results['seeds'])} seeds' last checkpoints (the optimal play: 11 calls, 11 progress).", "",
              "| policy | calls / play | progress / play | violations / play | stops short | wins |", "|---|---|---|---|---|---|"]
-    for who, runs in rows.items():
+    for who, runs in plays_of.items():
         m = {k: sum(x[k] for x in runs) / len(runs) for k in ("calls", "progress", "violations", "stop_short", "wins")}
         lines.append(f"| {who} | {m['calls']:.2f} | {m['progress']:.2f} | {m['violations']:.2f} | {m['stop_short']:.2f} | "
                      f"{m['wins']:.3f} |")
-    save_analysis(args.out, "plays", lines, rows)
+    save_analysis(args.out, "plays", lines, plays_of)
 
 
 def main():

@@ -124,6 +124,14 @@ def test_seeds_retrain_the_whole_ladder(ladder_root, capsys):
     assert "seed 2: `python train.py" in report and "seed2/grpo/passport.md" in report
 
 
+def test_the_band_drawn_is_the_band_rule():
+    """bands.envelope, what the studies' plots shade: mean ± the band from three seeds, the two seeds'
+    range where no band is claimed, a single figure with no accuracy band as itself."""
+    assert bands.envelope([0.5, 0.6, 0.7], 1000) == pytest.approx((0.6, 0.6 - 0.24844, 0.6 + 0.24844), abs=1e-5)
+    assert bands.envelope([0.2, 0.5], 1000) == pytest.approx((0.35, 0.2, 0.5))
+    assert bands.envelope([4.0], None) == (4.0, 4.0, 4.0)
+
+
 def test_the_band_rule_on_known_answers():
     """bands.across_seeds: t(0.975, 2)·s/√3 for three seeds (values 0.5, 0.6, 0.7: s = 0.1, 4.303 · 0.1 / √3
     = 0.2484), floored by the binomial band; two seeds claim no band; one seed is the binomial band."""
