@@ -11,21 +11,26 @@ per iteration and the same learning rate (1e-4, constant after 5 warm-up iterati
                  trained by cross-entropy on those answers (opd.py, kl_estimator=teacher_samples)
     opd_topk     (not a default arm) OPD with the teacher's top 16 tokens, renormalised
 
-Each arm runs until it stops improving or reaches --cap iterations: it has plateaued when none of
-its last three evaluations beats the best evaluation before them by more than the band (2 binomial
-standard errors of that best accuracy at --eval_problems problems), after at least --min_iters.
-Greedy held-out accuracy on --eval_problems problems (the same problems at every point) is measured
-at iterations 2, 4, ..., 10, then every 5 to 30, every 10 to 60, every 20 after: finer early, where
-the curves move. Every arm runs for each of --seeds.
+Each arm runs --cap iterations, or, with --min_iters M < cap, until it has plateaued: none of its
+last three evaluations beats the best evaluation before them by more than the band (2 binomial
+standard errors of that best accuracy at --eval_problems problems), from iteration M on. With no
+early stop (M ≥ cap) every arm gets the same budget, and the same rule, read at the end, says
+whether an arm was still climbing. Greedy held-out accuracy on --eval_problems problems (the same
+problems at every point) is measured at iterations 2, 4, ..., 10, then every 5 to 30, every 10 to
+60, every 20 after: finer early, where the curves move. Every arm runs for each of --seeds.
 
-Reported per arm and seed: the plateau (mean of the last three evaluations), the student rollout
-tokens and the training wall time (rollouts + teacher + update, evaluation excluded) to reach 50%,
-75% and 90% of the way from the student's start to the teacher; and the goal (Thinking Machines'
-framing): OPD reaches the accuracy GRPO ends its budget with in at most 1/5 of GRPO's rollout tokens
-and ends above it by more than the band. The evidence either way: the per-position reverse KL to the
-teacher on the student's own samples of --kl_problems held-out prompts, before (the SFT student) and
-after each arm (its first seed), and the share of it on each kind of token (the first token, which
-picks bare or worked; operands, operators, results of the steps, the final answer, the rest).
+A level counts as reached where it holds: at the first evaluation at or above it whose next
+evaluation is at or above it too (first_reaching; one noisy crossing does not count). Reported per
+arm and seed: the end (the mean of the last three evaluations), whether it still climbs, the student
+rollout tokens and the training wall time (rollouts + teacher + update, evaluation excluded) to
+50%, 75% and 90% of the way from the student's start to the teacher; and the fair comparison with
+RL: against GRPO of the same seed, the tokens each arm takes to reach GRPO's own best (the best
+accuracy that GRPO run holds, best_held) over the tokens GRPO itself took to get there, and the end
+accuracy minus GRPO's, paired per seed (bands.py: t·SE over 3+ seeds; 2 seeds: both values). The
+evidence either way: the per-position reverse KL to the teacher on the student's own samples of
+--kl_problems held-out prompts, before (the SFT student) and after each arm (its first seed), and
+the share of it on each kind of token (the first token, which picks bare or worked; operands,
+operators, results of the steps, the final answer, the rest).
 
 The teacher is a one-time preparation (config/teacher.py; about 7 minutes on 2 cores):
 
@@ -36,6 +41,7 @@ then
 
     python experiments/distill.py --student=out/sft --teacher=out/teacher
     python experiments/distill.py --student=out/sft --teacher=out/teacher --quick     # a tiny run (tests)
+    python experiments/distill.py --out=out/distill --report     # the tables and plot again, no training
 
 --set key=value (repeatable) passes a train.py key to every arm. Writes results.json and
 distill.png (accuracy against student rollout tokens; the per-position KL) into --out.
@@ -54,6 +60,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 import torch.nn.functional as F  # noqa: E402
 
+import bands  # noqa: E402
 import options  # noqa: E402
 import train as T  # noqa: E402
 from distributed import chunks  # noqa: E402
@@ -109,13 +116,13 @@ def evaluate(run, model, n):
 
 def progress(out_dir, arm):
     """{iteration: (rollout tokens so far, training seconds so far)} from a run's metrics.jsonl.
-    GRPO logs the mean answer length of its P × G rollouts, OPD the total."""
+    GRPO logs the mean answer length of its P × G rollouts, OPD the total; SFT samples nothing (0)."""
     tokens = seconds = 0.0
     out = {0: (0.0, 0.0)}
     for line in open(os.path.join(out_dir, "metrics.jsonl")):
         r = json.loads(line)
         if "loss" in r:
-            tokens += r.get("rollout_tokens", r["len_mean"] * arm.get("prompts_per_iter", 0) * arm.get("group_size", 0))
+            tokens += r.get("rollout_tokens", r.get("len_mean", 0.0) * arm.get("prompts_per_iter", 0) * arm.get("group_size", 0))
             seconds += r["iter_time"]
             out[r["iter"]] = (tokens, seconds)
     return out
@@ -143,8 +150,16 @@ def train_arm(arm, student, out_dir, its, n, start, min_iters=None):
 
 
 def first_reaching(points, target):
-    """The first point at or above target: dict(iter, tokens, seconds), or None."""
-    return next(({k: p[k] for k in ("iter", "tokens", "seconds")} for p in points if p["acc"] >= target), None)
+    """Where a level is reached and holds: the first evaluation at or above target whose next
+    evaluation is at or above it too (one noisy crossing does not count; the last evaluation, with
+    nothing after it to confirm it, does not either). dict(iter, tokens, seconds) there, or None."""
+    return next(({k: p[k] for k in ("iter", "tokens", "seconds")} for p, after in zip(points, points[1:])
+                 if p["acc"] >= target and after["acc"] >= target), None)
+
+
+def best_held(points):
+    """The highest accuracy a run holds for two evaluations in a row: max over i of min(acc_i, acc_i+1)."""
+    return max(min(p["acc"], after["acc"]) for p, after in zip(points, points[1:]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,68 +229,81 @@ def kl_profile(run, student, teacher, n, max_positions=48):
 # ----------------------------------------------------------------------------------------------
 # The study
 
-def summarise(points, start, teacher, n):
-    """One seed's curve: its plateau (mean of the last three evaluations), where it stopped, and
-    the first point at 50 / 75 / 90% of the way from start to teacher."""
+def end_accuracy(points):
+    """A run's end: the mean of its last three evaluations."""
     last = points[-3:]
-    return dict(plateau=sum(p["acc"] for p in last) / len(last), stopped_at=points[-1]["iter"],
-                tokens=points[-1]["tokens"], seconds=points[-1]["seconds"], work=points[-1]["work"],
-                band=band(points[-1]["acc"], n),
+    return sum(p["acc"] for p in last) / len(last)
+
+
+def summarise(points, start, teacher, n):
+    """One seed's curve: its end (mean of the last three evaluations), whether it still climbs there
+    (the plateau rule, from any iteration), its best held accuracy, and where it reaches and holds
+    50 / 75 / 90% of the way from start to teacher."""
+    return dict(plateau=end_accuracy(points), stopped_at=points[-1]["iter"], climbing=not plateaued(points, n, 0),
+                best_held=best_held(points), tokens=points[-1]["tokens"], seconds=points[-1]["seconds"],
+                work=points[-1]["work"], band=band(points[-1]["acc"], n),
                 milestones={f"{f:.2f}": first_reaching(points, start + f * (teacher - start)) for f in FRACTIONS})
 
 
-def goal(results, n):
-    """Per OPD arm: the student rollout tokens to GRPO's end-of-budget accuracy (the mean plateau
-    over seeds) against GRPO's own budget (mean over seeds; the goal's ratio) and against the tokens
-    GRPO itself took to first reach that accuracy (an arm that plateaus early reaches its end long
-    before its budget is spent), and the plateau gap against its band."""
+def efficiency(results):
+    """The fair comparison with RL, per arm and seed against GRPO of the same seed (the same problems
+    at every evaluation, the same sampled answers per iteration): the level is GRPO's own best (the
+    best accuracy that seed of GRPO holds, best_held); the tokens and training seconds the arm took to
+    reach and hold it, and their ratio to what GRPO itself took (None where the arm never holds it);
+    and the arm's end accuracy minus GRPO's."""
     if "grpo" not in results:
         return {}
-    mean = lambda name, key: sum(s["summary"][key] for s in results[name]) / len(results[name])
-    grpo_acc, grpo_tokens = mean("grpo", "plateau"), mean("grpo", "tokens")
-
-    def tokens_to(name, acc):  # mean over seeds of the tokens to first reach acc; None if a seed never does
-        reached = [first_reaching(s["points"], acc) for s in results[name]]
-        return sum(r["tokens"] for r in reached) / len(reached) if all(reached) else None
-    grpo_to_end = tokens_to("grpo", grpo_acc)
-    out = dict(grpo_end_acc=grpo_acc, grpo_tokens=grpo_tokens, grpo_tokens_to_end=grpo_to_end)
-    for name in (a for a in ("opd_full", "opd_sampled", "offpolicy") if a in results):
-        tokens, acc = tokens_to(name, grpo_acc), mean(name, "plateau")
-        gap_band = 2 * math.sqrt((acc * (1 - acc) + grpo_acc * (1 - grpo_acc)) / n)
-        ratio = tokens / grpo_tokens if tokens is not None and grpo_tokens else None
-        out[name] = dict(tokens_to_grpo_end=tokens, token_ratio=ratio, plateau=acc, gap=acc - grpo_acc, gap_band=gap_band,
-                         ratio_to_grpo_reaching=tokens / grpo_to_end if tokens is not None and grpo_to_end else None,
-                         met=bool(ratio is not None and ratio <= 0.2 and acc - grpo_acc > gap_band)
-                         if name != "offpolicy" else None)  # (the goal is OPD's; off-policy counts the teacher's tokens)
+    grpo = {s["seed"]: s["points"] for s in results["grpo"]}
+    out = {}
+    for name, seeds in results.items():
+        rows = []
+        for s in (s for s in seeds if s["seed"] in grpo):
+            level = best_held(grpo[s["seed"]])
+            own, got = first_reaching(grpo[s["seed"]], level), first_reaching(s["points"], level)
+            rows.append(dict(seed=s["seed"], level=level, reached=got, grpo_reached=own,
+                             # (none where GRPO's best is its start: reached at iteration 0 by every arm)
+                             token_ratio=got["tokens"] / own["tokens"] if got and own["tokens"] else None,
+                             seconds_ratio=got["seconds"] / own["seconds"] if got and own["seconds"] else None,
+                             end_gap=end_accuracy(s["points"]) - end_accuracy(grpo[s["seed"]])))
+        out[name] = rows
     return out
 
 
-def print_tables(results, start, teacher, goals):
+def over_seeds(values, digits=2, n=None):
+    """'mean ± band' (3+ seeds), both values (2), or 'never in k of K seeds' where a seed has None."""
+    missing = sum(v is None for v in values)
+    if missing:
+        return f"never in {missing} of {len(values)} seeds"
+    return bands.cell(values, n, digits)
+
+
+def print_tables(results, start, teacher, n):
     print(f"\nheld-out accuracy: student {start:.3f}, teacher {teacher:.3f}; targets "
           + ", ".join(f"{int(f * 100)}% {start + f * (teacher - start):.3f}" for f in FRACTIONS))
-    print(f"\n{'arm':<12} {'seed':>4} {'plateau':>7} {'stopped':>7} {'work':>5} "
+    print(f"\n{'arm':<12} {'seed':>4} {'end':>6} {'climbing':>8} {'held':>6} {'work':>5} "
           + " ".join(f"{f'to {int(f * 100)}%: it / tokens / s':>28}" for f in FRACTIONS))
     for name, seeds in results.items():
         for s in seeds:
             m = s["summary"]
             cells = [f"{r['iter']} / {r['tokens']:,.0f} / {r['seconds']:.0f}" if r else "never"
                      for r in m["milestones"].values()]
-            print(f"{name:<12} {s['seed']:>4} {m['plateau']:>7.3f} {m['stopped_at']:>7} {m['work']:>5.2f} "
-                  + " ".join(f"{c:>28}" for c in cells))
-    if goals:
-        to_end = goals["grpo_tokens_to_end"]
-        reached = f"it first reached that after {to_end:,.0f}" if to_end is not None else "a seed of it never reached that"
-        print(f"\nGRPO ends at {goals['grpo_end_acc']:.3f} after {goals['grpo_tokens']:,.0f} rollout tokens (seed mean); "
-              + reached)
-        for name in ("opd_full", "opd_sampled", "offpolicy"):
-            if name in goals:
-                g = goals[name]
-                ratio = f"{g['token_ratio']:.2f}× GRPO's tokens" if g["token_ratio"] is not None else "never (a seed)"
-                if g["ratio_to_grpo_reaching"] is not None:
-                    ratio += f" ({g['ratio_to_grpo_reaching']:.2f}× what GRPO took to get there)"
-                verdict = "" if g["met"] is None else f"; goal {'met' if g['met'] else 'not met'}"
-                print(f"{name}: reaches it in {ratio}; plateau {g['plateau']:.3f}, {g['gap']:+.3f} vs GRPO "
-                      f"(band ± {g['gap_band']:.3f}){verdict}")
+            print(f"{name:<12} {s['seed']:>4} {m['plateau']:>6.3f} {'yes' if m['climbing'] else 'no':>8} "
+                  f"{m['best_held']:>6.3f} {m['work']:>5.2f} " + " ".join(f"{c:>28}" for c in cells))
+    print("\nacross seeds (end = mean of the last three evaluations; a level counts where it holds for two evaluations)")
+    for name, seeds in results.items():
+        tokens = [[s["summary"]["milestones"][f"{f:.2f}"] for s in seeds] for f in FRACTIONS]
+        print(f"{name:<12} end {over_seeds([s['summary']['plateau'] for s in seeds], 3, n)}; tokens to "
+              + "; ".join(f"{int(f * 100)}%: {over_seeds([r and r['tokens'] for r in t], 0)}" for f, t in zip(FRACTIONS, tokens)))
+    fair = efficiency(results)
+    if fair:
+        print("\nagainst GRPO of the same seed: its own best (held), the tokens to it, and the end accuracy")
+        for name, rows in fair.items():
+            per_seed = ", ".join(f"{r['seed']}: {r['level']:.3f} at {r['reached']['tokens']:,.0f}" if r["reached"]
+                                 else f"{r['seed']}: {r['level']:.3f} never" for r in rows)
+            gap = bands.paired_across_seeds([r["end_gap"] for r in rows])
+            gap = f"{gap[0]:+.3f} ± {gap[1]:.3f}" if gap[1] is not None else ", ".join(f"{r['end_gap']:+.3f}" for r in rows)
+            print(f"{name:<12} {per_seed}; × GRPO's tokens {over_seeds([r['token_ratio'] for r in rows])}, "
+                  f"× its seconds {over_seeds([r['seconds_ratio'] for r in rows])}; end − GRPO {gap}")
 
 
 def print_profiles(profiles):
@@ -285,32 +313,40 @@ def print_profiles(profiles):
         print(f"{name:<12} {p['mean_kl_per_token']:>8.3f} " + " ".join(f"{p['by_role'][r]['share']:>9.2f}" for r in ROLES))
 
 
-def plot(results, start, teacher, profiles, path):
+COLOURS = dict(grpo="tab:red", opd_full="tab:blue", opd_sampled="tab:cyan", offpolicy="tab:green", opd_topk="tab:purple")
+
+
+def plot(results, start, teacher, profiles, n, path):
+    """Left: held-out accuracy against sampled tokens, one line per arm (the seeds' mean, the band
+    shaded), the teacher, 50 / 75 / 90% of the way to it, and GRPO's own best. Right: the per-position
+    reverse KL to the teacher before and after each arm (its first seed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from experiments.generalpoints import band_line
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
-    colors = dict(grpo="tab:red", opd_full="tab:blue", opd_sampled="tab:cyan", offpolicy="tab:green")
     for name, seeds in results.items():
-        for k, s in enumerate(seeds):
-            left.plot([p["tokens"] for p in s["points"]], [p["acc"] for p in s["points"]], marker=".",
-                      color=colors.get(name), linestyle="-" if k == 0 else "--", label=f"{name} seed {s['seed']}")
+        band_line(left, [[(p["tokens"] / 1e3, p["acc"]) for p in s["points"]] for s in seeds], COLOURS.get(name),
+                  f"{name} ({len(seeds)} seed{'s' * (len(seeds) > 1)})", n, top=1.0, marker=".")
     for f in FRACTIONS:
         left.axhline(start + f * (teacher - start), color="grey", linestyle=":", linewidth=0.8)
-    left.axhline(teacher, color="black", linestyle="-", linewidth=0.8, label=f"teacher {teacher:.3f}")
-    left.set_xscale("symlog", linthresh=1e4)
-    left.set_xlim(left=0)  # (symlog would show a negative decade)
-    left.set_xlabel("sampled tokens (offpolicy: the teacher's; the others: the student's)")
+    left.axhline(teacher, color="black", linewidth=0.8, label=f"teacher {teacher:.3f}")
+    if "grpo" in results:
+        best = sum(s["summary"]["best_held"] for s in results["grpo"]) / len(results["grpo"])
+        left.axhline(best, color=COLOURS["grpo"], linestyle="--", linewidth=0.8, label=f"GRPO's best (held) {best:.3f}")
+    left.set_ylim(0, 1)
+    left.set_xlim(left=0)
+    left.set_xlabel("sampled tokens, thousands (offpolicy: the teacher's; the others: the student's)")
     left.set_ylabel("held-out accuracy (greedy)")
-    left.set_title("to the plateau; dotted: 50 / 75 / 90% of the way to the teacher", fontsize=9)
-    left.legend(fontsize=7)
+    left.set_title("seed mean, band shaded; dotted: 50 / 75 / 90% of the way to the teacher", fontsize=9)
+    left.legend(fontsize=7, loc="lower right")
     for name, p in profiles.items():
         xs = [i for i, (v, c) in enumerate(p["by_position"]) if v is not None and c >= 5]
-        right.plot(xs, [p["by_position"][i][0] for i in xs], marker=".", label=name,
-                   color=colors.get(name, "black"))
+        right.plot(xs, [p["by_position"][i][0] for i in xs], marker=".", label=name, color=COLOURS.get(name, "black"))
+    right.set_ylim(bottom=0)
     right.set_xlabel("answer position (token)")
     right.set_ylabel("reverse KL(student ‖ teacher), mean")
-    right.set_title("per-position KL on the student's own samples", fontsize=9)
+    right.set_title("per-position KL on the student's own samples (first seed)", fontsize=9)
     right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -345,12 +381,16 @@ def require_checkpoint(what, path, make):
 def parse(argv=None):
     parser = study_parser(__doc__, DEFAULT_ARMS, "out/distill")
     parser.add_argument("--teacher", default="out/teacher", help="the teacher checkpoint (see above to make it)")
-    parser.add_argument("--seeds", default="1337,1338", help="comma-separated training seeds")
+    parser.add_argument("--seeds", default="1337,1338,1339", help="comma-separated training seeds")
     parser.add_argument("--cap", type=int, default=120, help="iterations at most per arm")
     parser.add_argument("--min_iters", type=int, default=60, help="no plateau stop before this iteration (its last three "
                         "evaluations are then 10 or more iterations apart: a slow climb can show)")
     parser.add_argument("--kl_problems", type=int, default=200, help="held-out prompts for the KL profiles")
+    parser.add_argument("--report", action="store_true", help="no training: the tables and the plot again from "
+                        "--out's results.json (the summaries recomputed with this file's rules)")
     args = parse_study(parser, argv, QUICK)
+    if args.report:
+        return args
     require_checkpoint("student", args.student, f"python train.py --algo sft --out_dir={args.student}")
     require_checkpoint("teacher", args.teacher, f"python train.py config/teacher.py --out_dir={args.teacher}_sft && "
                        f"python train.py --algo grpo --init_from={args.teacher}_sft --out_dir={args.teacher} "
@@ -358,8 +398,27 @@ def parse(argv=None):
     return args
 
 
+def report(out, record):
+    """results.json, the plot and the tables of the runs so far (a study stopped early keeps what finished)."""
+    results, start, teacher = {n: r for n, r in record["arms"].items() if r}, record["student"]["acc"], record["teacher"]["acc"]
+    n = record["args"]["eval_problems"]
+    for seeds in results.values():
+        for s in seeds:
+            s["summary"] = summarise(s["points"], start, teacher, n)
+    record["efficiency"] = efficiency(results)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    plot(results, start, teacher, record["kl_profiles"], n, os.path.join(out, "distill.png"))
+    print_tables(results, start, teacher, n)
+
+
 def main(argv=None):
     args = parse(argv)
+    if args.report:
+        record = json.load(open(os.path.join(args.out, "results.json")))
+        report(args.out, record)
+        print_profiles(record["kl_profiles"])
+        return
     common = options.parse_args([f"--{kv}" for kv in args.set])
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -378,17 +437,11 @@ def main(argv=None):
                 arm["teacher"] = args.teacher
             points, run = train_arm(dict(arm, seed=seed), args.student, os.path.join(args.out, f"{name}_{seed}"),
                                     schedule(args.cap), args.eval_problems, start, args.min_iters)
-            results[name].append(dict(seed=seed, points=points, summary=summarise(
-                points, start["acc"], teacher_eval["acc"], args.eval_problems)))
+            results[name].append(dict(seed=seed, points=points))
             if k == 0:
                 profiles[name] = kl_profile(base, run.raw_model.eval(), base.state.teacher, args.kl_problems)
-            # written after every run: a study stopped early keeps what finished
-            goals = goal({n: r for n, r in results.items() if r}, args.eval_problems)
-            with open(os.path.join(args.out, "results.json"), "w") as f:
-                json.dump(dict(args=vars(args), student=start, teacher=teacher_eval, arms=results, goal=goals,
-                               kl_profiles=profiles, wall_seconds=time.time() - t0), f, indent=1)
-            plot(results, start["acc"], teacher_eval["acc"], profiles, os.path.join(args.out, "distill.png"))
-            print_tables({n: r for n, r in results.items() if r}, start["acc"], teacher_eval["acc"], goals)
+            report(args.out, dict(args=vars(args), student=start, teacher=teacher_eval, arms=results,
+                                  kl_profiles=profiles, wall_seconds=time.time() - t0))
     print_profiles(profiles)
     print(f"\nresults.json and distill.png in {args.out} ({time.time() - t0:.0f} s)")
 

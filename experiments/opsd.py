@@ -1,7 +1,8 @@
 """
 OPSD that can work (SPEC §3 OPSD): self-distillation where the teacher is the student's own current
 weights given privileged context, the student sees only the problem (opd.py, --teacher=self). Seven
-arms, 128 prompts × 1 answer per iteration, learning rate 1e-4, the first four from the SFT student:
+OPSD arms and two controls, 128 sampled answers (SFT: rows) per update, learning rate 1e-4
+(constant after 5 warm-up iterations), the first four from the SFT student:
 
     answer            the privileged context is the reference answer: the known collapse, the model
                       given the answer prefers to write it at once, and the student learns bare answers
@@ -18,16 +19,25 @@ arms, 128 prompts × 1 answer per iteration, learning rate 1e-4, the first four 
     reader_anchor     the same, plus the anchor
     reader_frozen     the same as reader, but the teacher is the reader's starting weights, frozen (a
                       checkpoint teacher given the privileged prompt): it cannot drift with the student
+    reader_sft        the control for "dense ground truth teaches": SFT from the reader on the verified
+                      solutions OPSD's teacher reads, problem -> solution, for the problems OPSD's
+                      iterations draw (the same seed: the same problems), 128 rows per update drawn at
+                      random from them (with replacement), as many updates as the OPSD arms
+    reader_grpo       the control for "RL selects": GRPO from the reader (config/grpo.py, 16 × 8)
+
+Every arm runs for each of --seeds; with the reader arms each seed makes its own reader (its SFT is
+seeded too), and a seed's arms share it, so arms are compared paired per seed.
 
 Greedy held-out accuracy and the worked-answer share (answers that write a step before their answer)
 on --eval_problems problems, at iterations 2, 4, ..., 10, then every 5 to 30, every 10 after, up to
 --iters; one plot of both over iterations, results.json, and a table.
 
     python experiments/opsd.py --student=out/sft
-    python experiments/opsd.py --student=out/sft --anchor_coef=0.5 --iters=40
+    python experiments/opsd.py --student=out/sft --arms=reader,reader_anchor,reader_frozen,reader_sft,reader_grpo
+    python experiments/opsd.py --student=out/sft --anchor_coef=0.5 --iters=40 --seeds=1337
     python experiments/opsd.py --student=out/sft --quick         # a tiny run of every step (the tests)
 
-An arm's start is evaluated once: the student for the first four, the reader for the last three.
+An arm's start is evaluated once: the student for the first four, the seed's reader for the others.
 """
 
 import json
@@ -36,22 +46,27 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from distill import (ROOT, band, evaluate, parse_study, require_checkpoint, schedule,  # noqa: E402  (this folder)
-                     study_parser, train_arm)
+from distill import (ARMS as DISTILL_ARMS, ROOT, evaluate, parse_study, require_checkpoint,  # noqa: E402  (this folder)
+                     schedule, study_parser, train_arm)
 
 sys.path.insert(0, ROOT)
+import bands  # noqa: E402
 import envs  # noqa: E402
 import options  # noqa: E402
 import train as T  # noqa: E402
-from rollouts import generate, response_text  # noqa: E402
+from rollouts import generate, response_text, shard_problems, shard_size  # noqa: E402
 
 ARMS = dict(answer=dict(privileged="answer", anchor=False), answer_anchor=dict(privileged="answer", anchor=True),
             solution=dict(privileged="solution", anchor=False), solution_anchor=dict(privileged="solution", anchor=True),
             reader=dict(privileged="solution", anchor=False, reader=True),
             reader_anchor=dict(privileged="solution", anchor=True, reader=True),
-            reader_frozen=dict(privileged="solution", anchor=False, reader=True, frozen=True))
-QUICK = dict(iters=4, eval_problems=16, reader_iters=2, set=["prompts_per_iter=4", "max_new_tokens=24", "batch_size=4",
-                                                             "eval_batch_size=16"])
+            reader_frozen=dict(privileged="solution", anchor=False, reader=True, frozen=True),
+            reader_sft=dict(reader=True, control="sft"), reader_grpo=dict(reader=True, control="grpo"))
+QUICK = dict(iters=4, eval_problems=16, reader_iters=2, seeds="1",
+             set=["prompts_per_iter=4", "max_new_tokens=24", "batch_size=4", "eval_batch_size=16"])
+QUICK_GRPO = dict(prompts_per_iter=2, group_size=2, eval_samples=0)
+# the SFT control: OPSD's learning rate and warm-up, 128 rows (OPSD's prompts per iteration) per update
+SOLUTION_SFT = dict(algo="sft", learning_rate=1e-4, min_lr=1e-4, warmup_iters=5, eval_interval=0)
 # the reader's SFT: continued from the student at a tenth of SFT's peak learning rate
 READER = dict(algo="sft", learning_rate=3e-4, min_lr=3e-5, warmup_iters=10, batch_size=32, eval_interval=0)
 
@@ -68,10 +83,11 @@ def reader_rows(run, n):
     return rows
 
 
-def make_reader(base, args, common):
-    """SFT the student on reader_rows for --reader_iters iterations; returns the checkpoint's directory."""
-    out_dir = os.path.join(args.out, "reader_sft")
-    path = os.path.join(args.out, "reader_rows.jsonl")
+def make_reader(base, args, common, out):
+    """SFT the student on reader_rows for --reader_iters iterations (seeded by common's seed); returns
+    the checkpoint's directory."""
+    out_dir = os.path.join(out, "reader_model")  # (not an arm's name)
+    path = os.path.join(out, "reader_rows.jsonl")
     with open(path, "w") as f:
         for row in reader_rows(base, max(READER["batch_size"] * args.reader_iters, 64)):
             f.write(json.dumps(row) + "\n")
@@ -79,6 +95,36 @@ def make_reader(base, args, common):
     T.train(dict(shared, **READER, data=path, init_from=args.student, max_iters=args.reader_iters, plot=False,
                  out_dir=out_dir, overwrite=True))  # (the study's own directory: a rerun replaces it)
     return out_dir
+
+
+def solution_rows(run, iters, path):
+    """The SFT control's data, written to path: every problem OPSD's first `iters` iterations draw
+    under run's seed (its rollout shards, rollouts.shard_problems) -> the verified worked solution its
+    teacher reads in the privileged context; then held-out rows for SFT's validation loss, exactly
+    as many as sft.py takes from the end (so every training row is an OPSD problem). Returns
+    (rows written for training, val_examples to pass)."""
+    n_shards = run.cfg["prompts_per_iter"] // shard_size(run)
+    problems = [p for it in range(iters) for s in range(n_shards) for p in shard_problems(run, it, s)[0]]
+    n_val = max(1, len(problems) // 19)  # sft.py holds out min(val_examples, rows // 20): this many
+    with open(path, "w") as f:
+        for p in problems + run.env.problems("heldout", n_val, seed=11):
+            f.write(json.dumps(dict(prompt=p["prompt"], completion=run.env.solve(p))) + "\n")
+    return len(problems), n_val
+
+
+def arm_config(name, args, common, student, out):
+    """The train.py keys of arm `name` from `student` (its seed in common)."""
+    spec = ARMS[name]
+    if spec.get("control") == "grpo":
+        return DISTILL_ARMS["grpo"] | common | (QUICK_GRPO if args.quick else {})
+    if spec.get("control") == "sft":
+        path = os.path.join(out, "solution_rows.jsonl")
+        start = start_run(common, student, os.path.join(out, "opsd_problems"))
+        _, n_val = solution_rows(start, args.iters, path)
+        return dict({k: v for k, v in common.items() if k in options.DEFAULTS}, **SOLUTION_SFT, data=path,
+                    val_examples=n_val, batch_size=start.cfg["prompts_per_iter"])
+    return dict(common, algo="opd", teacher=student if spec.get("frozen") else "self", privileged=spec["privileged"],
+                anchor_coef=args.anchor_coef if spec["anchor"] else 0.0)
 
 
 def start_run(common, checkpoint, out_dir):
@@ -105,22 +151,34 @@ def mean_ungraded(out_dir):
     return sum(values) / max(len(values), 1)
 
 
-def plot(results, path):
+COLOURS = dict(answer="tab:red", answer_anchor="tab:orange", solution="tab:brown", solution_anchor="tab:pink",
+               reader="tab:purple", reader_anchor="tab:blue", reader_frozen="tab:cyan", reader_sft="tab:green",
+               reader_grpo="black")
+
+
+def plot(results, n, path):
+    """Accuracy and worked share against iterations, one line per arm (the seeds' mean, its band
+    shaded: bands.envelope): the arms from the SFT student on the left, from the reader on the right."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(11, 4.8))
-    colors = dict(answer="tab:red", answer_anchor="tab:orange", solution="tab:blue", solution_anchor="tab:green",
-                  reader="tab:purple", reader_anchor="tab:brown", reader_frozen="tab:olive")
-    for name, r in results.items():
-        its = [p["iter"] for p in r["points"]]
-        ax.plot(its, [p["acc"] for p in r["points"]], marker=".", color=colors.get(name), label=f"{name}: accuracy")
-        ax.plot(its, [p["work"] for p in r["points"]], linestyle="--", color=colors.get(name),
-                label=f"{name}: worked share")
-    ax.set_xlabel("OPSD iteration (128 student answers each)")
-    ax.set_ylabel("held-out greedy accuracy (solid),\nworked-answer share (dashed)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the axes: no line hidden
+    from experiments.generalpoints import band_line
+    groups = [[a for a in results if not ARMS[a].get("reader")], [a for a in results if ARMS[a].get("reader")]]
+    groups = [g for g in groups if g]
+    fig, axes = plt.subplots(2, len(groups), figsize=(6.5 * len(groups), 7.5), squeeze=False)
+    for col, names in enumerate(groups):
+        for row, (key, label) in enumerate((("acc", "held-out greedy accuracy"), ("work", "worked-answer share"))):
+            ax = axes[row][col]
+            for name in names:
+                curves = [[(p["iter"], p[key]) for p in s["points"]] for s in results[name]]
+                band_line(ax, curves, COLOURS[name], f"{name} ({len(curves)} seeds)" if len(curves) > 1 else name,
+                          n if key == "acc" else None, top=1.0, marker=".")
+            ax.set_ylim(0, 1)
+            ax.set_ylabel(label)
+            ax.set_xlabel("iteration (128 sampled answers, or 128 SFT rows, each)")
+            ax.legend(fontsize=7)
+        axes[0][col].set_title("from the SFT student" if not ARMS[names[0]].get("reader")
+                               else "from the reader (each seed its own reader)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -131,57 +189,74 @@ def main(argv=None):
     parser.add_argument("--anchor_coef", type=float, default=1.0, help="β of the anchor arms (opd.py anchor_coef)")
     parser.add_argument("--reader_iters", type=int, default=300, help="SFT iterations that teach the reader arms' "
                         "student to read a reference solution")
+    parser.add_argument("--seeds", default="1337,1338,1339", help="comma-separated training seeds (each makes its "
+                        "own reader)")
     args = parse_study(parser, argv, QUICK)
     require_checkpoint("student", args.student, f"python train.py --algo sft --out_dir={args.student}")
     common = options.parse_args([f"--{kv}" for kv in args.set])
+    names = args.arms.split(",")
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     base = start_run(common, args.student, os.path.join(args.out, "start"))
-    starts = {args.student: evaluate(base, base.raw_model, args.eval_problems)}
-    print(f"student: held-out {starts[args.student]['acc']:.3f}, worked share {starts[args.student]['work']:.2f}", flush=True)
+    student = evaluate(base, base.raw_model, args.eval_problems)
+    print(f"student: held-out {student['acc']:.3f}, worked share {student['work']:.2f}", flush=True)
     contexts = {name: privileged_answers(base, name, args.eval_problems) for name in envs.PRIVILEGED}
     for name, c in contexts.items():
         print(f"the same model given the {name} context writes: accuracy {c['acc']:.3f}, worked share {c['work']:.2f}")
-    names = args.arms.split(",")
-    reader = None
-    if any(ARMS[name].get("reader") for name in names):
-        reader = make_reader(base, args, common)
-        after = start_run(common, reader, os.path.join(args.out, "reader_start"))
-        starts[reader] = evaluate(after, after.raw_model, args.eval_problems)
-        contexts["reader: solution"] = privileged_answers(after, "solution", args.eval_problems)
-        print(f"the reader: held-out {starts[reader]['acc']:.3f}, worked share {starts[reader]['work']:.2f}; given the "
-              f"solution context: accuracy {contexts['reader: solution']['acc']:.3f}, worked share "
-              f"{contexts['reader: solution']['work']:.2f}", flush=True)
-    results = {}
-    for name in names:
-        student = reader if ARMS[name].get("reader") else args.student
-        teacher = student if ARMS[name].get("frozen") else "self"
-        arm = dict(common, algo="opd", teacher=teacher, privileged=ARMS[name]["privileged"],
-                   anchor_coef=args.anchor_coef if ARMS[name]["anchor"] else 0.0)
-        out_dir = os.path.join(args.out, name)
-        points, _ = train_arm(arm, student, out_dir, schedule(args.iters), args.eval_problems, starts[student])
-        results[name] = dict(points=points, ungraded_frac=mean_ungraded(out_dir), anchor_coef=arm["anchor_coef"])
-        report(results, dict(args=vars(args), student=starts[args.student], reader=starts.get(reader),
-                             privileged_greedy=contexts, arms=results, wall_seconds=time.time() - t0), args)
+    results, readers = {name: [] for name in names}, {}
+    for seed in (int(s) for s in args.seeds.split(",")):  # every arm of a seed, then the next seed
+        seeded, out = dict(common, seed=seed), os.path.join(args.out, f"seed{seed}")
+        os.makedirs(out, exist_ok=True)
+        starts = {args.student: student}
+        if any(ARMS[name].get("reader") for name in names):
+            reader = make_reader(base, args, seeded, out)
+            after = start_run(seeded, reader, os.path.join(out, "reader_start"))
+            starts[reader] = evaluate(after, after.raw_model, args.eval_problems)
+            readers[seed] = dict(starts[reader], solution_context=privileged_answers(after, "solution", args.eval_problems))
+            print(f"seed {seed}'s reader: held-out {starts[reader]['acc']:.3f}, worked share {starts[reader]['work']:.2f}; "
+                  f"given the solution context: accuracy {readers[seed]['solution_context']['acc']:.3f}, worked share "
+                  f"{readers[seed]['solution_context']['work']:.2f}", flush=True)
+        for name in names:
+            start_from = reader if ARMS[name].get("reader") else args.student
+            arm = arm_config(name, args, seeded, start_from, out)
+            out_dir = os.path.join(out, name)
+            points, _ = train_arm(arm, start_from, out_dir, schedule(args.iters), args.eval_problems, starts[start_from])
+            results[name].append(dict(seed=seed, points=points, anchor_coef=arm.get("anchor_coef", 0.0),
+                                      ungraded_frac=mean_ungraded(out_dir) if arm["algo"] == "opd" else None))
+            report({k: v for k, v in results.items() if v}, dict(
+                args=vars(args), student=student, privileged_greedy=contexts, readers=readers, arms=results,
+                wall_seconds=time.time() - t0), args)
     print(f"\nresults.json and opsd.png in {args.out} ({time.time() - t0:.0f} s)")
 
 
 def report(results, record, args):
-    """The tables, results.json and the plot of the arms so far."""
-    print(f"\n{'arm':<16} {'anchor β':>8} {'ungraded':>8} {'best acc':>8} {'final acc':>9} {'final work':>10}"
-          f"   (band ± {band(0.5, args.eval_problems):.3f} at 0.5)")
-    for name, r in results.items():
-        best = max(r["points"], key=lambda p: p["acc"])
-        final = r["points"][-1]
-        print(f"{name:<16} {r['anchor_coef']:>8.2f} {r['ungraded_frac']:>8.3f} {best['acc']:>8.3f} "
-              f"{final['acc']:>9.3f} {final['work']:>10.2f}")
-    its = [p["iter"] for p in next(iter(results.values()))["points"]]
-    print("\nheld-out accuracy / worked share at iteration " + ", ".join(map(str, its)))
-    for name, r in results.items():
-        print(f"{name:<16} " + "  ".join(f"{p['acc']:.3f}/{p['work']:.2f}" for p in r["points"]))
+    """The tables, results.json and the plot of the runs so far: per arm its seeds' accuracy at the
+    last iteration (the band across seeds: bands.cell), its best, its worked share; then each reader
+    arm against reader_grpo and reader_sft, paired per seed (the same reader, the same problems)."""
+    n = args.eval_problems
+    print(f"\n{'arm':<16} {'seeds':>5} {'anchor β':>8} {'ungraded':>8} {'final acc':>24} {'best acc':>9} {'work':>5}")
+    for name, runs in results.items():
+        final = [r["points"][-1] for r in runs]
+        ungraded = [r["ungraded_frac"] for r in runs if r["ungraded_frac"] is not None]
+        print(f"{name:<16} {len(runs):>5} {runs[0]['anchor_coef']:>8.2f} "
+              f"{(f'{sum(ungraded) / len(ungraded):.3f}' if ungraded else '–'):>8} "
+              f"{bands.cell([p['acc'] for p in final], n):>24} {max(p['acc'] for r in runs for p in r['points']):>9.3f} "
+              f"{sum(p['work'] for p in final) / len(final):>5.2f}")
+    for control in ("reader_grpo", "reader_sft"):
+        for name in (a for a in results if ARMS[a].get("reader") and a != control and control in results):
+            seeds = {r["seed"]: r["points"][-1]["acc"] for r in results[control]}
+            diffs = [r["points"][-1]["acc"] - seeds[r["seed"]] for r in results[name] if r["seed"] in seeds]
+            if diffs:
+                mean, half = bands.paired_across_seeds(diffs)
+                spread = f"± {half:.3f}" if half is not None else "(per seed: " + ", ".join(f"{d:+.3f}" for d in diffs) + ")"
+                print(f"{name} − {control} at the last iteration, paired per seed: {mean:+.3f} {spread}")
+    print("\nheld-out accuracy / worked share at each evaluation, per seed")
+    for name, runs in results.items():
+        for r in runs:
+            print(f"{name:<16} {r['seed']:>5} " + "  ".join(f"{p['iter']}: {p['acc']:.3f}/{p['work']:.2f}" for p in r["points"]))
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(record, f, indent=1)
-    plot(results, os.path.join(args.out, "opsd.png"))
+    plot(results, n, os.path.join(args.out, "opsd.png"))
 
 if __name__ == "__main__":
     main()

@@ -30,6 +30,29 @@ def test_plateau_is_no_gain_beyond_the_band_over_three_evaluations():
     assert not distill.plateaued(points([0.3, 0.3, 0.3]), 500, 0)  # three evaluations and nothing before them
 
 
+def test_a_level_counts_where_it_holds_for_two_evaluations():
+    points = [dict(iter=i, acc=a, tokens=100.0 * i, seconds=float(i)) for i, a in enumerate([0.3, 0.62, 0.55, 0.61, 0.63, 0.6])]
+    assert distill.first_reaching(points, 0.6) == dict(iter=3, tokens=300.0, seconds=3.0)  # not 1: it fell back at 2
+    assert distill.first_reaching(points, 0.62) is None  # 0.62 and 0.63 never two in a row
+    assert distill.first_reaching(points[:5], 0.63) is None  # the last evaluation alone confirms nothing
+    assert distill.best_held(points) == 0.61  # max of min(0.61, 0.63), min(0.63, 0.6), ...
+    assert distill.end_accuracy(points) == (0.61 + 0.63 + 0.6) / 3
+
+
+def test_efficiency_is_against_grpo_of_the_same_seed_at_its_own_best():
+    curve = lambda seed, accs: dict(seed=seed, points=[dict(iter=i, acc=a, tokens=1000.0 * i, seconds=2.0 * i)
+                                                       for i, a in enumerate(accs)])
+    results = dict(grpo=[curve(1, [0.3, 0.5, 0.6, 0.6, 0.58]), curve(2, [0.3, 0.4, 0.5, 0.52, 0.5])],
+                   opd_full=[curve(1, [0.3, 0.62, 0.64, 0.7, 0.7]), curve(2, [0.3, 0.45, 0.52, 0.48, 0.49])])
+    fair = distill.efficiency(results)
+    one, two = fair["opd_full"]
+    assert [r["token_ratio"] for r in fair["grpo"]] == [1.0, 1.0]
+    assert one["level"] == 0.6 and one["grpo_reached"]["tokens"] == 2000 and one["reached"]["tokens"] == 1000
+    assert one["token_ratio"] == 0.5 and one["seconds_ratio"] == 0.5
+    assert abs(one["end_gap"] - ((0.64 + 0.7 + 0.7) - (0.6 + 0.6 + 0.58)) / 3) < 1e-12
+    assert two["level"] == 0.5 and two["reached"] is None and two["token_ratio"] is None  # 0.52 once, then 0.48
+
+
 def test_char_roles_of_a_worked_and_a_bare_answer():
     text = "7+9=16. 16-4=12. Answer: -3"
     roles = distill.char_roles(text)
@@ -68,7 +91,12 @@ def test_distill_quick_runs_every_arm_and_writes_results(tmp_path):
     assert set(results["kl_profiles"]) == {"student", *distill.DEFAULT_ARMS}
     shares = results["kl_profiles"]["student"]["by_role"]
     assert abs(sum(r["share"] for r in shares.values()) - 1) < 1e-6
-    assert set(results["goal"]) >= {"grpo_end_acc", "opd_full", "opd_sampled"}
+    fair = results["efficiency"]  # every arm against GRPO of its seed, at GRPO's own best held level
+    assert set(fair) == set(distill.DEFAULT_ARMS) and all(r["seed"] == 1 for rows in fair.values() for r in rows)
+    assert fair["grpo"][0]["end_gap"] == 0.0
+    record = json.load(open(out / "results.json"))
+    distill.main(["--out", str(out), "--report"])  # the tables again, from results.json alone
+    assert json.load(open(out / "results.json"))["efficiency"] == record["efficiency"]
 
 
 @pytest.mark.slow
@@ -78,12 +106,38 @@ def test_opsd_quick_runs_every_arm_and_grades_every_solution_position(tmp_path):
     opsd.main(["--student", student, "--out", str(out), "--quick"])
     results = json.load(open(out / "results.json"))
     assert set(results["arms"]) == set(opsd.ARMS) and (out / "opsd.png").exists()
-    assert set(results["privileged_greedy"]) == {"answer", "solution", "reader: solution"} and results["reader"]
-    assert json.load(open(out / "reader" / "config.json"))["init_from"] == str(out / "reader_sft")
-    assert results["arms"]["solution"]["ungraded_frac"] == 0.0
-    assert results["arms"]["solution_anchor"]["anchor_coef"] == 1.0 and results["arms"]["answer"]["anchor_coef"] == 0
-    rows = [json.loads(line) for line in open(out / "solution_anchor" / "metrics.jsonl")]
+    assert set(results["privileged_greedy"]) == {"answer", "solution"} and results["readers"]["1"]["solution_context"]
+    seed = out / "seed1"  # each seed makes its own reader, and every reader arm of the seed starts from it
+    for arm in ("reader", "reader_sft", "reader_grpo"):
+        assert json.load(open(seed / arm / "config.json"))["init_from"] == str(seed / "reader_model")
+    arms = {name: runs[0] for name, runs in results["arms"].items()}
+    assert arms["solution"]["ungraded_frac"] == 0.0 and arms["reader_sft"]["ungraded_frac"] is None
+    assert arms["solution_anchor"]["anchor_coef"] == 1.0 and arms["answer"]["anchor_coef"] == 0
+    assert [p["iter"] for p in arms["reader_sft"]["points"]] == [p["iter"] for p in arms["reader"]["points"]] == [0, 2, 4]
+    rows = [json.loads(line) for line in open(seed / "solution_anchor" / "metrics.jsonl")]
     assert all("anchor_kl" in r for r in rows if "loss" in r)
+
+
+def test_the_sft_control_trains_on_the_problems_opsd_draws(tmp_path, monkeypatch):
+    """solution_rows: the problems an OPSD run of the same seed samples, in its order, each -> its
+    verified worked solution; then held-out rows, exactly the ones sft.py keeps for validation."""
+    import opd
+    student = write_checkpoint(tmp_path / "s", seed=0)
+    keys = dict(algo="opd", teacher="self", privileged="solution", init_from=student, prompts_per_iter=4, rollout_prompts=2,
+                max_new_tokens=8, batch_size=4, eval_interval=0, checkpoint=False, plot=False, seed=5)
+    drawn, sample = [], opd.rollouts
+    monkeypatch.setattr(opd, "rollouts", lambda run, model, problems, *a, **k: drawn.extend(problems) or sample(run, model, problems, *a, **k))
+    T.train(dict(keys, max_iters=3, out_dir=str(tmp_path / "opsd")))
+    run = T.train(dict(keys, max_iters=0, out_dir=str(tmp_path / "start")))
+    path = str(tmp_path / "rows.jsonl")
+    n_train, n_val = opsd.solution_rows(run, 3, path)
+    rows = [json.loads(line) for line in open(path)]
+    assert n_train == len(drawn) == 12 and len(rows) == 12 + n_val
+    assert [r["prompt"] for r in rows[:12]] == [p["prompt"] for p in drawn]
+    assert all(run.env.verify(p, r["completion"]) == 1.0 and run.env.shows_work(r["completion"]) for p, r in zip(drawn, rows))
+    sft = T.train(dict(algo="sft", data=path, val_examples=n_val, init_from=student, max_iters=0, eval_interval=0,
+                       checkpoint=False, plot=False, out_dir=str(tmp_path / "sft")))
+    assert len(sft.state.train_examples) == 12 and len(sft.state.val_examples) == n_val
 
 
 def test_reader_rows_alternate_the_sft_task_and_the_solution_context(tmp_path):
