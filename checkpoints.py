@@ -254,6 +254,20 @@ def load_reward_model(run):
     return place(run, fingerprint(run, "reward_model", run.cfg["reward_model"], frozen(read_reward_model(run))))
 
 
+def load_judge(run):
+    """The frozen generative reward model --judge names (judge.py: a language-model checkpoint trained on
+    judgements, by experiments/judge.py), sharing the policy's tokenizer, a whole copy on the run's device."""
+    cfg = run.cfg
+    judge = load_model(cfg["judge"])
+    if not isinstance(judge, GPT):
+        raise ValueError(f"judge={cfg['judge']!r} is a scalar model (a Bradley–Terry reward model?), not a judge: "
+                         f"a judge writes its judgement (python experiments/judge.py trains one)")
+    if load_tokenizer(cfg["judge"]).name != run.tok.name or judge.config.vocab_size < run.tok.n_vocab:
+        raise ValueError(f"judge {cfg['judge']} uses tokenizer {load_tokenizer(cfg['judge']).name!r}, the policy "
+                         f"{run.tok.name!r}: they must share it (the judge reads the policy's answers)")
+    return fingerprint(run, "judge", cfg["judge"], frozen(judge)).to(run.device)
+
+
 def save_checkpoint(run, optimizer, it, train_tokens, algo_state):
     """Called by every rank (each adds its RNG streams); rank 0 writes. Atomic: a temporary file,
     then a rename, so a crash never leaves a half-written ckpt.pt. algo_state: what the algorithm

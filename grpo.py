@@ -49,6 +49,7 @@ import grpo_estimators
 import grpo_family as family
 import grpo_rollouts
 import monitors
+import rewards
 from checkpoints import load_reference
 from distributed import chunks
 from evaluation import evaluate_policy
@@ -101,7 +102,8 @@ def setup(run, saved):
     state.old_logprobs, state.rescore = grpo_rollouts.old_logprobs(run, state.truncation)  # π_old: sampler or recomputed
     state.reference_logprobs = reference_logprobs if cfg["kl"] != "off" else (lambda run, state, ro: None)
     # verifying and the advantages
-    state.training_reward = lambda ro: ro.verified  # r_i: the verifier's 0/1
+    state.training_reward = rewards.training_reward(run)  # r_i: the verifier's 0/1; or the judge's P(correct),
+                                                          # a vector reward's Σ_d w_d·r_d (rewards.py)
     state.kl_in_reward = cfg["kl"] == "k1_reward"
     state.shape = family.shaping(run, state.kl_in_reward)  # DAPO's overlong penalty, −β·KL; else the reward as it is
     state.advantages = group_advantages if grpo_estimators.plain_advantages(cfg) else grpo_estimators.advantages(run)
@@ -177,7 +179,8 @@ def rollout_shard(run, state, model, it, shard):
 def sample_round(run, state, model, it, shard, round_):
     """One rollout of a shard by `model` (π_old): train problems, G responses each, verified and
     rewarded, with their advantages. Returns SimpleNamespace(rollout, reward: the training reward
-    before shaping, degenerate: (P,) True on groups of equal rewards)."""
+    before shaping, logged: the reward's per-answer figures (a vector reward's dimensions, the judge's),
+    degenerate: (P,) True on groups of equal rewards)."""
     cfg = run.cfg
     problems, seed = state.prompts.problems(run, it, shard, round_)
     ro = state.sample(run, state.sampling_model(model), problems, cfg["group_size"], temperature=cfg["temperature"],
@@ -186,10 +189,12 @@ def sample_round(run, state, model, it, shard, round_):
     state.old_logprobs(run, model, ro)  # π_old: the sampler's own log-probs (or recomputed)
     ro.ref_logprobs = state.reference_logprobs(run, state, ro)
     ro.score_time = time.time() - t0
-    reward = state.training_reward(ro)  # r_i: the verifier's 0/1
+    t0 = time.time()
+    reward, logged = state.training_reward(ro)  # r_i: the verifier's 0/1 (or the judge's, a vector reward's)
+    ro.verify_time += time.time() - t0  # (a judge's judgements: verifying, timed with the verifier)
     ro.reward = state.shape(run, ro, reward, problems)
     degenerate = state.advantages(run, ro)
-    return SimpleNamespace(rollout=ro, reward=reward, degenerate=degenerate.to(reward.device))
+    return SimpleNamespace(rollout=ro, reward=reward, logged=logged, degenerate=degenerate.to(reward.device))
 
 
 def reference_logprobs(run, state, ro):

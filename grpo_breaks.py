@@ -47,6 +47,10 @@ def check_config(run):
                          "or top_k > 0")
     if cfg["break_it"] == "kl_twice" and cfg["kl"] != "k3_loss":
         raise ValueError("break_it=kl_twice adds the reward's KL to the loss's: it needs kl='k3_loss'")
+    if cfg["break_it"] in ("all_equal", "length_bonus", "format_exploit") and (cfg["reward"] != "verifier"
+                                                                              or cfg["reward_weights"]):
+        raise ValueError(f"break_it={cfg['break_it']} replaces the training reward: not with reward=judge or "
+                         f"reward_weights")
 
 
 def break_it(run, state):
@@ -76,16 +80,18 @@ def break_it(run, state):
 
 
 def broken_reward(kind):
-    """The training reward from the rows under break_it
+    """The training reward from the rows under break_it (and no figures of its own: grpo's contract,
+    rewards.training_reward)
         all_equal       0 for every response (a task out of reach) -> degenerate_frac
         length_bonus    + 0.01 per response token -> reward_len_corr (and the length)
         format_exploit  the right number anywhere in the response (several guesses pass) ->
                         verifier_error_rate; held-out accuracy is still the strict verifier's"""
     if kind == "all_equal":
-        return lambda ro: torch.zeros_like(ro.verified)
+        return lambda ro: (torch.zeros_like(ro.verified), {})
     if kind == "length_bonus":
-        return lambda ro: ro.verified + 0.01 * ro.lengths.to(ro.verified)
-    return lambda ro: torch.tensor([lax_verify(p, t) for p, t in zip(ro.problems, ro.texts)], device=ro.verified.device)
+        return lambda ro: (ro.verified + 0.01 * ro.lengths.to(ro.verified), {})
+    return lambda ro: (torch.tensor([lax_verify(p, t) for p, t in zip(ro.problems, ro.texts)],
+                                    device=ro.verified.device), {})
 
 
 def training_verifier(run):

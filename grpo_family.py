@@ -9,7 +9,9 @@ rewards, RLVP), §6 (the monitors).
   the advantages  estimator: reinforce (a batch-mean baseline) | rloo (leave-one-out) | grpo | dr_grpo
                   (no std); adv_scale: group | batch (REINFORCE++) | none; reward_mode: process (one
                   advantage per token) | rlvp (A = Â(O) + β·Â(Φ)) | path (rewards.py)
-  the reward      DAPO's overlong penalty; kl=k1_reward folds −β·Σ_t log(π_old/π_ref) into it
+  the reward      its source: the verifier, or reward=judge (a generative reward model, judge.py); a vector
+                  reward (reward_weights, rewards.py); DAPO's overlong penalty; kl=k1_reward folds
+                  −β·Σ_t log(π_old/π_ref) into it
   the groups      on_degenerate: drop | raise (zeros is grpo's own); DAPO's dynamic sampling refills
                   dropped groups with fresh prompts
   the loss        ratio_level=sequence (GSPO), policy_loss=cispo (CISPO), tis_cap (truncated importance
@@ -27,7 +29,7 @@ from types import SimpleNamespace
 import torch
 
 from grpo_rollouts import truncation
-from rewards import REWARD_KEYS, check_reward_mode
+from rewards import REWARD_KEYS, SEQUENCE_REWARD_KEYS, check_reward_mode, check_sequence_reward
 
 OPTIONS = dict(
     estimator="grpo",          # reinforce | rloo | grpo | dr_grpo: the baseline the advantage subtracts
@@ -55,6 +57,7 @@ OPTIONS = dict(
     share_prompt=True,         # run each prompt once for its G responses, in scoring and in the loss
     staleness=0,               # 0: synchronous; 1: the next rollouts are sampled during the update (one-step-off rollouts)
     **REWARD_KEYS,             # reward_mode and RLVP's β, λ, μ: one definition for grpo and ppo
+    **SEQUENCE_REWARD_KEYS,    # the reward's source (the verifier or a judge) and a vector reward's weights
 )
 
 CHOICES = dict(estimator=("reinforce", "rloo", "grpo", "dr_grpo"), adv_scale=("auto", "group", "batch", "none"),
@@ -108,6 +111,7 @@ def check_config(run):
         raise ValueError("dynamic_sampling_rounds > 0 samples a different number of rounds on each rank: not with "
                          "--fsdp_rollouts=sharded (use gathered)")
     check_reward_mode(cfg, run.env)
+    check_sequence_reward(cfg)
     if truncation(cfg) and cfg["kl"] == "k3_loss" and cfg["inner_epochs"] * cfg["minibatches"] > 1:
         raise ValueError("top_k / top_p with kl='k3_loss' and several steps per batch: a sampled token that an update "
                          "pushes out of the cut has π_θ = 0 and k3 = π_ref/π_θ − ... infinite (use kl='off' or one step)")

@@ -34,7 +34,8 @@ def shard_counts(run, first, batch, rounds):
         parse_errors=sum(unparsed(run.env, t) for t in ro.texts),
         group_reward=reward.view(-1, G).mean(1).tolist(),  # edge sampling's running success
         decoded_tokens=sum(float(r.rollout.lengths.sum()) for r in rounds),
-        retokenized=retokenized_rows(ro), misaligned=misaligned_rows(run, ro))
+        retokenized=retokenized_rows(ro), misaligned=misaligned_rows(run, ro),
+        logged={name: float(values.sum()) for name, values in first.logged.items()})  # the reward's own figures
     rejected = ro.verified == 0  # reward_len_corr's moments: shaped reward y against length x
     x, y = ro.lengths[rejected].double(), ro.reward[rejected].double()
     counts.update(corr_n=len(x), corr_x=float(x.sum()), corr_y=float(y.sum()), corr_xy=float((x * y).sum()),
@@ -78,8 +79,11 @@ def rollout_figures(run, state, shards, counts):
     final advantages), kept_groups_frac, extra_rollouts, lengths, truncated_frac, work_frac,
     parse_error_rate, reward_len_corr, verifier_error_rate, kl_ref (with a KL term), kl_reward (with
     the KL in the reward), sampler_logprob_gap (π_old recomputed), violations_per_episode (a rule
-    engine), this rank's time split time_decode / time_verify / time_score and decode_tok_per_s; and, only in an iteration that has one, retokenized_frac,
-    adv_sign_error_frac and nonfinite_logprob_frac (failures a healthy pipeline never has)."""
+    engine), this rank's time split time_decode / time_verify / time_score and decode_tok_per_s; the
+    training reward's own per-answer figures, means over the first rounds' answers (a vector reward's
+    reward_<dimension>, a judge's judge_agree and judge_verdict_written: rewards.training_reward); and,
+    only in an iteration that has one, retokenized_frac, adv_sign_error_frac and nonfinite_logprob_frac
+    (failures a healthy pipeline never has)."""
     cfg, G = run.cfg, run.cfg["group_size"]
     rewards = torch.cat([b.reward for b in shards])
     kept = torch.cat([b.mask.sum(1) > 0 for b in shards])
@@ -103,6 +107,7 @@ def rollout_figures(run, state, shards, counts):
         sums["gap"] = sum(float(g.sum()) for g in gaps)
         sums.update({f"gap_max_{r}": max(float(g.max()) for g in gaps) if r == run.rank else 0.0
                      for r in range(run.world_size)})  # the max over ranks, through a sum
+    sums.update({f"logged_{name}": sum(c["logged"][name] for c in counts) for name in counts[0]["logged"]})
     sums = all_reduce_sum(sums, run)
     len_mean = sums["len_sum"] / sums["len_n"]
     local_time = {k: sum(c[k] for c in counts) for k in ("time_decode", "time_verify", "time_score")}
@@ -116,6 +121,7 @@ def rollout_figures(run, state, shards, counts):
         decode_tok_per_s=sum(c["decoded_tokens"] for c in counts) / max(local_time["time_decode"], 1e-9), **local_time,
         work_frac=sums["work"] / sums["reward_n"], parse_error_rate=sums["parse_errors"] / sums["reward_n"],
         reward_len_corr=correlation(sums), verifier_error_rate=state.verifier_check["verifier_error_rate"])
+    figures.update({name: sums[f"logged_{name}"] / sums["reward_n"] for name in counts[0]["logged"]})
     if "kl" in sums:
         figures["kl_ref"] = sums["kl"] / max(sums["tokens"], 1.0)
     if state.kl_in_reward:  # β·Σ_t log(π_old/π_ref) per response: the KL the shaped reward subtracted

@@ -104,7 +104,7 @@ RANGES = dict(
     prompts_per_iter=">= 1", rollout_prompts=">= 0", eps_low="[0, 1]", eps_high=">= 0", inner_epochs=">= 1",
     dynamic_sampling_rounds=">= 0", overlong_cache=">= 0", tis_cap=">= 0", edge_low="[0, 1]",
     edge_high="[0, 1]", staleness="[0, 1]", top_k=">= 0", top_p="(0, 1]", clip_cov="[0, 1)",
-    top_entropy_quantile="(0, 1]",  # grpo
+    top_entropy_quantile="(0, 1]", judge_samples=">= 0", judge_temperature="> 0 (greedy: judge_samples=0)",  # grpo
     kl_topk=">= 1", anchor_coef=">= 0",  # opd
     rounds=">= 1", round_prompts=">= 1", per_prompt_cap=">= 1",  # rft
 )
@@ -283,9 +283,9 @@ def check_model_keys(given, shape, start):
 def check_out_dir(cfg):
     """A new run never writes over another by accident: an out_dir that holds a run (its ckpt.pt) is
     refused unless overwrite=True (init_from=resume continues it), and so is an out_dir that is the
-    directory of a model the run reads (init_from, teacher, reward_model)."""
+    directory of a model the run reads (init_from, teacher, reward_model, judge)."""
     out = cfg["out_dir"]
-    for key in ("init_from", "teacher", "reward_model"):
+    for key in ("init_from", "teacher", "reward_model", "judge"):
         if cfg.get(key) and os.path.exists(cfg[key]) and os.path.realpath(cfg[key]) == os.path.realpath(out):
             raise ValueError(f"--out_dir={out} is also --{key}: the run would write over the model it reads; "
                              f"choose another --out_dir")

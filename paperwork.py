@@ -7,6 +7,7 @@ verifier's own error rate against the environment's solver; and the parse-error 
 import os
 
 from model import count_parameters
+from rewards import reward_weights
 from rollouts import shard_size
 
 
@@ -232,6 +233,20 @@ REWARD_TEXT = dict(
     path="the path signal Φ alone, without the outcome (the inaction trap: an experiment, not a recipe)")
 
 
+def reward_source(c):
+    """Where GRPO's reward comes from (rewards.training_reward), in the passport's words."""
+    verifier = f"the environment's rule verifier (`envs/`, `{c['env']}.verify`), 1 or 0 per response"
+    if c["reward"] == "judge":
+        k = c["judge_samples"]
+        verifier = (f"a generative reward model, the judge `{c['judge']}` (judge.py): P(Verdict: correct) after "
+                    + ("its greedy judgement" if not k else f"each of {k} judgements sampled at T = "
+                       f"{c['judge_temperature']}, their mean") + "; the verifier's 0/1 logged beside it (judge_agree)")
+    if not c["reward_weights"]:
+        return verifier
+    terms = " + ".join(f"{w:g}·{name}" for name, w in reward_weights(c["reward_weights"]).items())
+    return f"a vector reward r = {terms} (rewards.DIMENSIONS, each logged as reward_<name>); correct: {verifier}"
+
+
 def grpo_passport(run, verifier_check, old_logprobs, adv_scale, catches=None):
     """GRPO's passport; old_logprobs: where π_old comes from (sampler or recompute), adv_scale: the
     advantage's divisor (group, batch or none); catches: under break_it, the monitor that must fire."""
@@ -278,7 +293,7 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
 - reuse of rollouts: {c['inner_epochs']} epoch(s) × {c['minibatches']} minibatch(es) = {steps} optimizer step(s) per batch, then discarded
 
 ## Reward and verification
-- source: the environment's rule verifier (`envs/`, `{c['env']}.verify`), 1 or 0 per response{broken}
+- source: {reward_source(c)}{broken}
 - {verification_text(verifier_check)}; parse_error_rate is logged every iteration
 - reward_mode {c['reward_mode']}: {REWARD_TEXT[c['reward_mode']].format(**c)}; overlong answers: {overlong}
   (limit {c['max_new_tokens']} new tokens{"; a cut answer gets no loss term" if c["mask_truncated"] else ""})
@@ -288,7 +303,7 @@ algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation *
   advantages: {c['estimator']} baseline, divided by {scale}
 - sampler/trainer mismatch: {tis}
 - models: policy (trained), π_old ({c['old_logprobs']} log-probs → {old_logprobs}), π_ref (frozen `{c['init_from']}`);
-  no critic, no reward model
+  no critic, {'the judge (frozen `' + c['judge'] + '`)' if c['reward'] == 'judge' else 'no reward model'}
 - KL to π_ref: {kl}
 - entropy controls: {entropy}
 - loss aggregation units: {c['loss_agg']} over each optimizer step's global batch

@@ -4,10 +4,25 @@ outcome = the verifier's one reward at the end; process = a reward at the last t
 verifiable step (env.step_rewards); rlvp = R = O + β·Φ with Φ from the environment's rule engine
 (env.path_signals: −λ per bad action, +μ per compliant one); path = Φ alone, the inaction trap the
 chapter warns of, kept for the experiment. Their keys, their check, and signals placed on tokens.
+
+And GRPO's sequence reward r(x, y), chosen once (training_reward) [Ch7 "The evolution of reward
+paradigms": scalar, vector, generative]: its source, reward=verifier (the environment's 0/1) or
+reward=judge (a generative reward model's P(Verdict: correct), judge.py), and, with reward_weights, a
+vector reward: named dimensions, each in [0, 1] per answer and logged as reward_<name>, combined by
+stated weights,
+
+    r(x, y) = Σ_d w_d · r_d(x, y)        e.g. reward_weights="correct=1,short=0.5": r = 1·correct + 0.5·short
+
+where `correct` is the source's value. Under GRPO's group normalisation only the weights' ratios matter.
 """
+
+import difflib
 
 import numpy as np
 import torch
+
+from checkpoints import load_judge
+from judge import judge_scores, rollout_seed
 
 
 # the keys grpo.py and ppo.py take
@@ -74,3 +89,109 @@ def token_signals(run):
     if mode in ("rlvp", "path"):
         return lambda roll: token_rewards(run, roll, path_signals(run))[0]
     return lambda roll: None
+
+
+# ----------------------------------------------------------------------------------------------
+# GRPO's sequence reward: its source, and a vector reward's named dimensions
+
+# the keys grpo.py takes
+SEQUENCE_REWARD_KEYS = dict(
+    reward="verifier",          # verifier (the environment's 0/1) | judge (a generative reward model: P(Verdict: correct))
+    judge="",                   # reward=judge: the judge's checkpoint dir (python experiments/judge.py trains one)
+    judge_samples=0,            # reward=judge: 0 = one greedy judgement per answer; k = the mean over k judgements
+                                # sampled at judge_temperature (the chapter's inference-time scaling)
+    judge_temperature=1.0,      # reward=judge: the temperature of sampled judgements
+    reward_weights="",          # a vector reward: "correct=1,short=0.5" = Σ_d w_d·r_d over named dimensions (correct,
+                                # worked, short, parses), each logged as reward_<name>; "" = correct alone, unlogged
+)
+
+SOURCES = ("verifier", "judge")
+
+# The named dimensions of a vector reward, each in [0, 1] per answer: (run, rollout) -> (N,)
+# (`correct` is the source's value: the verifier's 0/1 or the judge's P(correct))
+DIMENSIONS = dict(
+    correct=None,
+    worked=lambda run, ro: torch.tensor([float(run.env.shows_work(t)) for t in ro.texts]),  # 1 where it shows its steps
+    short=lambda run, ro: (1 - ro.lengths.float() / run.cfg["max_new_tokens"]).clamp(0, 1),  # 1 − length / max_new_tokens
+    parses=lambda run, ro: torch.tensor([float(not hasattr(run.env, "parses") or run.env.parses(t))  # 1 where the
+                                         for t in ro.texts]),  # answer is in the task's form ("Answer: <integer>")
+)
+
+
+def reward_weights(text):
+    """{dimension: weight} of a reward_weights value, "name=w,name=w" ("" = {"correct": 1.0}), checked: known
+    names (DIMENSIONS), each once, weights finite and >= 0, at least one > 0."""
+    if not text.strip():
+        return {"correct": 1.0}
+    weights = {}
+    for part in text.split(","):
+        name, eq, value = (s.strip() for s in part.partition("="))
+        if not eq:
+            raise ValueError(f"reward_weights={text!r}: {part!r} is not name=weight (e.g. correct=1,short=0.5)")
+        if name not in DIMENSIONS:
+            close = difflib.get_close_matches(name, DIMENSIONS, n=1)
+            raise ValueError(f"reward_weights={text!r}: no dimension {name!r}" + (f" (did you mean {close[0]}?)" if close
+                             else "") + f"; the dimensions: {', '.join(DIMENSIONS)}")
+        if name in weights:
+            raise ValueError(f"reward_weights={text!r}: {name!r} given twice")
+        try:
+            weights[name] = float(value)
+        except ValueError:
+            raise ValueError(f"reward_weights={text!r}: the weight of {name!r}, {value!r}, is not a number") from None
+        if not np.isfinite(weights[name]) or weights[name] < 0:
+            raise ValueError(f"reward_weights={text!r}: the weight of {name!r} must be finite and >= 0")
+    if not any(weights.values()):
+        raise ValueError(f"reward_weights={text!r}: every weight is 0, so every answer would earn the same")
+    return weights
+
+
+def check_sequence_reward(cfg):
+    """The sequence-reward keys, and what they cannot be combined with."""
+    if cfg["reward"] not in SOURCES:
+        raise ValueError(f"reward={cfg['reward']!r}: choose from {SOURCES}")
+    if cfg["reward"] == "judge" and not cfg["judge"]:
+        raise ValueError("reward=judge needs --judge=<the judge's checkpoint dir> (python experiments/judge.py "
+                         "trains one)")
+    if cfg["judge"] and cfg["reward"] != "judge":
+        raise ValueError(f"--judge={cfg['judge']} is read only with reward=judge (now {cfg['reward']!r})")
+    reward_weights(cfg["reward_weights"])
+    custom = cfg["reward"] != "verifier" or cfg["reward_weights"]
+    if custom and cfg["reward_mode"] != "outcome":
+        raise ValueError(f"reward={cfg['reward']} and reward_weights set one reward per answer: they need "
+                         f"reward_mode=outcome (now {cfg['reward_mode']!r})")
+
+
+def training_reward(run):
+    """The sequence reward r(x, y) GRPO trains on, chosen once: a function (rollout) -> (r (N,),
+    {figure: (N,) per-answer values, logged as their mean over the iteration's first-round answers}).
+        reward=verifier        correct = the verifier's 0/1 (the default: nothing more is logged)
+        reward=judge           correct = the judge's P(Verdict: correct), the mean over judge_samples
+                               judgements (judge.py); logged: judge_agree (1 where P > 0.5 agrees with the
+                               verifier) and judge_verdict_written (the share of judgements that wrote "Verdict:")
+        reward_weights         r = Σ_d w_d·r_d (DIMENSIONS), each dimension logged as reward_<name>"""
+    cfg = run.cfg
+    if cfg["reward"] == "verifier" and not cfg["reward_weights"]:
+        return lambda ro: (ro.verified, {})
+    correct = judged(run) if cfg["reward"] == "judge" else (lambda ro: (ro.verified, {}))
+    weights = reward_weights(cfg["reward_weights"])
+
+    def reward(ro):
+        value, logged = correct(ro)
+        parts = {name: value if name == "correct" else DIMENSIONS[name](run, ro).to(value) for name in weights}
+        logged.update({f"reward_{name}": part for name, part in parts.items()})
+        return sum(w * parts[name] for name, w in weights.items()), logged  # r = Σ_d w_d·r_d
+    return reward
+
+
+def judged(run):
+    """reward=judge: a function (rollout) -> (the judge's P(correct) of each answer, its figures); the judge is
+    loaded once, frozen (checkpoints.load_judge)."""
+    cfg, judge = run.cfg, load_judge(run)
+
+    def correct(ro):
+        p, wrote = judge_scores(run, judge, ro.problems, ro.texts, cfg["judge_samples"], cfg["judge_temperature"],
+                                seed=rollout_seed(ro.ids))
+        value = p.mean(1)  # r = (1/k) Σ_i P(correct | x, y, j_i)
+        agree = ((value > 0.5).float() == ro.verified).float()
+        return value, dict(judge_agree=agree, judge_verdict_written=wrote.float().mean(1))
+    return correct
