@@ -256,12 +256,12 @@ def load_reward_model(run):
 
 def load_judge(run):
     """The frozen generative reward model --judge names (judge.py: a language-model checkpoint trained on
-    judgements, by experiments/judge.py), sharing the policy's tokenizer, a whole copy on the run's device."""
+    judgements, by experiments/judge_agreement.py), sharing the policy's tokenizer, a whole copy on the run's device."""
     cfg = run.cfg
     judge = load_model(cfg["judge"])
     if not isinstance(judge, GPT):
         raise ValueError(f"judge={cfg['judge']!r} is a scalar model (a Bradley–Terry reward model?), not a judge: "
-                         f"a judge writes its judgement (python experiments/judge.py trains one)")
+                         f"a judge writes its judgement (python experiments/judge_agreement.py trains one)")
     if load_tokenizer(cfg["judge"]).name != run.tok.name or judge.config.vocab_size < run.tok.n_vocab:
         raise ValueError(f"judge {cfg['judge']} uses tokenizer {load_tokenizer(cfg['judge']).name!r}, the policy "
                          f"{run.tok.name!r}: they must share it (the judge reads the policy's answers)")

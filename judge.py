@@ -5,7 +5,7 @@ inference]; SPEC §3 "Reward model" (the Bradley–Terry one it stands beside), 
 rewards" (the step check its judgements write out).
 
 The judge is the project's own tiny GPT, trained by SFT (sft.py, --data) on rows made by a rule from
-the policy's own answers, each labelled by the verifier (experiments/judge.py makes them and trains it):
+the policy's own answers, each labelled by the verifier (experiments/judge_agreement.py makes them and trains it):
 
     prompt      Check 7+8-3+5: 7+8=15. 15-3=11. 11+5=16. Answer: 16
     judgement   7+8=15 ok. 15-3=12 no. 12+5=17 no. Verdict: incorrect
@@ -163,7 +163,7 @@ def rollout_seed(ids):
 
 
 def judge_text(tok, judge, problem, answer, samples=1, temperature=1.0, seed=0):
-    """The judge's judgements of one answer, as text, for a person to read (experiments/judge.py's examples)."""
+    """The judge's judgements of one answer, as text, for a person to read (experiments/judge_agreement.py's examples)."""
     prompt = tok.prompt_ids(judge_prompt(problem, answer))
     tokens = sample(judge, [prompt] * samples, judge.config.block_size - len(prompt), temperature=temperature,
                     stop_tokens=(tok.eos,), pad_id=tok.pad, seed=seed).tokens

@@ -97,7 +97,7 @@ def token_signals(run):
 # the keys grpo.py takes
 SEQUENCE_REWARD_KEYS = dict(
     reward="verifier",          # verifier (the environment's 0/1) | judge (a generative reward model: P(Verdict: correct))
-    judge="",                   # reward=judge: the judge's checkpoint dir (python experiments/judge.py trains one)
+    judge="",                   # reward=judge: the judge's checkpoint dir (python experiments/judge_agreement.py trains one)
     judge_samples=0,            # reward=judge: 0 = one greedy judgement per answer; k = the mean over k judgements
                                 # sampled at judge_temperature (the chapter's inference-time scaling)
     judge_temperature=1.0,      # reward=judge: the temperature of sampled judgements
@@ -150,7 +150,7 @@ def check_sequence_reward(cfg):
     if cfg["reward"] not in SOURCES:
         raise ValueError(f"reward={cfg['reward']!r}: choose from {SOURCES}")
     if cfg["reward"] == "judge" and not cfg["judge"]:
-        raise ValueError("reward=judge needs --judge=<the judge's checkpoint dir> (python experiments/judge.py "
+        raise ValueError("reward=judge needs --judge=<the judge's checkpoint dir> (python experiments/judge_agreement.py "
                          "trains one)")
     if cfg["judge"] and cfg["reward"] != "judge":
         raise ValueError(f"--judge={cfg['judge']} is read only with reward=judge (now {cfg['reward']!r})")

@@ -1,6 +1,6 @@
 """judge.py, the generative reward model: its judgements by rule, the verdict's probability against a
 hand computation, the mean over k judgements; rewards.py's vector reward (the weighted sum, each
-dimension logged by GRPO); and experiments/judge.py: its measures on hand-made cases, end to end at
+dimension logged by GRPO); and experiments/judge_agreement.py: its measures on hand-made cases, end to end at
 toy size."""
 
 import dataclasses
@@ -20,7 +20,7 @@ import judge
 import rewards
 import train as T
 from conftest import TINY
-from experiments import judge as study
+from experiments import judge_agreement as study
 from model import GPT, GPTConfig, ScalarHeadGPT
 from sampler import sample
 from test_opd import write_checkpoint
@@ -268,7 +268,7 @@ def test_a_reward_model_is_no_judge(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# experiments/judge.py
+# experiments/judge_agreement.py
 
 def test_agreement_and_pair_accuracy_grow_with_k_on_a_hand_made_case():
     """One problem, a correct and an incorrect answer, two judgements each:
@@ -291,11 +291,11 @@ def test_pair_scores_count_a_tie_as_half_and_skip_problems_without_a_pair():
 
 
 def test_judge_experiment_runs_at_toy_size(tmp_path):
-    """experiments/judge.py --quick end to end (a few seconds): a toy policy's answers, the judge's rows
+    """experiments/judge_agreement.py --quick end to end (a few seconds): a toy policy's answers, the judge's rows
     (each judgement ending in the verifier's verdict), a judge trained on them, the greedy and the sampled
     judgements measured for k = 1, 2, 4, a Bradley–Terry RM scored on the same pairs, the table and the plot."""
     rm = write_scalar_checkpoint(tmp_path / "rm")
-    command = [sys.executable, os.path.join(ROOT, "experiments", "judge.py"), "--quick", f"--out={tmp_path}",
+    command = [sys.executable, os.path.join(ROOT, "experiments", "judge_agreement.py"), "--quick", f"--out={tmp_path}",
                f"--reward_model={rm}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-2000:]

@@ -28,10 +28,10 @@ paired per problem. Beside agreement: the share of the majority label (what a ju
 the more common verdict would agree). It writes results.json, judge.md (the table, and a few of the
 judge's judgements) and the plot into --out.
 
-    python experiments/judge.py --init_from=out/sft                          # the ladder's SFT stage as the policy
-    python experiments/judge.py --init_from=out/sft --reward_model=out/rm    # beside the ladder's Bradley–Terry RM
-    python experiments/judge.py --init_from=out/sft --judge=out/judge_study/judge --samples=16
-    python experiments/judge.py --quick --out=/tmp/judge                     # a toy-size smoke test
+    python experiments/judge_agreement.py --init_from=out/sft                          # the ladder's SFT stage as the policy
+    python experiments/judge_agreement.py --init_from=out/sft --reward_model=out/rm    # beside the ladder's Bradley–Terry RM
+    python experiments/judge_agreement.py --init_from=out/sft --judge=out/judge_study/judge --samples=16
+    python experiments/judge_agreement.py --quick --out=/tmp/judge                     # a toy-size smoke test
 
 Then train with it: python train.py --algo grpo --init_from=out/sft --reward=judge
 --judge=out/judge_study/judge --judge_samples=4. --set key=value (repeatable) passes a train.py key to every run.
