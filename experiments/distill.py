@@ -23,7 +23,7 @@ A level counts as reached where it holds: at the first evaluation at or above it
 evaluation is at or above it too (first_reaching; one noisy crossing does not count). Reported per
 arm and seed: the end (the mean of the last three evaluations), whether it still climbs, the student
 rollout tokens and the training wall time (rollouts + teacher + update, evaluation excluded) to
-50%, 75% and 90% of the way from the student's start to the teacher; and the fair comparison with
+10%, 25%, 50%, 75% and 90% of the way from the student's start to the teacher; and the fair comparison with
 RL: against GRPO of the same seed, the tokens each arm takes to reach GRPO's own best (the best
 accuracy that GRPO run holds, best_held) over the tokens GRPO itself took to get there, and the end
 accuracy minus GRPO's, paired per seed (bands.py: t·SE over 3+ seeds; 2 seeds: both values). The
@@ -75,7 +75,7 @@ ARMS = dict(
     opd_topk=dict(algo="opd", kl_estimator="topk"),  # not a default arm: the teacher's top 16, renormalised
 )
 DEFAULT_ARMS = ("grpo", "opd_full", "opd_sampled", "offpolicy")
-FRACTIONS = (0.5, 0.75, 0.9)  # of the way from the student's start to the teacher
+FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9)  # of the way from the student's start to the teacher
 QUICK = dict(cap=4, min_iters=2, eval_problems=16, kl_problems=8, seeds="1",
              set=["prompts_per_iter=4", "max_new_tokens=24", "batch_size=4", "eval_batch_size=16"])
 QUICK_GRPO = dict(prompts_per_iter=2, group_size=2, eval_samples=0)
@@ -238,7 +238,7 @@ def end_accuracy(points):
 def summarise(points, start, teacher, n):
     """One seed's curve: its end (mean of the last three evaluations), whether it still climbs there
     (the plateau rule, from any iteration), its best held accuracy, and where it reaches and holds
-    50 / 75 / 90% of the way from start to teacher."""
+    10 / 25 / 50 / 75 / 90% of the way from start to teacher."""
     return dict(plateau=end_accuracy(points), stopped_at=points[-1]["iter"], climbing=not plateaued(points, n, 0),
                 best_held=best_held(points), tokens=points[-1]["tokens"], seconds=points[-1]["seconds"],
                 work=points[-1]["work"], band=band(points[-1]["acc"], n),
@@ -298,12 +298,15 @@ def print_tables(results, start, teacher, n):
     if fair:
         print("\nagainst GRPO of the same seed: its own best (held), the tokens to it, and the end accuracy")
         for name, rows in fair.items():
-            per_seed = ", ".join(f"{r['seed']}: {r['level']:.3f} at {r['reached']['tokens']:,.0f}" if r["reached"]
-                                 else f"{r['seed']}: {r['level']:.3f} never" for r in rows)
+            cells = [f"{r['seed']}: GRPO held nothing above its start ({r['level']:.3f})" if r["grpo_reached"]["iter"] == 0
+                     else f"{r['seed']}: {r['level']:.3f} at {r['reached']['tokens']:,.0f} tokens" if r["reached"]
+                     else f"{r['seed']}: {r['level']:.3f} never" for r in rows]
+            improved = [r for r in rows if r["grpo_reached"]["iter"] > 0]
+            ratios = (f"× GRPO's tokens {over_seeds([r['token_ratio'] for r in improved])}, × its seconds "
+                      f"{over_seeds([r['seconds_ratio'] for r in improved])}; " if improved else "")
             gap = bands.paired_across_seeds([r["end_gap"] for r in rows])
             gap = f"{gap[0]:+.3f} ± {gap[1]:.3f}" if gap[1] is not None else ", ".join(f"{r['end_gap']:+.3f}" for r in rows)
-            print(f"{name:<12} {per_seed}; × GRPO's tokens {over_seeds([r['token_ratio'] for r in rows])}, "
-                  f"× its seconds {over_seeds([r['seconds_ratio'] for r in rows])}; end − GRPO {gap}")
+            print(f"{name:<12} {'; '.join(cells)}; {ratios}end − GRPO {gap}")
 
 
 def print_profiles(profiles):
@@ -318,7 +321,7 @@ COLOURS = dict(grpo="tab:red", opd_full="tab:blue", opd_sampled="tab:cyan", offp
 
 def plot(results, start, teacher, profiles, n, path):
     """Left: held-out accuracy against sampled tokens, one line per arm (the seeds' mean, the band
-    shaded), the teacher, 50 / 75 / 90% of the way to it, and GRPO's own best. Right: the per-position
+    shaded), the teacher, 10 / 25 / 50 / 75 / 90% of the way to it, and GRPO's own best. Right: the per-position
     reverse KL to the teacher before and after each arm (its first seed)."""
     import matplotlib
     matplotlib.use("Agg")
@@ -338,7 +341,7 @@ def plot(results, start, teacher, profiles, n, path):
     left.set_xlim(left=0)
     left.set_xlabel("sampled tokens, thousands (offpolicy: the teacher's; the others: the student's)")
     left.set_ylabel("held-out accuracy (greedy)")
-    left.set_title("seed mean, band shaded; dotted: 50 / 75 / 90% of the way to the teacher", fontsize=9)
+    left.set_title("seed mean, band shaded; dotted: 10 / 25 / 50 / 75 / 90% of the way to the teacher", fontsize=9)
     left.legend(fontsize=7, loc="lower right")
     for name, p in profiles.items():
         xs = [i for i, (v, c) in enumerate(p["by_position"]) if v is not None and c >= 5]
