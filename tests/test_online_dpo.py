@@ -234,3 +234,29 @@ def test_a_round_without_a_pair_names_what_to_raise(start, tmp_path, monkeypatch
     with pytest.raises(ValueError, match=r"online round 0: no pair among 8 prompts × 3 answers \(the verifier scored "
                                          r"every prompt's answers alike\): raise group_size"):
         online_run(start, tmp_path, max_iters=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# experiments/online_dpo.py
+
+def test_online_dpo_study_runs_at_toy_size(tmp_path):
+    """--quick end to end: offline DPO, online DPO and GRPO from one toy SFT model, three seeds each, the same
+    answers sampled per arm, evaluated at the same points; bands and paired differences; the table and plot."""
+    command = [sys.executable, os.path.join(ROOT, "experiments", "online_dpo.py"), "--quick", f"--out={tmp_path}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.load(open(tmp_path / "results.json"))
+    assert list(results["arms"]) == ["offline_dpo", "online_dpo", "grpo"]
+    answers = {arm: [run["answers_sampled"] for run in runs.values()] for arm, runs in results["arms"].items()}
+    assert len({a for per_arm in answers.values() for a in per_arm}) == 1  # equal sampled answers, every arm and seed
+    for arm, runs in results["arms"].items():
+        assert list(runs) == ["1337", "1338", "1339"]
+        for run in runs.values():
+            assert [p["iter"] for p in run["curve"]] == results["eval_iters"]
+            assert all(0 <= p["heldout_acc"] <= 1 for p in run["curve"])
+    assert set(results["final"]) == {"offline_dpo", "online_dpo", "grpo"}
+    assert {d["arms"] for d in results["paired"]} == {"online_dpo − offline_dpo", "online_dpo − grpo",
+                                                     "offline_dpo − grpo"}
+    assert all(d["band"] is not None and len(d["per_seed"]) == 3 for d in results["paired"])
+    assert all(0 <= r["online_pair_share"] <= 1 for r in results["rounds"]["online_dpo"]["1337"])
+    assert "| online_dpo |" in (tmp_path / "online_dpo.md").read_text() and (tmp_path / "online_dpo.png").exists()
