@@ -239,6 +239,23 @@ def test_a_round_without_a_pair_names_what_to_raise(start, tmp_path, monkeypatch
 # ----------------------------------------------------------------------------------------------
 # experiments/online_dpo.py
 
+def test_online_dpo_study_summary_by_hand():
+    """Three seeds' final accuracies: online 0.62, 0.60, 0.58; offline 0.50, 0.55, 0.60; GRPO 0.60, 0.60, 0.60.
+    online − offline per seed +0.12, +0.05, −0.02: mean 0.05, sd 0.07, band 4.303·0.07/√3 = 0.1739."""
+    from experiments import online_dpo as study
+    curve = lambda *accs: [dict(iter=10 * i, heldout_acc=a, heldout_work=0.5, heldout_len=20.0) for i, a in enumerate(accs)]
+    results = dict(arms={arm: {str(s): dict(curve=curve(0.3, a)) for s, a in zip((1, 2, 3), accs)} for arm, accs in
+                         dict(offline_dpo=(0.50, 0.55, 0.60), online_dpo=(0.62, 0.60, 0.58), grpo=(0.6, 0.6, 0.6)).items()})
+    points, final, paired = study.summarise(results, 500)
+    gap = next(d for d in paired if d["arms"] == "online_dpo − offline_dpo")
+    assert gap["per_seed"] == pytest.approx([0.12, 0.05, -0.02]) and gap["mean"] == pytest.approx(0.05)
+    assert gap["band"] == pytest.approx(4.303 * 0.07 / 3 ** 0.5)
+    assert final["online_dpo"]["mean"] == pytest.approx(0.6) and final["online_dpo"]["start"] == 0.3
+    # seeds that agree: the band is the binomial one of the mean (0.6 on 500 problems), not 0
+    assert final["grpo"]["band"] == pytest.approx(1.96 * (0.6 * 0.4 / 500) ** 0.5)
+    assert [p["iter"] for p in points["grpo"]] == [0, 10]
+
+
 def test_online_dpo_study_runs_at_toy_size(tmp_path):
     """--quick end to end: offline DPO, online DPO and GRPO from one toy SFT model, three seeds each, the same
     answers sampled per arm, evaluated at the same points; bands and paired differences; the table and plot."""
