@@ -2,7 +2,7 @@
 Online (iterative) DPO, beside dpo.py: --algo dpo --pairs=online. The loss stays dpo.py's (SPEC §3
 "DPO"; any --loss); what changes is where the pairs come from. Offline, pairs.py samples them once
 from the starting policy; here each round samples them from the policy being trained, labels them,
-and trains on them until the next round [Ch7 "Online vs offline preference data"; M14 §6–8].
+and trains on them until the next round (M14 §6–8).
 
     python train.py --algo dpo --init_from=out/sft --pairs=online                       # labelled by the verifier
     python train.py --algo dpo --init_from=out/sft --pairs=online --online_labeler=rm --reward_model=out/rm

@@ -1,7 +1,7 @@
 """
-Online against offline preference data [Ch7 "Online vs offline preference data"; SPEC §3 "DPO", "GRPO"]:
-does DPO on pairs sampled from the current policy close the gap to online RL? From one SFT checkpoint,
-at equal sampled answers and equal iterations, with each of --seeds (1337, 1338, 1339):
+Online against offline preference data (SPEC §3 "DPO", "GRPO"): does DPO on pairs sampled from the
+current policy close the gap to online RL? From one SFT checkpoint, at equal sampled answers and equal
+iterations, with each of --seeds (1337, 1338, 1339):
 
     offline_dpo   dpo.py as it stands: verifier pairs of --iters × --answers / --group_size train prompts,
                   --group_size answers each sampled ONCE by the SFT model before the first step (a prompt with
