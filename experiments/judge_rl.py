@@ -264,12 +264,14 @@ def main(argv=None):
         args.eval_every, args.eval_problems = 1, 8
         os.makedirs(args.out, exist_ok=True)
         quick_models(args, {**QUICK, "log_interval": 1, **extra})
-    makers = dict(init_from=("an SFT checkpoint", "python train.py --algo sft --out_dir=out/sft (or python ladder.py)"),
-                  judge=("a judge", "python experiments/judge_agreement.py --init_from=out/sft (out/judge_study/judge)"),
-                  reward_model=("a Bradley–Terry reward model", "python train.py --algo rm --init_from=out/sft --out_dir=out/rm"))
-    for flag, (what, maker) in makers.items():
+    makers = dict(init_from=("an SFT checkpoint", "python train.py --algo sft --out_dir=out/sft", " (or python ladder.py)"),
+                  judge=("a judge", "python experiments/judge_agreement.py --init_from=out/sft", " (out/judge_study/judge)"),
+                  reward_model=("a Bradley–Terry reward model", "python train.py --algo rm --init_from=out/sft "
+                                "--out_dir=out/rm", ""))
+    for flag, (what, maker, where) in makers.items():
         if not os.path.isfile(os.path.join(getattr(args, flag), "ckpt.pt")):
-            parser.error(f"--{flag}={getattr(args, flag)!r} holds no checkpoint: it needs {what}; make one with `{maker}`")
+            parser.error(f"--{flag}={getattr(args, flag)!r} holds no checkpoint: it needs {what}; make one with "
+                         f"`{maker}`{where}")
     judge, reward_model = frozen(load_model(args.judge)), frozen(load_model(args.reward_model))
     if not isinstance(judge, GPT) or not isinstance(reward_model, ScalarHeadGPT):
         parser.error(f"--judge={args.judge} must be a language model (a judge) and --reward_model={args.reward_model} a "
