@@ -3,9 +3,12 @@ Direct preference methods: DPO and its family (IPO, KTO, SimPO, ORPO). SPEC §3 
 "Direct-method family"; M14 §6–8.
 
     python train.py --algo dpo config/dpo.py --init_from=out/sft --loss=dpo   # or ipo | kto | simpo | orpo
+    python train.py --algo dpo --init_from=out/sft --pairs=online             # online: dpo_online.py
 
 Offline: the pairs are fixed (pairs.py builds them: verifier- or style-labelled answers of the SFT
-model, or a file), nothing is sampled during training. Log-probs of a response are sums over its
+model, or a file), nothing is sampled during training. Online (--pairs=online, dpo_online.py, chosen
+once in setup): every few iterations a round of pairs sampled from the current policy and labelled,
+the same losses on them, π_ref still the starting policy. Log-probs of a response are sums over its
 tokens only: logits shifted by one, prompt and padding excluded, the same chat template for policy
 and reference (model.sequence_logprobs and the 0/1 response mask):
 
@@ -30,6 +33,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
+import dpo_online
 import pairs
 from checkpoints import load_reference, safe_load, weights_fingerprint
 from distributed import all_reduce_sum, chunks, over_ranks
@@ -52,6 +56,7 @@ defaults = dict(
     kto_undesirable_weight=1.0,  # KTO λ_U
     share_prompt=True,           # run each prompt once for both responses where it saves work (sampler.SharedPrompts); False: never
     **pairs.PAIR_DEFAULTS,
+    **dpo_online.OPTIONS,        # pairs=online: its rounds and labeler
     # common keys: one pass over a small fixed pair set at a gentle lr, far below SFT's (at 1e-4
     # DPO's KL to the reference grew to ~5 nats and held-out accuracy fell further)
     learning_rate=3e-5, min_lr=3e-6, warmup_iters=10, max_iters=60, batch_size=16, eval_interval=60,
@@ -138,7 +143,7 @@ def reference_logprobs(run, reference, examples):
         with run.autocast:
             (a, b), _ = sequence_sums(run, reference, pairs.collate(run, chunk))
         return torch.stack([a, b], 1).float().cpu()
-    return torch.cat(over_ranks(run, examples, run.cfg["eval_batch_size"], chunk_sums))
+    return torch.cat(over_ranks(run, examples, run.cfg["eval_batch_size"], chunk_sums) or [torch.zeros(0, 2)])
 
 
 def attach_reference(run, reference, example_sets):
@@ -229,10 +234,12 @@ def as_means(sums):
 
 def setup(run, saved):
     """π_ref (the frozen starting policy), the pairs (KTO: single labelled examples) and, for the
-    losses that read π_ref, its log-probs of every response, once."""
+    losses that read π_ref, its log-probs of every response, once. pairs=online: the held-out pairs
+    here, each round's train pairs sampled later (dpo_online.py)."""
     cfg = run.cfg
     if cfg["loss"] not in LOSSES:
         raise ValueError(f"loss={cfg['loss']!r}: choose from {LOSSES}")
+    dpo_online.check_config(run)
     reference = load_reference(run)  # the pairs' sampler, the reference log-probs, the KL at evaluation
     kto = cfg["loss"] == "kto"  # KTO learns from single labelled examples, the others from pairs
     train_examples, heldout_examples, transcripts, skipped = pairs.load_preferences(run, reference, singles=kto)
@@ -243,12 +250,26 @@ def setup(run, saved):
         run, f"the {cfg['loss']} loss (SPEC §3), β = {cfg['beta']}" + ("; the reference's log-probs computed once and "
                                                                      "cached" if uses_ref else "; no reference model"),
         references=f"π_ref = `{cfg['init_from']}` frozen" if uses_ref else "none"))
-    return SimpleNamespace(reference=reference, train_examples=train_examples, heldout_examples=heldout_examples,
-                           skipped_rows=skipped, ref_cache_path=cache)
+    state = SimpleNamespace(reference=reference, train_examples=train_examples, heldout_examples=heldout_examples,
+                            skipped_rows=skipped, ref_cache_path=cache, batches=fixed_pairs)
+    if cfg["pairs"] == "online":  # state.batches = a round of pairs from the current policy every online_every iterations
+        dpo_online.setup(run, state, saved, (lambda examples: reference_logprobs(run, reference, examples)) if uses_ref
+                         else None)
+    return state
+
+
+def fixed_pairs(run, state, it):
+    """Offline: one optimizer step of the fixed pairs (a per-epoch shuffle, pairs.step_batches)."""
+    return pairs.step_batches(run, it, state.train_examples), {}
 
 
 def batches(run, state, it):
-    return pairs.step_batches(run, it, state.train_examples), {}
+    return state.batches(run, state, it)  # fixed_pairs; pairs=online: dpo_online.round_batches
+
+
+def state_dict(run, state):
+    """pairs=online: the round's pairs (a resumed run trains on those the interrupted one sampled); offline: nothing."""
+    return dpo_online.state_dict(state) if run.cfg["pairs"] == "online" else None
 
 
 def loss(run, state, model, batch):

@@ -12,6 +12,8 @@ SPEC §3 "Reward model", "DPO"; M14 §3–5.
               with filler sentences, so that length effects can be seen;
     both      one pair of each kind per prompt.
   Sampled answers stay token ids (they are never decoded and re-encoded for training).
+  --pairs=online (--algo dpo): no train pairs here; each round samples them from the policy being
+  trained (dpo_online.py); the held-out pairs are the starting policy's verifier pairs, as offline.
 - --data=FILE (json / jsonl / parquet, through data.load_rows): rows {"prompt", "chosen",
   "rejected"} for pairs, or {"prompt", "completion", "label": bool} for KTO's single labelled
   examples. A prompt is a string or a list of {"role", "content"} messages; a response is a string
@@ -37,7 +39,8 @@ from model import GPT
 from rollouts import response_text, rollouts
 
 PAIR_DEFAULTS = dict(
-    pairs="verifier",       # built-in preference kind: verifier | style | both
+    pairs="verifier",       # built-in preference kind: verifier | style | both | online (--algo dpo: each round's
+                            # pairs sampled from the current policy and labelled, dpo_online.py)
     train_prompts=512,      # built-in training prompts (env train split)
     heldout_prompts=128,    # built-in held-out prompts (env heldout split); caps the file's held-out rows
     group_size=4,           # answers sampled per prompt to find a correct and a wrong one
@@ -138,16 +141,17 @@ def padded_answer(demonstration, rng, n_fillers=2):
     return " ".join(fillers[:1] + steps + fillers[1:]) + " Answer:" + answer
 
 
-def builtin_pairs(run, sampler, split, n_prompts, seed):
-    """Pairs on `n_prompts` problems of `split`, of the kind cfg["pairs"]; returns (pairs, counts)."""
+def builtin_pairs(run, sampler, split, n_prompts, seed, kind=None):
+    """Pairs on `n_prompts` problems of `split`, of the kind `kind` (default cfg["pairs"]); returns (pairs, counts)."""
     cfg, tok, env = run.cfg, run.tok, run.env
-    if cfg["pairs"] not in PAIR_KINDS:
-        raise ValueError(f"pairs={cfg['pairs']!r}: choose from {PAIR_KINDS}")
+    kind = kind or cfg["pairs"]
+    if kind not in PAIR_KINDS:
+        raise ValueError(f"pairs={kind!r}: choose from {PAIR_KINDS + ('online',)} (online: --algo dpo only)")
     problems = env.problems(split, n_prompts, seed=seed)
     prompts = [tok.prompt_ids(p["prompt"]) for p in problems]
     k = cfg["group_size"]
     samples = [[]] * len(problems)
-    if cfg["pairs"] in ("verifier", "both"):
+    if kind in ("verifier", "both"):
         roll = rollouts(run, sampler, problems, k, temperature=cfg["pair_temperature"], seed=seed,
                           batch_size=cfg["eval_batch_size"], spread=True)
         answers = list(zip(roll.responses, roll.response_masks(), roll.verified.tolist()))  # (ids, loss mask, verdict)
@@ -156,7 +160,7 @@ def builtin_pairs(run, sampler, split, n_prompts, seed):
     pairs, counts = [], dict(verifier=0, demo_chosen=0, all_correct=0, style=0, too_long=0)
     for problem, prompt, answers in zip(problems, prompts, samples):
         demo = env.solve(problem)
-        if cfg["pairs"] in ("verifier", "both"):
+        if kind in ("verifier", "both"):
             correct = [(ids, mask) for ids, mask, verdict in answers if verdict == 1.0]
             wrong = [(ids, mask) for ids, mask, verdict in answers if verdict == 0.0]
             chosen = correct[0] if correct else tok.assistant_ids(demo)
@@ -169,7 +173,7 @@ def builtin_pairs(run, sampler, split, n_prompts, seed):
                 counts["demo_chosen"] += not correct
             else:
                 counts["all_correct"] += 1  # every sample correct: no wrong answer to prefer against
-        if cfg["pairs"] in ("style", "both"):
+        if kind in ("style", "both"):
             for n_fillers in (2, 1):  # the longest padding that still fits block_size
                 padded = padded_answer(demo, rng, n_fillers)
                 (chosen, chosen_mask), (rejected, rejected_mask) = tok.assistant_ids(demo), tok.assistant_ids(padded)
@@ -182,7 +186,7 @@ def builtin_pairs(run, sampler, split, n_prompts, seed):
             else:
                 counts["too_long"] += 1
     if not pairs:
-        raise ValueError(f"no {cfg['pairs']} pairs from {n_prompts} {split} prompts ({counts}): raise "
+        raise ValueError(f"no {kind} pairs from {n_prompts} {split} prompts ({counts}): raise "
                          f"group_size or pair_temperature (all correct), or block_size (too long)")
     return pairs, counts
 
@@ -234,14 +238,21 @@ def load_preferences(run, reference, singles=False):
         if not isinstance(sampler, GPT):
             raise ValueError(f"built-in pairs are sampled from init_from's language model, but "
                              f"init_from={cfg['init_from']!r} is a scalar model: pass --data=FILE")
-        train, counts = builtin_pairs(run, sampler, "train", cfg["train_prompts"], seed=1)
-        heldout, heldout_counts = builtin_pairs(run, sampler, "heldout", cfg["heldout_prompts"], seed=1)
+        online = cfg["pairs"] == "online"  # (dpo_online.py: the train pairs come a round at a time, from the policy)
+        if online and cfg["algo"] != "dpo":
+            raise ValueError(f"pairs=online samples each round's pairs from the policy being trained: --algo dpo's; "
+                             f"--algo {cfg['algo']} trains on fixed pairs (verifier | style | both)")
+        train, counts = ([], "sampled each round") if online else builtin_pairs(run, sampler, "train",
+                                                                               cfg["train_prompts"], seed=1)
+        # held-out pairs: the starting policy's, fixed (pairs=online: verifier-labelled, the offline kind)
+        heldout, heldout_counts = builtin_pairs(run, sampler, "heldout", cfg["heldout_prompts"], seed=1,
+                                                kind="verifier" if online else None)
         if run.master:
             print(f"built-in {cfg['pairs']} pairs: train {counts}, heldout {heldout_counts}")
         if singles:
             train, heldout = to_singles(train), to_singles(heldout)
     if singles:
-        train, heldout = add_mismatched(run, train), add_mismatched(run, heldout)
+        train, heldout = add_mismatched(run, train) if train else train, add_mismatched(run, heldout)
     return train, heldout, [describe(run, ex, singles) for ex in train[:4]], skipped
 
 
@@ -269,10 +280,11 @@ def collate(run, examples):
     return batch
 
 
-def step_batches(run, it, examples):
+def step_batches(run, it, examples, keys=()):
     """One optimizer step: gradient_accumulation_steps micro-batches of this rank, cut from a global
     batch of consecutive examples of a per-epoch shuffle. Every example is seen once per epoch and
-    the batch depends only on (seed, it), so a resumed run draws what the uninterrupted one would."""
+    the batch depends only on (seed, keys, it), so a resumed run draws what the uninterrupted one would
+    (keys: a stream of its own, e.g. online DPO's round, whose `it` counts from the round's start)."""
     accum, bs = run.cfg["gradient_accumulation_steps"], run.cfg["batch_size"]
     n = run.world_size * accum * bs
     orders = {}
@@ -280,6 +292,6 @@ def step_batches(run, it, examples):
     for k in range(it * n, (it + 1) * n):
         epoch, position = divmod(k, len(examples))
         if epoch not in orders:
-            orders[epoch] = seeded_rng(run, epoch).permutation(len(examples))
+            orders[epoch] = seeded_rng(run, *keys, epoch).permutation(len(examples))
         picks.append(examples[orders[epoch][position]])
     return [[collate(run, mb) for mb in shard(picks, run, accum, bs)]]

@@ -1,0 +1,188 @@
+"""
+Online (iterative) DPO, beside dpo.py: --algo dpo --pairs=online. The loss stays dpo.py's (SPEC §3
+"DPO"; any --loss); what changes is where the pairs come from. Offline, pairs.py samples them once
+from the starting policy; here each round samples them from the policy being trained, labels them,
+and trains on them until the next round (M14 §6–8).
+
+    python train.py --algo dpo --init_from=out/sft --pairs=online                       # labelled by the verifier
+    python train.py --algo dpo --init_from=out/sft --pairs=online --online_labeler=rm --reward_model=out/rm
+    python train.py --algo dpo --init_from=out/sft --pairs=online --online_labeler=judge --judge=out/judge_study/judge
+
+A round every online_every iterations, at its first:
+  1. online_prompts fresh train prompts, group_size answers to each sampled from the CURRENT policy at
+     pair_temperature (round r's prompts and sampler seed drawn from seeded_rng(seed, r));
+  2. every answer scored by the labeler, higher preferred: the verifier's 0/1, the Bradley–Terry
+     reward model's r_φ(x, y), or the judge's P(Verdict: correct) (judge.py, the mean over
+     judge_samples judgements);
+  3. one pair per prompt: chosen = its first answer of the highest score, rejected = its first of the
+     lowest (first: in sampling order); no pair where every answer scores the same (the verifier: all
+     right or all wrong);
+  4. the loss on the round's pairs for online_every iterations, batch_size pairs per step, a shuffle
+     per pass seeded by (seed, round, pass) (pairs.step_batches).
+
+π_ref stays the starting policy (init_from) through every round, as offline: the anchor does not move,
+so offline and online DPO differ only in where the pairs come from. (Some iterative recipes make the
+last round's policy the next round's reference instead; not done here.) Unlike the offline verifier
+pairs, no demonstration stands in as chosen where no answer is right: every pair is the policy's own.
+
+Logged each iteration (the round's figures): online_round; online_pairs (pairs made); online_pair_share
+(prompts with a pair: 1 − the no-pair share); online_sampled_acc (the verifier on the round's answers,
+the current policy at pair_temperature); answers_sampled (so far in the run); and when the labeler is not
+the verifier, its agreement with the verifier over the pairs it made: online_label_agrees (the verifier
+marks the chosen answer right and the rejected one wrong) and online_label_reverses (the other way round;
+the rest are pairs the verifier scores alike), with the judge's own figures (online_judge_agree, ...).
+
+Ranks: the round's sampling is shared out over the ranks and gathered (rollouts with spread=True), every
+rank labels the same answers, and π_ref's log-probs of the pairs are shared out too (dpo.py's
+reference_logprobs), so every rank holds the pairs one process makes. Resume: the checkpoint keeps the
+round's pairs; mid-round a resumed run trains on them, and a new round samples from the restored policy
+with the round's seed: the pairs of the uninterrupted run.
+"""
+
+import torch
+
+import pairs
+from checkpoints import load_reward_model
+from distributed import chunks, seeded_rng
+from evaluation import write_samples
+from rewards import judged
+from rollouts import rollouts, score_responses
+
+OPTIONS = dict(
+    online_every=4,             # pairs=online: iterations per round; each round samples new pairs from the current policy at its first
+    online_prompts=128,         # pairs=online: train prompts per round (group_size answers each, at pair_temperature)
+    online_labeler="verifier",  # pairs=online: who labels the answers: verifier (0/1) | rm (a Bradley–Terry reward
+                                # model's score) | judge (judge.py's P(Verdict: correct)); chosen = the highest, rejected = the lowest
+    reward_model="",            # online_labeler=rm: the reward model's checkpoint dir (python train.py --algo rm --init_from=out/sft --out_dir=out/rm)
+    judge="",                   # online_labeler=judge: the judge's checkpoint dir (python experiments/judge_agreement.py trains one)
+    judge_samples=0,            # online_labeler=judge: 0 = one greedy judgement per answer; k = the mean over k sampled judgements
+    judge_temperature=1.0,      # online_labeler=judge: the temperature of sampled judgements
+)
+LABELERS = ("verifier", "rm", "judge")
+
+
+def check_config(run):
+    """The online keys: read only with pairs=online (never ignored silently), and what each labeler needs."""
+    cfg = run.cfg
+    if cfg["online_labeler"] not in LABELERS:
+        raise ValueError(f"online_labeler={cfg['online_labeler']!r}: choose from {LABELERS}")
+    if cfg["pairs"] != "online":
+        changed = [key for key in OPTIONS if cfg[key] != OPTIONS[key]]
+        if changed:
+            raise ValueError(f"--{changed[0]}={cfg[changed[0]]!r} is read only with pairs=online (now pairs="
+                             f"{cfg['pairs']!r})")
+        return
+    if cfg["group_size"] < 2:
+        raise ValueError(f"pairs=online: group_size={cfg['group_size']} answer per prompt makes no pair: at least 2")
+    labeler = cfg["online_labeler"]
+    if labeler == "rm" and not cfg["reward_model"]:
+        raise ValueError("online_labeler=rm needs --reward_model=DIR, a Bradley–Terry reward model: make one with "
+                         "`python train.py --algo rm --init_from=out/sft --out_dir=out/rm`")
+    if labeler == "judge" and not cfg["judge"]:
+        raise ValueError("online_labeler=judge needs --judge=DIR: make one with `python experiments/judge_agreement.py "
+                         "--init_from=out/sft` (it writes out/judge_study/judge)")
+    for key, needs in (("reward_model", "rm"), ("judge", "judge")):
+        if cfg[key] and labeler != needs:
+            raise ValueError(f"--{key}={cfg[key]} is read only with online_labeler={needs} (now {labeler!r})")
+
+
+def labeler(run):
+    """The labels, chosen once: a function (rollout) -> (one score per answer, higher preferred; {figure:
+    per-answer values, logged as online_<figure>}).
+        verifier   the environment's 0/1
+        rm         r_φ(x, y), the reward model's scalar at the answer's last token (rollouts.score_responses)
+        judge      the judge's P(Verdict: correct), the mean over judge_samples judgements (rewards.judged)"""
+    kind = run.cfg["online_labeler"]
+    if kind == "judge":
+        return judged(run)
+    if kind == "rm":
+        reward_model, size = load_reward_model(run), run.cfg["eval_batch_size"]
+
+        def scored(roll):
+            with run.autocast:
+                return torch.cat([score_responses(reward_model, ids, mask) for ids, mask in
+                                  zip(chunks(roll.ids, size), chunks(roll.mask, size))]).float(), {}
+        return scored
+    return lambda roll: (roll.verified, {})
+
+
+def best_and_worst(scores, group_size):
+    """The pairs of a round from its answers' scores (prompt-major, group_size per prompt): [(prompt,
+    chosen answer, rejected answer)], answer indices into `scores`; chosen = the prompt's first answer of
+    the highest score, rejected = its first of the lowest; no pair where every answer scores the same."""
+    made = []
+    for prompt, start in enumerate(range(0, len(scores), group_size)):
+        group = range(start, start + group_size)
+        best, worst = max(group, key=lambda i: scores[i]), min(group, key=lambda i: scores[i])
+        if scores[best] > scores[worst]:
+            made.append((prompt, best, worst))
+    return made
+
+
+def verifier_agreement(verified, made):
+    """Over the pairs `made` (best_and_worst's), the share the verifier orders the same way (chosen right,
+    rejected wrong) and the share it orders the other way; the rest it scores alike."""
+    order = [verified[chosen] - verified[rejected] for _, chosen, rejected in made]
+    return dict(online_label_agrees=sum(d > 0 for d in order) / max(len(made), 1),
+                online_label_reverses=sum(d < 0 for d in order) / max(len(made), 1))
+
+
+@torch.no_grad()
+def sample_round(run, state, round_):
+    """Round `round_`: answers from the current policy, labelled, paired -> (the examples the loss reads,
+    the round's figures)."""
+    cfg, G = run.cfg, run.cfg["group_size"]
+    rng = seeded_rng(run, round_)
+    problems = run.env.problems("train", cfg["online_prompts"], seed=int(rng.integers(2 ** 31)))
+    roll = rollouts(run, run.raw_model, problems, G, temperature=cfg["pair_temperature"],
+                    seed=int(rng.integers(2 ** 31)), batch_size=cfg["eval_batch_size"], spread=True)
+    scores, logged = state.label(roll)
+    made = best_and_worst(scores.tolist(), G)
+    if not made:
+        raise ValueError(f"online round {round_}: no pair among {len(problems)} prompts × {G} answers (the "
+                         f"{cfg['online_labeler']} scored every prompt's answers alike): raise group_size, "
+                         f"online_prompts or pair_temperature")
+    prompts, masks = [run.tok.prompt_ids(p["prompt"]) for p in problems], roll.response_masks()
+    examples = [dict(prompt=prompts[p], responses=(roll.responses[i], roll.responses[j]),
+                     masks=(masks[i], masks[j]), label=1.0) for p, i, j in made]
+    write_samples(run, round_ * cfg["online_every"], [f"(online round {round_}) " + pairs.describe(run, ex, False)
+                                                     for ex in examples[:2]])
+    if cfg["loss"] == "kto":  # single labelled examples, each with a mismatched completion (as offline)
+        examples = pairs.add_mismatched(run, pairs.to_singles(examples))
+    if state.round_reference is not None:  # log π_ref of both responses, for the losses that read it
+        for ex, ref in zip(examples, state.round_reference(examples).tolist()):
+            ex["ref"] = tuple(ref)
+    figures = dict(online_round=round_, online_pairs=len(made), online_pair_share=len(made) / len(problems),
+                   online_sampled_acc=float(roll.verified.float().mean()),
+                   answers_sampled=(round_ + 1) * len(problems) * G,
+                   **{f"online_{k}": float(v.float().mean()) for k, v in logged.items()})
+    if cfg["online_labeler"] != "verifier":
+        figures.update(verifier_agreement(roll.verified.tolist(), made))
+    return examples, figures
+
+
+def round_batches(run, state, it):
+    """dpo.py's batches under pairs=online: a new round at its first iteration (or after a resume that
+    left none), then one optimizer step on the round's pairs; the round's figures every iteration."""
+    round_, position = divmod(it, run.cfg["online_every"])
+    if state.round != round_:
+        state.round_examples, state.round_figures = sample_round(run, state, round_)
+        state.round = round_
+        if run.master:
+            print(f"online dpo round {round_}: " + ", ".join(f"{k} {v:.4g}" for k, v in state.round_figures.items()))
+    return pairs.step_batches(run, position, state.round_examples, keys=(round_,)), dict(state.round_figures)
+
+
+def setup(run, state, saved, round_reference):
+    """pairs=online on dpo.py's state: the labeler, the round's pairs (a resumed run's: the saved ones), and
+    state.batches = round_batches. round_reference(examples) -> (N, 2) log π_ref sums, or None for the
+    losses that read no reference."""
+    state.label, state.round_reference, state.batches = labeler(run), round_reference, round_batches
+    state.round, state.round_examples, state.round_figures = None, None, {}
+    if saved is not None:
+        state.round, state.round_examples, state.round_figures = saved["round"], saved["examples"], saved["figures"]
+
+
+def state_dict(state):
+    """The round and its pairs (with their π_ref log-probs): a resumed run trains on what the interrupted one sampled."""
+    return dict(round=state.round, examples=state.round_examples, figures=state.round_figures)
