@@ -94,3 +94,11 @@ def cell(values, n, digits=3):
     if half is None:
         return f"{values[0]:.{digits}f}, {values[1]:.{digits}f} (range {abs(values[0] - values[1]):.{digits}f})"
     return f"{mean:.{digits}f} ± {half:.{digits}f}"
+
+
+def paired_cell(differences):
+    """A paired difference over seeds as text: '+mean ± h (per seed +a, +b, ...)', paired_across_seeds' band
+    (none under 3 seeds)."""
+    mean, half = paired_across_seeds(differences)
+    return (f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "")
+            + f" (per seed {', '.join(f'{v:+.3f}' for v in differences)})")

@@ -42,25 +42,63 @@ ARMS = dict(rl=dict(algo="grpo", eval_samples=0),  # greedy accuracy only, as SF
             sft=dict(algo="sft"))
 
 
-def run(overrides):
-    """train.train with the keys the run's algorithm knows."""
+def run(overrides, algo=None):
+    """train.train with the keys the run's algorithm knows (algo: what runs in place of that algorithm's
+    module, as train.train takes it)."""
     known = options.make_config({"algo": overrides["algo"]})
-    return T.train({k: v for k, v in overrides.items() if k in known})
+    return T.train({k: v for k, v in overrides.items() if k in known}, algo=algo)
+
+
+def train_once(out_dir, overrides):
+    """out_dir, holding the checkpoint of run(overrides) trained there unless one is there already (a
+    study's toy start or helper model: made once per --out, kept when the study runs again)."""
+    if not os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
+        run(dict(overrides, checkpoint=True, out_dir=out_dir))
+    return out_dir
 
 
 def init_checkpoint(args, common):
     """--init_from when it holds a checkpoint, else an SFT run of --init_iters on GeneralPoints."""
     if args.init_from and os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):
         return args.init_from
-    out = os.path.join(args.out, "init")
-    if not os.path.isfile(os.path.join(out, "ckpt.pt")):
-        run(dict(common, algo="sft", max_iters=args.init_iters, eval_interval=args.init_iters, checkpoint=True,
-                 out_dir=out))
-    return out
+    return train_once(os.path.join(args.out, "init"), dict(common, algo="sft", max_iters=args.init_iters,
+                                                           eval_interval=args.init_iters))
+
+
+def study_flags(parser, out, name):
+    """The flags every study ends with: --quick, --out (default `out`), --plot (default OUT/NAME.png), --set."""
+    parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke test (numbers mean nothing)")
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--plot", default="", help=f"the plot's path (default: OUT/{name}.png)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
+
+
+def set_keys(args):
+    """The train.py keys given by --set key=value."""
+    return options.parse_args([f"--{kv}" for kv in args.set])
 
 
 def rows(out_dir):
     return [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
+
+
+def last_logged(out_dir, key):
+    """The last value of `key` in out_dir/metrics.jsonl (None where it logged none, or has no metrics.jsonl)."""
+    if not os.path.isfile(os.path.join(out_dir, "metrics.jsonl")):
+        return None
+    logged = [row[key] for row in rows(out_dir) if key in row]
+    return logged[-1] if logged else None
+
+
+def finished(out_dir, overrides, key):
+    """Whether out_dir holds a run with these settings (its config.json agrees on every key it has) that
+    logged `key` at its last iteration (overrides' max_iters), so that it is read rather than run again."""
+    try:
+        config, logged = json.load(open(os.path.join(out_dir, "config.json"))), rows(out_dir)
+    except (OSError, ValueError):
+        return False
+    same = all(config[k] == v for k, v in overrides.items() if k in config and k not in ("out_dir", "overwrite"))
+    return same and any(r.get("iter") == overrides["max_iters"] and key in r for r in logged)
 
 
 def curve(out_dir):
@@ -103,10 +141,7 @@ def table(results):
 
 
 def plot(results, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharex=True)
+    fig, axes = pyplot().subplots(1, 2, figsize=(9, 3.6), sharex=True)
     for ax, key, title in zip(axes, ("heldout_acc", "ood_acc"), ("in distribution (J,Q,K = 10)",
                                                                  "out of distribution (J,Q,K = 11,12,13)")):
         for arm, points in results["arms"].items():
@@ -115,10 +150,22 @@ def plot(results, path):
         ax.set_xlabel("training time (s)")
     axes[0].set_ylabel("greedy accuracy")
     axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
+
+def pyplot():
+    """matplotlib.pyplot, drawing into files only (the Agg backend: no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path, dpi=100):
+    """A study's figure laid out, written to `path` and closed."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
 
 
 def save_study(out, name, results, table, plot, plot_path=""):
@@ -131,6 +178,7 @@ def save_study(out, name, results, table, plot, plot_path=""):
         f.write(text)
     plot(results, plot_path or os.path.join(out, f"{name}.png"))
     print("\n" + text)
+
 
 def final_models(out, results, start, common, algo):
     """(who, run) for the start and then every arm's and seed's last checkpoint of a study in `out`
@@ -173,15 +221,12 @@ def main():
     parser.add_argument("--sft_iters", type=int, default=0, help="SFT iterations (0: as many as fit in RL's time)")
     parser.add_argument("--evals", type=int, default=4, help="evaluations per arm after its start")
     parser.add_argument("--eval_problems", type=int, default=500)
-    parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke test")
-    parser.add_argument("--out", default="out/generalpoints")
-    parser.add_argument("--plot", default="", help="the plot's path (default: OUT/generalpoints.png)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
+    study_flags(parser, "out/generalpoints", "generalpoints")
     args = parser.parse_args()
     if args.quick:
         args.init_iters, args.rl_iters, args.evals, args.eval_problems = 4, 2, 1, 8
     common = {**(QUICK if args.quick else {}), "env": "generalpoints", "eval_problems": args.eval_problems,
-              "log_interval": 1, "checkpoint": False, **options.parse_args([f"--{kv}" for kv in args.set])}
+              "log_interval": 1, "checkpoint": False, **set_keys(args)}
     os.makedirs(args.out, exist_ok=True)
     init = init_checkpoint(args, common)
 

@@ -48,13 +48,13 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
 import bands  # noqa: E402
-import options  # noqa: E402
 from checkpoints import frozen, load_model  # noqa: E402
 from distributed import chunks  # noqa: E402
 from judge import judge_rows, judge_scores, judge_text  # noqa: E402
 from model import ScalarHeadGPT  # noqa: E402
 from rollouts import rollouts, score_responses  # noqa: E402
-from experiments.generalpoints import rows, run, save_study  # noqa: E402  (train.train with the run's keys, ...)
+from experiments.generalpoints import (last_logged, pyplot, run, save_figure, save_study, set_keys,  # noqa: E402
+                                      study_flags, train_once)
 
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, eval_batch_size=16, max_new_tokens=16, train_problems=64,
@@ -154,10 +154,8 @@ def reward_model_pairs(r, path, roll, problems):
     pairs = pair_scores(labels.view(problems, -1), scores.view(problems, -1, 1))
     paired = [x for x in pairs if x is not None]
     acc = sum(paired) / len(paired) if paired else None
-    own = [row["val_pair_acc"] for row in rows(path) if "val_pair_acc" in row] if os.path.isfile(
-        os.path.join(path, "metrics.jsonl")) else []
     return dict(path=path, pair_acc=acc, pair_acc_band=bands.binomial(acc, len(paired)) if paired else None,
-                per_problem_pairs=pairs, own_val_pair_acc=own[-1] if own else None)
+                per_problem_pairs=pairs, own_val_pair_acc=last_logged(path, "val_pair_acc"))
 
 
 def judge_against_rm(point, rm):
@@ -179,8 +177,8 @@ def table(results):
              "| judgements | agreement with the verifier | change from k = 1 | pair accuracy | mean reward, correct "
              "answers | mean reward, incorrect answers | verdict written |", "|---|---|---|---|---|---|---|"]
     fmt = lambda x: "–" if x is None else f"{x:.3f}"
-    rows_ = [("greedy", results["greedy"])] + [(f"k = {p['k']} sampled", p) for p in results["sampled"]]
-    for name, p in rows_:
+    rows = [("greedy", results["greedy"])] + [(f"k = {p['k']} sampled", p) for p in results["sampled"]]
+    for name, p in rows:
         change = "" if "gain_vs_1" not in p or p["k"] == 1 else f"{p['gain_vs_1']:+.3f} ± {p['gain_vs_1_band']:.3f}"
         band = "" if p["pair_acc_band"] is None else f" ± {p['pair_acc_band']:.3f}"
         lines.append(f"| {name} | {p['agreement']:.3f} ± {p['agreement_band']:.3f} | {change} | {fmt(p['pair_acc'])}"
@@ -201,12 +199,9 @@ def table(results):
 
 
 def plot(results, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     sampled, greedy, rm = results["sampled"], results["greedy"], results.get("reward_model")
     ks = [p["k"] for p in sampled]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = pyplot().subplots(1, 2, figsize=(10, 3.8))
     for ax, key, title in zip(axes, ("agreement", "pair_acc"), ("agreement with the verifier", "pair accuracy")):
         if greedy[key] is None:  # (pair accuracy: no problem with a correct and an incorrect answer)
             ax.set_title(f"{title}: no pairs", fontsize=10)
@@ -231,9 +226,7 @@ def plot(results, path):
         ax.set_title(title + " (band 95%)", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main():
@@ -250,18 +243,13 @@ def main():
     parser.add_argument("--samples", type=int, default=8, help="judgements sampled per answer, the largest k (a power of two)")
     parser.add_argument("--temperature", type=float, default=1.0, help="the temperature of sampled judgements")
     parser.add_argument("--reward_model", default="", help="a Bradley–Terry RM checkpoint to score the same pairs")
-    parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke test (numbers mean nothing)")
-    parser.add_argument("--out", default="out/judge_study")
-    parser.add_argument("--plot", default="", help="the plot's path (default: OUT/judge.png)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
+    study_flags(parser, "out/judge_study", "judge")
     args = parser.parse_args()
     if args.quick:
         args.train_problems, args.answers, args.judge_iters, args.heldout_problems = 8, 2, 2, 4
         args.heldout_answers, args.samples = 4, 4
-        if not args.init_from:
-            args.init_from = os.path.join(args.out, "sft")
-            if not os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):  # (run again into the same --out: kept)
-                run(dict(QUICK, algo="sft", max_iters=2, eval_interval=0, checkpoint=True, out_dir=args.init_from))
+        args.init_from = args.init_from or train_once(os.path.join(args.out, "sft"),
+                                                      dict(QUICK, algo="sft", max_iters=2, eval_interval=0))
     if args.samples < 1 or args.samples & (args.samples - 1):
         parser.error(f"--samples={args.samples}: a power of two (every k's blocks share the judgements)")
     if args.heldout_answers < 2:
@@ -270,8 +258,7 @@ def main():
         if (path or flag == "init_from") and not os.path.isfile(os.path.join(path, "ckpt.pt")):
             parser.error(f"--{flag}={path!r} holds no checkpoint" + (": run the ladder's sft stage first"
                                                                     if flag == "init_from" else ""))
-    common = {**(QUICK if args.quick else {}), "log_interval": 1, "checkpoint": False,
-              **options.parse_args([f"--{kv}" for kv in args.set])}
+    common = {**(QUICK if args.quick else {}), "log_interval": 1, "checkpoint": False, **set_keys(args)}
     os.makedirs(args.out, exist_ok=True)
 
     r = policy_run(args, common)

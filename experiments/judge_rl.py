@@ -58,16 +58,15 @@ import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
 import bands  # noqa: E402
 import grpo  # noqa: E402
-import options  # noqa: E402
 import ppo  # noqa: E402
-import train as T  # noqa: E402
 from checkpoints import frozen, load_model  # noqa: E402
 from distributed import chunks  # noqa: E402
 from judge import judge_scores  # noqa: E402
 from model import GPT, ScalarHeadGPT  # noqa: E402
 from rollouts import rollouts, score_responses  # noqa: E402
-from experiments.generalpoints import band_line, rows, run, save_study  # noqa: E402
-from experiments.online_dpo import QUICK, QUICK_SFT, finished  # noqa: E402  (the toy task; a run read, not rerun)
+from experiments.generalpoints import (band_line, finished, pyplot, rows, run, save_figure, save_study,  # noqa: E402
+                                      set_keys, study_flags, train_once)
+from experiments.online_dpo import QUICK, QUICK_SFT  # noqa: E402  (the toy task)
 
 SEEDS = (1337, 1338, 1339)
 EXAMPLES_FILE = "judge_passes.jsonl"  # per run: each evaluation's wrong answers the judge rates correct
@@ -137,13 +136,13 @@ def run_arm(args, common, name, module, keys, judge, reward_model):
     for seed in args.seeds:
         out_dir = os.path.join(args.out, f"{name}_{seed}")
         overrides = dict(common, **keys, seed=seed, out_dir=out_dir, overwrite=True)
-        t0, ran = time.time(), not (finished(out_dir, overrides) and os.path.isfile(os.path.join(out_dir, EXAMPLES_FILE)))
+        examples_path = os.path.join(out_dir, EXAMPLES_FILE)
+        t0, ran = time.time(), not (finished(out_dir, overrides, "heldout_acc") and os.path.isfile(examples_path))
         if ran:  # (an unfinished run starts over, its examples too)
-            if os.path.exists(os.path.join(out_dir, EXAMPLES_FILE)):
-                os.remove(os.path.join(out_dir, EXAMPLES_FILE))
-            known = options.make_config({"algo": keys["algo"]})
-            T.train({k: v for k, v in overrides.items() if k in known}, algo=measured(module, judge, reward_model, args))
-        last = [json.loads(line) for line in open(os.path.join(out_dir, EXAMPLES_FILE))][-1]
+            if os.path.exists(examples_path):
+                os.remove(examples_path)
+            run(overrides, algo=measured(module, judge, reward_model, args))
+        last = [json.loads(line) for line in open(examples_path)][-1]
         runs[str(seed)] = dict(out_dir=out_dir, wall_seconds=time.time() - t0 if ran else None, curve=curve(out_dir),
                                examples=last["examples"])
     return runs
@@ -192,9 +191,7 @@ def table(results):
             lines.append(f"| {arm} | {FIGURES[key][0]} | " + " | ".join(map(cell, per_figure[key])) + " |")
     lines += ["", f"Each arm minus grpo_verifier at it. {iters}, paired by seed (t band from 3 seeds; fewer: none claimed):", ""]
     for d in results["paired"]:
-        lines.append(f"- {d['arms']}, {FIGURES[d['figure']][0]}: {d['mean']:+.3f}"
-                     + (f" ± {d['band']:.3f}" if d["band"] is not None else "")
-                     + f" (per seed {', '.join(f'{v:+.3f}' for v in d['per_seed'])})")
+        lines.append(f"- {d['arms']}, {FIGURES[d['figure']][0]}: {bands.paired_cell(d['per_seed'])}")
     lines += ["", f"### Where they part: wrong answers the judge rates correct (P > 0.5), it. {iters}", "",
               "| arm | seed | problem | the policy's answer | right answer | judge P(correct) | RM score |", "|---|---|---|---|---|---|---|"]
     for arm, runs in results["arms"].items():
@@ -206,9 +203,7 @@ def table(results):
 
 
 def plot(results, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     colours = plt.get_cmap("Dark2").colors
     keys = ("heldout_acc", "heldout_judge_reward", "heldout_rm_delta", "heldout_judge_false_pass")
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.6))
@@ -223,20 +218,15 @@ def plot(results, path):
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"greedy answers to {results['eval_problems']} held-out problems")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def quick_models(args, common):
     """--quick: a toy SFT model (experiments/online_dpo.py's), the judge it also stands in for (an untrained
     judge: numbers mean nothing) and a toy reward model, each made once into --out."""
-    sft, rm = os.path.join(args.out, "sft"), os.path.join(args.out, "rm")
-    if not os.path.isfile(os.path.join(sft, "ckpt.pt")):
-        run(dict(QUICK, **QUICK_SFT, algo="sft", eval_interval=0, checkpoint=True, out_dir=sft))
-    if not os.path.isfile(os.path.join(rm, "ckpt.pt")):
-        run(dict(common, algo="rm", init_from=sft, train_prompts=8, max_iters=2, eval_interval=0, checkpoint=True,
-                 out_dir=rm))
+    sft = train_once(os.path.join(args.out, "sft"), dict(QUICK, **QUICK_SFT, algo="sft", eval_interval=0))
+    rm = train_once(os.path.join(args.out, "rm"), dict(common, algo="rm", init_from=sft, train_prompts=8, max_iters=2,
+                                                       eval_interval=0))
     args.init_from, args.judge, args.reward_model = args.init_from or sft, args.judge or sft, args.reward_model or rm
 
 
@@ -253,12 +243,9 @@ def main(argv=None):
     parser.add_argument("--eval_every", type=int, default=10, help="iterations between held-out evaluations")
     parser.add_argument("--eval_problems", type=int, default=500, help="held-out problems per evaluation (greedy)")
     parser.add_argument("--examples", type=int, default=5, help="wrong answers the judge rates correct kept per run")
-    parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke test (numbers mean nothing)")
-    parser.add_argument("--out", default="out/judge_rl")
-    parser.add_argument("--plot", default="", help="the plot's path (default: OUT/judge_rl.png)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
+    study_flags(parser, "out/judge_rl", "judge_rl")
     args = parser.parse_args(argv)
-    extra = options.parse_args([f"--{kv}" for kv in args.set])
+    extra = set_keys(args)
     if args.quick:
         args.iters, args.answers, args.group_size, args.judge_samples = 2, 8, 4, 2
         args.eval_every, args.eval_problems = 1, 8

@@ -48,9 +48,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
-import options  # noqa: E402
 from dpo_online import LABELERS  # noqa: E402
-from experiments.generalpoints import band_line, rows, run, save_study  # noqa: E402  (train.train with the run's keys, ...)
+from experiments.generalpoints import (band_line, finished, pyplot, rows, run, save_figure, save_study,  # noqa: E402
+                                      set_keys, study_flags, train_once)
 
 # --quick: a tiny model on one-step problems (1 + 2), its SFT long enough that some sampled answers are
 # right (about 1 in 5), so that online rounds find pairs; the whole study in under a minute
@@ -99,24 +99,13 @@ def rounds(out_dir):
     return list(seen.values())
 
 
-def finished(out_dir, overrides):
-    """Whether out_dir holds a run with these settings (its config.json agrees on every key it has) that
-    reached its last evaluation."""
-    try:
-        config, logged = json.load(open(os.path.join(out_dir, "config.json"))), rows(out_dir)
-    except (OSError, ValueError):
-        return False
-    same = all(config[k] == v for k, v in overrides.items() if k in config and k not in ("out_dir", "overwrite"))
-    return same and any(r.get("iter") == overrides["max_iters"] and "heldout_acc" in r for r in logged)
-
-
 def run_arm(args, common, name, keys):
     """{seed: {out_dir, answers_sampled, wall_seconds (None: read, not run), curve, rounds}} of one arm."""
     runs = {}
     for seed in args.seeds:
         out_dir = os.path.join(args.out, f"{name}_{seed}")
         overrides = dict(common, **keys, seed=seed, out_dir=out_dir, overwrite=True)
-        t0, ran = time.time(), not finished(out_dir, overrides)
+        t0, ran = time.time(), not finished(out_dir, overrides, "heldout_acc")
         if ran:
             run(overrides)  # (an unfinished run starts over)
         runs[str(seed)] = dict(out_dir=out_dir, answers_sampled=answers_sampled(out_dir),
@@ -164,8 +153,7 @@ def table(results):
                      + f" | {', '.join(f'{v:.3f}' for v in f['per_seed'])} | {f['work']:.3f} | {f['length']:.1f} |")
     lines += ["", f"Paired by seed at it. {iters} (t band from 3 seeds or more; fewer: none claimed):", ""]
     for d in results["paired"]:
-        lines.append(f"- {d['arms']}: {d['mean']:+.3f}" + (f" ± {d['band']:.3f}" if d["band"] is not None else "")
-                     + f" (per seed {', '.join(f'{v:+.3f}' for v in d['per_seed'])})")
+        lines.append(f"- {d['arms']}: {bands.paired_cell(d['per_seed'])}")
     for arm, per_seed in results["rounds"].items():
         first = [r[0] for r in per_seed.values()]
         last = [r[-1] for r in per_seed.values()]
@@ -180,9 +168,7 @@ def table(results):
 
 
 def plot(results, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     colours = plt.get_cmap("Dark2").colors
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for k, (arm, runs) in enumerate(results["arms"].items()):
@@ -206,9 +192,7 @@ def plot(results, path):
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def main(argv=None):
@@ -225,18 +209,13 @@ def main(argv=None):
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="comma-separated training seeds of every arm")
     parser.add_argument("--eval_every", type=int, default=10, help="iterations between held-out evaluations")
     parser.add_argument("--eval_problems", type=int, default=500, help="held-out problems per evaluation (greedy)")
-    parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke test (numbers mean nothing)")
-    parser.add_argument("--out", default="out/online_dpo")
-    parser.add_argument("--plot", default="", help="the plot's path (default: OUT/online_dpo.png)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
+    study_flags(parser, "out/online_dpo", "online_dpo")
     args = parser.parse_args(argv)
     if args.quick:
         args.iters, args.answers, args.grpo_group_size, args.online_every = 2, 16, 4, 2
         args.eval_every, args.eval_problems = 1, 8
-        if not args.init_from:
-            args.init_from = os.path.join(args.out, "sft")
-            if not os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):  # (run again into the same --out: kept)
-                run(dict(QUICK, **QUICK_SFT, algo="sft", eval_interval=0, checkpoint=True, out_dir=args.init_from))
+        args.init_from = args.init_from or train_once(os.path.join(args.out, "sft"),
+                                                      dict(QUICK, **QUICK_SFT, algo="sft", eval_interval=0))
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.labelers = args.labelers.split(",")
     for labeler in args.labelers:
@@ -260,7 +239,7 @@ def main(argv=None):
                          f"(or an evaluation would fall between rounds)")
     common = {**(QUICK if args.quick else {}), "init_from": args.init_from, "max_iters": args.iters,
               "eval_interval": args.eval_every, "eval_problems": args.eval_problems, "eval_samples": 0,
-              "log_interval": 1, "checkpoint": False, **options.parse_args([f"--{kv}" for kv in args.set])}
+              "log_interval": 1, "checkpoint": False, **set_keys(args)}
     os.makedirs(args.out, exist_ok=True)
     results = dict(init_from=args.init_from, seeds=args.seeds, iters=args.iters, answers_per_iter=args.answers,
                    eval_problems=args.eval_problems, eval_iters=list(range(0, args.iters + 1, args.eval_every)),

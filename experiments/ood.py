@@ -49,11 +49,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
-import options  # noqa: E402
 from envs import Arithmetic  # noqa: E402
 from envs.treasure import MAP_TEXT, ROOM_NAMES, ROOMS, optimal_episode  # noqa: E402
 from rollouts import generate, response_text  # noqa: E402
-from experiments.generalpoints import band_line, final_models, rows, run, save_analysis, save_study  # noqa: E402  (shared by the studies)
+from experiments.generalpoints import (band_line, final_models, pyplot, rows, run, save_analysis,  # noqa: E402
+                                      save_figure, save_study, set_keys, study_flags, train_once)
 
 SEEDS = (1337, 1338, 1339)
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, prompts_per_iter=2, group_size=2, eval_batch_size=8,
@@ -293,11 +293,8 @@ def table(results):
 def plot(results, path):
     """Top: greedy accuracy against training time, each arm's seed mean with its band (or both seeds' range),
     one panel per split. Bottom: at the end, greedy accuracy by the question's form, start / SFT / GRPO."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     splits, n = results["splits"], results["eval_problems"]
-    fig, axes = plt.subplots(2, len(splits), figsize=(3.6 * len(splits), 6.2), squeeze=False)
+    fig, axes = pyplot().subplots(2, len(splits), figsize=(3.6 * len(splits), 6.2), squeeze=False)
     colours = dict(sft="#d95f02", grpo="#1b9e77", start="#7f7f7f")
     for ax, split in zip(axes[0], splits):
         for arm, runs in results["arms"].items():
@@ -325,9 +322,7 @@ def plot(results, path):
         ax.set_ylim(bottom=0)  # from zero: no change drawn larger than it is
         ax.set_title(f"{split} greedy at the end, by form", fontsize=9)
     axes[1][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main():
@@ -341,22 +336,17 @@ def main():
     parser.add_argument("--evals", type=int, default=4, help="evaluations per arm after its start")
     parser.add_argument("--seeds", type=int, default=len(SEEDS), help="runs per arm (seeds 1337, 1338, ...)")
     parser.add_argument("--eval_problems", type=int, default=500, help="problems per split and evaluation")
-    parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke test (numbers mean nothing)")
-    parser.add_argument("--out", default="out/ood")
-    parser.add_argument("--plot", default="", help="the plot's path (default: OUT/ood.png)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
+    study_flags(parser, "out/ood", "ood")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.quick:
         args.rl_iters, args.evals, args.eval_problems = 2, 2, 4
-        if not args.init_from:  # a toy start, trained once per --out
-            args.init_from = os.path.join(args.out, "init")
-            if not os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):
-                run(dict(QUICK, algo="sft", max_iters=2, eval_interval=0, log_interval=1, checkpoint=True, out_dir=args.init_from))
+        args.init_from = args.init_from or train_once(os.path.join(args.out, "init"),  # a toy start, trained once per --out
+                                                      dict(QUICK, algo="sft", max_iters=2, eval_interval=0, log_interval=1))
     if not os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):
         parser.error(f"--init_from={args.init_from!r} holds no checkpoint")
     env = json.load(open(os.path.join(args.init_from, "config.json")))["env"]
-    common = {**(QUICK if args.quick else {}), "env": env, "log_interval": 1, **options.parse_args([f"--{kv}" for kv in args.set])}
+    common = {**(QUICK if args.quick else {}), "env": env, "log_interval": 1, **set_keys(args)}
     if args.search:
         return search(args, common)
     if args.steps_written:

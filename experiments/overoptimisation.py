@@ -55,10 +55,10 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
 import bands  # noqa: E402
-import options  # noqa: E402
 from distributed import chunks  # noqa: E402
 from rollouts import rollouts, score_responses  # noqa: E402
-from experiments.generalpoints import rows, run, save_study  # noqa: E402  (train.train with the run's keys, ...)
+from experiments.generalpoints import (finished, last_logged, pyplot, rows, run, save_figure, save_study,  # noqa: E402
+                                      set_keys, study_flags, train_once)
 
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, eval_batch_size=8, max_new_tokens=16, train_problems=64,
@@ -68,19 +68,13 @@ RESAMPLES = 2000  # the paired bootstrap's resamples of the prompts
 EXAMPLES = 5      # high-proxy, gold-wrong answers listed
 
 
-def last_eval(out_dir, key):
-    return [r[key] for r in rows(out_dir) if key in r][-1]
-
-
 def proxy_model(args, common):
     """--reward_model, or a Bradley–Terry RM trained on --rm_prompts prompts' verifier pairs."""
     if args.reward_model:
         return args.reward_model
-    out = os.path.join(args.out, "rm")
-    if not os.path.isfile(os.path.join(out, "ckpt.pt")):
-        run(dict(common, algo="rm", init_from=args.init_from, pairs="verifier", train_prompts=args.rm_prompts,
-                 max_iters=args.rm_iters, eval_interval=args.rm_iters, checkpoint=True, out_dir=out))
-    return out
+    return train_once(os.path.join(args.out, "rm"), dict(common, algo="rm", init_from=args.init_from, pairs="verifier",
+                                                         train_prompts=args.rm_prompts, max_iters=args.rm_iters,
+                                                         eval_interval=args.rm_iters))
 
 
 @torch.no_grad()
@@ -186,17 +180,6 @@ def ppo_curve(out_dir, bin_iters):
     return points, evals
 
 
-def finished(out_dir, overrides):
-    """Whether out_dir holds a PPO run that reached overrides' max_iters with the same settings (its
-    config.json agrees on every key it has), so that it is read rather than run again."""
-    try:
-        config, logged = json.load(open(os.path.join(out_dir, "config.json"))), rows(out_dir)
-    except (OSError, ValueError):
-        return False
-    same = all(config[k] == v for k, v in overrides.items() if k in config and k not in ("out_dir", "overwrite"))
-    return same and any(r.get("iter") == overrides["max_iters"] and "rm_score" in r for r in logged)
-
-
 def ppo_runs(args, common, reward_model):
     """One PPO run per seed against the same proxy (out dirs ppo_<seed>): [{seed, curve, evals}]."""
     runs = []
@@ -205,7 +188,7 @@ def ppo_runs(args, common, reward_model):
         overrides = dict(common, algo="ppo", init_from=args.init_from, reward="rm", reward_model=reward_model,
                          kl_coef=args.kl_coef, max_iters=args.ppo_iters, eval_samples=0, seed=seed, out_dir=out_dir,
                          eval_interval=max(1, args.ppo_iters // args.ppo_evals))
-        if not finished(out_dir, overrides):
+        if not finished(out_dir, overrides, "rm_score"):
             run(overrides)
         curve, evals = ppo_curve(out_dir, args.bin)
         runs.append(dict(seed=seed, curve=curve, evals=evals))
@@ -259,8 +242,9 @@ def interval(d):
 
 def table(results):
     ppo, seeds = results["ppo"], [r["seed"] for r in results["ppo"]["runs"]]
+    rm_acc = results["rm_val_pair_acc"]  # (None: a given RM whose run logged none)
     lines = [f"Proxy: a reward model on {results['rm_pairs_note']}, held-out pair accuracy "
-             f"{results['rm_val_pair_acc']:.3f}. Best-of-N: {results['bon_prompts']} held-out prompts × "
+             f"{'–' if rm_acc is None else f'{rm_acc:.3f}'}. Best-of-N: {results['bon_prompts']} held-out prompts × "
              f"{results['bon_max']} samples, every N keeping answers from the same samples; PPO: seeds "
              f"{', '.join(map(str, seeds))}, the mean over them. Bands 95% (bands.py): Best-of-N's gold binomial over "
              "the prompts, its proxy paired per prompt; PPO's across the seeds.", "",
@@ -316,13 +300,10 @@ def band(ax, x, y, half, colour):
 
 
 def plot(results, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     bon, ppo, runs = results["best_of_n"], results["ppo"]["mean"], results["ppo"]["runs"]
     k = len(runs)
     ppo_label = "PPO, 1 seed" if k == 1 else f"PPO, mean of {k} seeds" + (" (no band: 2 seeds)" if k == 2 else "")
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = pyplot().subplots(1, 3, figsize=(15, 4.2))
     x_bon, x_ppo = [p["kl"] for p in bon], [p["kl"] for p in ppo]
 
     ax = axes[0]  # gold: 5 lines at 3 seeds (each seed's drawn only up to 4 seeds, to stay readable)
@@ -376,9 +357,7 @@ def plot(results, path):
         ax.grid(alpha=0.3)
     for ax in axes[:2]:
         ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main():
@@ -395,18 +374,13 @@ def main():
     parser.add_argument("--bin", type=int, default=8, help="PPO iterations per plotted point")
     parser.add_argument("--eval_problems", type=int, default=500, help="held-out problems per PPO evaluation")
     parser.add_argument("--ppo_evals", type=int, default=1, help="PPO's greedy held-out evaluations after its start")
-    parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke test (numbers mean nothing)")
-    parser.add_argument("--out", default="out/overoptimisation")
-    parser.add_argument("--plot", default="", help="the plot's path (default: OUT/overoptimisation.png)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
+    study_flags(parser, "out/overoptimisation", "overoptimisation")
     args = parser.parse_args()
     if args.quick:
         args.rm_prompts, args.bon_problems, args.bon_max, args.ppo_iters, args.bin, args.eval_problems = 16, 4, 4, 4, 2, 4
         args.ppo_evals, args.rm_iters = 4, 4
-        if not args.init_from:
-            args.init_from = os.path.join(args.out, "sft")
-            if not os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):  # (run again into the same --out: kept)
-                run(dict(QUICK, algo="sft", max_iters=2, eval_interval=0, checkpoint=True, out_dir=args.init_from))
+        args.init_from = args.init_from or train_once(os.path.join(args.out, "sft"),
+                                                      dict(QUICK, algo="sft", max_iters=2, eval_interval=0))
     if args.bon_max < 1 or args.bon_max & (args.bon_max - 1):
         parser.error(f"--bon_max={args.bon_max}: a power of two (every N's blocks share the samples)")
     if args.seeds < 1:
@@ -415,14 +389,14 @@ def main():
     if not os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):
         parser.error(f"--init_from={args.init_from!r} holds no checkpoint: run the ladder's sft stage first")
     common = {**(QUICK if args.quick else {}), "eval_problems": args.eval_problems, "log_interval": 1,
-              "checkpoint": False, **options.parse_args([f"--{kv}" for kv in args.set])}
+              "checkpoint": False, **set_keys(args)}
     os.makedirs(args.out, exist_ok=True)
 
     reward_model = proxy_model(args, common)
     results = dict(init_from=args.init_from, reward_model=reward_model, kl_coef=args.kl_coef,
                    rm_pairs_note=f"the verifier pairs of {args.rm_prompts} training prompts" if not args.reward_model
                    else reward_model,
-                   rm_val_pair_acc=last_eval(reward_model, "val_pair_acc"), bon_max=args.bon_max,
+                   rm_val_pair_acc=last_logged(reward_model, "val_pair_acc"), bon_max=args.bon_max,
                    bootstrap_resamples=RESAMPLES)
     problems, texts, proxy, gold, length, worked = sample_answers(args, common, reward_model)
     points, per_prompt = best_of_n(proxy, gold, length, worked)

@@ -32,9 +32,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
-import options  # noqa: E402
 from rewards import DIMENSIONS, reward_weights  # noqa: E402
-from experiments.generalpoints import rows, run, save_study  # noqa: E402  (train.train with the run's keys, ...)
+from experiments.generalpoints import (pyplot, rows, run, save_figure, save_study, set_keys, study_flags,  # noqa: E402
+                                      train_once)
 
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, prompts_per_iter=2, group_size=2, eval_batch_size=8,
              max_new_tokens=16, train_problems=64, val_examples=8, device="cpu", plot=False)
@@ -78,11 +78,8 @@ def table(results):
 
 
 def plot(results, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     keys = [f"reward_{name}" for name in DIMENSIONS]
-    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.2), sharex=True)
+    fig, axes = pyplot().subplots(1, len(keys), figsize=(3.2 * len(keys), 3.2), sharex=True)
     for ax, key in zip(axes, keys):
         for a in results["arms"]:
             ax.plot([p["iter"] for p in a["iterations"]], [p[key] for p in a["iterations"]], label=a["weights"])
@@ -91,9 +88,7 @@ def plot(results, path):
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main():
@@ -104,10 +99,7 @@ def main():
     parser.add_argument("--iters", type=int, default=20, help="GRPO iterations per setting (grpo.py's default)")
     parser.add_argument("--window", type=int, default=5, help="iterations averaged at the start and at the end")
     parser.add_argument("--eval_problems", type=int, default=500, help="held-out problems of the final evaluation")
-    parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke test (numbers mean nothing)")
-    parser.add_argument("--out", default="out/reward_weights")
-    parser.add_argument("--plot", default="", help="the plot's path (default: OUT/reward_weights.png)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
+    study_flags(parser, "out/reward_weights", "reward_weights")
     args = parser.parse_args()
     settings = args.weights or list(SETTINGS)
     for weights in settings:
@@ -117,16 +109,14 @@ def main():
             parser.error(f"--weights={weights}: {e}")
     if args.quick:
         args.iters, args.window, args.eval_problems = 2, 1, 4
-        if not args.init_from:
-            args.init_from = os.path.join(args.out, "sft")
-            if not os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):  # (run again into the same --out: kept)
-                run(dict(QUICK, algo="sft", max_iters=2, eval_interval=0, checkpoint=True, out_dir=args.init_from))
+        args.init_from = args.init_from or train_once(os.path.join(args.out, "sft"),
+                                                      dict(QUICK, algo="sft", max_iters=2, eval_interval=0))
     if args.window < 1 or args.window > args.iters:
         parser.error(f"--window={args.window}: between 1 and --iters={args.iters}")
     if not os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):
         parser.error(f"--init_from={args.init_from!r} holds no checkpoint: run the ladder's sft stage first")
     common = {**(QUICK if args.quick else {}), "eval_problems": args.eval_problems, "eval_samples": 0,
-              "log_interval": 1, "checkpoint": False, **options.parse_args([f"--{kv}" for kv in args.set])}
+              "log_interval": 1, "checkpoint": False, **set_keys(args)}
     os.makedirs(args.out, exist_ok=True)
     results = dict(init_from=args.init_from, iters=args.iters, window=args.window, eval_problems=args.eval_problems,
                    arms=[arm(args, common, weights, k) for k, weights in enumerate(settings)])

@@ -42,9 +42,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
-import options  # noqa: E402
-from experiments.generalpoints import (band_line, final_models, init_checkpoint, rows, run, save_analysis,  # noqa: E402
-                                      save_study)  # (an SFT start, train.train by algorithm, ...)
+from experiments.generalpoints import (band_line, final_models, init_checkpoint, pyplot, rows, run,  # noqa: E402
+                                      save_analysis, save_figure, save_study, set_keys, study_flags)
 from experiments.ood import answers, responses  # noqa: E402  (one answer per problem)
 
 ARMS = dict(outcome=dict(reward_mode="outcome"), rlvp=dict(reward_mode="rlvp"), process=dict(reward_mode="process"),
@@ -207,9 +206,6 @@ def plot(results, path):
     """Five panels, one line per arm (the seeds' mean, its band shaded): the rollout win rate, the
     violations per play, the all-fail share of groups and of the advantage mass (trailing means over
     10 iterations), and greedy wins on every held-out map at each evaluation (OOD: in the table)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     plays = results["prompts_per_iter"] * results["group_size"]
     window = min(10, max(1, results["iters"] // 5))
     panels = [("reward", f"rollout win rate (mean of {window} iterations)", plays * window),
@@ -217,7 +213,7 @@ def plot(results, path):
               ("all_fail_frac", f"all-fail groups (mean of {window})", None),
               ("all_fail_adv_share", f"their share of the advantage mass Σ|A| (mean of {window})", None),
               ("heldout_acc", f"held-out greedy wins ({len(results['start']['heldout_correct'])} maps)", None)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4))
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(4 * len(panels), 3.4))
     for ax, (key, title, n) in zip(axes, panels):
         for arm, runs in results["arms"].items():
             seeds = list(runs.values())
@@ -231,9 +227,7 @@ def plot(results, path):
         ax.set_xlabel("iteration", fontsize=8)
         ax.set_ylim(bottom=0)  # from zero: no fall drawn larger than it is
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
 
 
 def plays(args, common):
@@ -277,15 +271,12 @@ def main():
     parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help="comma-separated, from " + ", ".join(ARMS))
     parser.add_argument("--seeds", type=int, default=len(SEEDS), help="runs per arm (seeds 1337, 1338, ...)")
     parser.add_argument("--plays", action="store_true", help="after the study, in the same --out: what each arm's plays do")
-    parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke test (numbers mean nothing)")
-    parser.add_argument("--out", default="out/rlvp")
-    parser.add_argument("--plot", default="", help="the plot's path (default: OUT/rlvp.png)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
+    study_flags(parser, "out/rlvp", "rlvp")
     args = parser.parse_args()
     if args.quick:
         args.init_iters, args.iters, args.evals, args.ood_problems = 2, 2, 2, 4
     common = {"batch_size": 8, "train_problems": 2000, "lr_decay_iters": 300, **(QUICK if args.quick else {}), "env": "treasure",
-              "eval_problems": 100, "log_interval": 1, "checkpoint": False, **options.parse_args([f"--{kv}" for kv in args.set])}
+              "eval_problems": 100, "log_interval": 1, "checkpoint": False, **set_keys(args)}
     os.makedirs(args.out, exist_ok=True)
     if args.plays:
         return plays(args, common)
