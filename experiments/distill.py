@@ -326,7 +326,7 @@ def plot(results, start, teacher, profiles, n, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from experiments.generalpoints import band_line
+    from experiments.study import band_line
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
     for name, seeds in results.items():
         band_line(left, [[(p["tokens"] / 1e3, p["acc"]) for p in s["points"]] for s in seeds], COLOURS.get(name),

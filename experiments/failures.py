@@ -28,7 +28,7 @@ sys.path.insert(0, ROOT)
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
 import grpo_breaks  # noqa: E402
 import monitors  # noqa: E402
-from experiments.generalpoints import rows, run, save_study  # noqa: E402  (train.train with the run's keys, ...)
+from experiments.study import rows, run, save_study  # noqa: E402  (train.train with the run's keys, ...)
 
 # (name, the switch: train.py keys, the task's SFT start: main or calculator, the figure that gives it away).
 # The collapsing learning rate has no break_it: the learning rate is the switch.

@@ -53,8 +53,8 @@ from distributed import chunks  # noqa: E402
 from judge import judge_rows, judge_scores, judge_text  # noqa: E402
 from model import ScalarHeadGPT  # noqa: E402
 from rollouts import rollouts, score_responses  # noqa: E402
-from experiments.generalpoints import (last_logged, pyplot, run, save_figure, save_study, set_keys,  # noqa: E402
-                                      study_flags, train_once)
+from experiments.study import (last_logged, pyplot, run, save_figure, save_study, set_keys,  # noqa: E402
+                               study_flags, train_once)
 
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, eval_batch_size=16, max_new_tokens=16, train_problems=64,

@@ -64,8 +64,8 @@ from distributed import chunks  # noqa: E402
 from judge import judge_scores  # noqa: E402
 from model import GPT, ScalarHeadGPT  # noqa: E402
 from rollouts import rollouts, score_responses  # noqa: E402
-from experiments.generalpoints import (band_line, finished, pyplot, rows, run, save_figure, save_study,  # noqa: E402
-                                      set_keys, study_flags, train_once)
+from experiments.study import (band_line, finished, pyplot, rows, run, save_figure, save_study,  # noqa: E402
+                               set_keys, study_flags, train_once)
 from experiments.online_dpo import QUICK, QUICK_SFT  # noqa: E402  (the toy task)
 
 SEEDS = (1337, 1338, 1339)

@@ -49,8 +49,8 @@ sys.path.insert(0, ROOT)
 
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
 from dpo_online import LABELERS  # noqa: E402
-from experiments.generalpoints import (band_line, finished, pyplot, rows, run, save_figure, save_study,  # noqa: E402
-                                      set_keys, study_flags, train_once)
+from experiments.study import (band_line, finished, pyplot, rows, run, save_figure, save_study,  # noqa: E402
+                               set_keys, study_flags, train_once)
 
 # --quick: a tiny model on one-step problems (1 + 2), its SFT long enough that some sampled answers are
 # right (about 1 in 5), so that online rounds find pairs; the whole study in under a minute

@@ -52,8 +52,8 @@ import bands  # noqa: E402  (after the path: the script runs from anywhere)
 from envs import Arithmetic  # noqa: E402
 from envs.treasure import MAP_TEXT, ROOM_NAMES, ROOMS, optimal_episode  # noqa: E402
 from rollouts import generate, response_text  # noqa: E402
-from experiments.generalpoints import (band_line, final_models, pyplot, rows, run, save_analysis,  # noqa: E402
-                                      save_figure, save_study, set_keys, study_flags, train_once)
+from experiments.study import (band_line, final_models, pyplot, rows, run, save_analysis,  # noqa: E402
+                               save_figure, save_study, set_keys, study_flags, train_once)
 
 SEEDS = (1337, 1338, 1339)
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, prompts_per_iter=2, group_size=2, eval_batch_size=8,

@@ -162,7 +162,7 @@ def plot(results, n, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from experiments.generalpoints import band_line
+    from experiments.study import band_line
     groups = [[a for a in results if not ARMS[a].get("reader")], [a for a in results if ARMS[a].get("reader")]]
     groups = [g for g in groups if g]
     fig, axes = plt.subplots(2, len(groups), figsize=(6.5 * len(groups), 7.5), squeeze=False)

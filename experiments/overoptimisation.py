@@ -57,8 +57,8 @@ import torch  # noqa: E402  (after the path: the script runs from anywhere)
 import bands  # noqa: E402
 from distributed import chunks  # noqa: E402
 from rollouts import rollouts, score_responses  # noqa: E402
-from experiments.generalpoints import (finished, last_logged, pyplot, rows, run, save_figure, save_study,  # noqa: E402
-                                      set_keys, study_flags, train_once)
+from experiments.study import (finished, last_logged, pyplot, rows, run, save_figure, save_study,  # noqa: E402
+                               set_keys, study_flags, train_once)
 
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, eval_batch_size=8, max_new_tokens=16, train_problems=64,

@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
 import options  # noqa: E402
 import train as T  # noqa: E402
-from experiments.generalpoints import band_line  # noqa: E402  (a seed mean and its band, drawn)
+from experiments.study import band_line  # noqa: E402  (a seed mean and its band, drawn)
 
 
 def recipe(name, **extra):
@@ -73,7 +73,7 @@ def final(curves, n):
 
 def plot(results, n, path):
     """One line per arm: the seeds' mean accuracy against the mean rollout tokens, its band shaded
-    (generalpoints.band_line: t·SE from 3 seeds; with 2 seeds the band is their range)."""
+    (study.band_line: t·SE from 3 seeds; with 2 seeds the band is their range)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -33,8 +33,8 @@ sys.path.insert(0, ROOT)
 
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
 from rewards import DIMENSIONS, reward_weights  # noqa: E402
-from experiments.generalpoints import (pyplot, rows, run, save_figure, save_study, set_keys, study_flags,  # noqa: E402
-                                      train_once)
+from experiments.study import (pyplot, rows, run, save_figure, save_study, set_keys, study_flags,  # noqa: E402
+                               train_once)
 
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, prompts_per_iter=2, group_size=2, eval_batch_size=8,
              max_new_tokens=16, train_problems=64, val_examples=8, device="cpu", plot=False)
