@@ -216,6 +216,7 @@ def plot(results, path):
         ax.set_title(label, fontsize=10)
         ax.set_xlabel(f"iteration ({results['answers_per_iter']} answers each)")
         ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))  # from zero (a score below it keeps its own floor)
     axes[0].set_ylabel(f"greedy answers to {results['eval_problems']} held-out problems")
     axes[0].legend(fontsize=7)
     save_figure(fig, path, dpi=110)
