@@ -43,10 +43,11 @@ import torch
 
 import pairs
 from checkpoints import load_reward_model
-from distributed import chunks, seeded_rng
+from distributed import seeded_rng
 from evaluation import write_samples
+from judge import JUDGE_KEYS
 from rewards import judged
-from rollouts import rollouts, score_responses
+from rollouts import rollouts, score_rollout
 
 OPTIONS = dict(
     online_every=4,             # pairs=online: iterations per round; each round samples new pairs from the current policy at its first
@@ -54,9 +55,7 @@ OPTIONS = dict(
     online_labeler="verifier",  # pairs=online: who labels the answers: verifier (0/1) | rm (a Bradley–Terry reward
                                 # model's score) | judge (judge.py's P(Verdict: correct)); chosen = the highest, rejected = the lowest
     reward_model="",            # online_labeler=rm: the reward model's checkpoint dir (python train.py --algo rm --init_from=out/sft --out_dir=out/rm)
-    judge="",                   # online_labeler=judge: the judge's checkpoint dir (python experiments/judge_agreement.py trains one)
-    judge_samples=0,            # online_labeler=judge: 0 = one greedy judgement per answer; k = the mean over k sampled judgements
-    judge_temperature=1.0,      # online_labeler=judge: the temperature of sampled judgements
+    **JUDGE_KEYS,               # online_labeler=judge: the judge, and how many judgements per answer (judge.py)
 )
 LABELERS = ("verifier", "rm", "judge")
 
@@ -90,19 +89,14 @@ def labeler(run):
     """The labels, chosen once: a function (rollout) -> (one score per answer, higher preferred; {figure:
     per-answer values, logged as online_<figure>}).
         verifier   the environment's 0/1
-        rm         r_φ(x, y), the reward model's scalar at the answer's last token (rollouts.score_responses)
+        rm         r_φ(x, y), the reward model's scalar at the answer's last token (rollouts.score_rollout)
         judge      the judge's P(Verdict: correct), the mean over judge_samples judgements (rewards.judged)"""
     kind = run.cfg["online_labeler"]
     if kind == "judge":
         return judged(run)
     if kind == "rm":
-        reward_model, size = load_reward_model(run), run.cfg["eval_batch_size"]
-
-        def scored(roll):
-            with run.autocast:
-                return torch.cat([score_responses(reward_model, ids, mask) for ids, mask in
-                                  zip(chunks(roll.ids, size), chunks(roll.mask, size))]).float(), {}
-        return scored
+        reward_model = load_reward_model(run)
+        return lambda roll: (score_rollout(run, reward_model, roll), {})
     return lambda roll: (roll.verified, {})
 
 

@@ -37,6 +37,13 @@ from distributed import chunks
 from model import sequence_logprobs
 from sampler import sample
 
+# the judge's keys, one definition for the scripts that read a judge (grpo: reward=judge; dpo: online_labeler=judge)
+JUDGE_KEYS = dict(
+    judge="",                   # the judge's checkpoint dir (python experiments/judge_agreement.py trains one)
+    judge_samples=0,            # 0 = one greedy judgement per answer; k = the mean over k judgements sampled at
+                                # judge_temperature (the chapter's inference-time scaling)
+    judge_temperature=1.0,      # the temperature of sampled judgements
+)
 ANSWER_CHARS = 40  # the judge sees at most this much of an answer (its end: the answer line); 40 covers every
                    # worked answer of the default task (at most 37) and leaves room in 128 tokens for the judgement
 MARKER = "Verdict:"

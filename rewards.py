@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from checkpoints import load_judge
-from judge import judge_scores, rollout_seed
+from judge import JUDGE_KEYS, judge_scores, rollout_seed
 
 
 # the keys grpo.py and ppo.py take
@@ -97,10 +97,7 @@ def token_signals(run):
 # the keys grpo.py takes
 SEQUENCE_REWARD_KEYS = dict(
     reward="verifier",          # verifier (the environment's 0/1) | judge (a generative reward model: P(Verdict: correct))
-    judge="",                   # reward=judge: the judge's checkpoint dir (python experiments/judge_agreement.py trains one)
-    judge_samples=0,            # reward=judge: 0 = one greedy judgement per answer; k = the mean over k judgements
-                                # sampled at judge_temperature (the chapter's inference-time scaling)
-    judge_temperature=1.0,      # reward=judge: the temperature of sampled judgements
+    **JUDGE_KEYS,               # reward=judge: the judge, and how many judgements per answer (judge.py)
     reward_weights="",          # a vector reward: "correct=1,short=0.5" = Σ_d w_d·r_d over named dimensions (correct,
                                 # worked, short, parses), each logged as reward_<name>; "" = correct alone, unlogged
 )

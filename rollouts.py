@@ -249,6 +249,16 @@ def score_responses(scalar_model, ids, mask):
     return values.gather(1, last[:, None]).squeeze(1).float()
 
 
+@torch.no_grad()
+def score_rollout(run, scalar_model, roll):
+    """r_φ of every row of a rollout (score_responses), eval_batch_size rows at a time under the run's
+    autocast: (N,) float."""
+    size = run.cfg["eval_batch_size"]
+    with run.autocast:
+        return torch.cat([score_responses(scalar_model, ids, mask)
+                          for ids, mask in zip(chunks(roll.ids, size), chunks(roll.mask, size))]).float()
+
+
 def shard_size(run):
     """Prompts per sampler call in RL's sharded rollouts (grpo, opd): rollout_prompts, or one shard per rank."""
     return run.cfg["rollout_prompts"] or run.cfg["prompts_per_iter"] // run.world_size

@@ -239,9 +239,8 @@ def summarise(points, start, teacher, n):
     """One seed's curve: its end (mean of the last three evaluations), whether it still climbs there
     (the plateau rule, from any iteration), its best held accuracy, and where it reaches and holds
     10 / 25 / 50 / 75 / 90% of the way from start to teacher."""
-    return dict(plateau=end_accuracy(points), stopped_at=points[-1]["iter"], climbing=not plateaued(points, n, 0),
-                best_held=best_held(points), tokens=points[-1]["tokens"], seconds=points[-1]["seconds"],
-                work=points[-1]["work"], band=band(points[-1]["acc"], n),
+    return dict(end=end_accuracy(points), climbing=not plateaued(points, n, 0), best_held=best_held(points),
+                work=points[-1]["work"],
                 milestones={f"{f:.2f}": first_reaching(points, start + f * (teacher - start)) for f in FRACTIONS})
 
 
@@ -287,12 +286,12 @@ def print_tables(results, start, teacher, n):
             m = s["summary"]
             cells = [f"{r['iter']} / {r['tokens']:,.0f} / {r['seconds']:.0f}" if r else "never"
                      for r in m["milestones"].values()]
-            print(f"{name:<12} {s['seed']:>4} {m['plateau']:>6.3f} {'yes' if m['climbing'] else 'no':>8} "
+            print(f"{name:<12} {s['seed']:>4} {m['end']:>6.3f} {'yes' if m['climbing'] else 'no':>8} "
                   f"{m['best_held']:>6.3f} {m['work']:>5.2f} " + " ".join(f"{c:>28}" for c in cells))
     print("\nacross seeds (end = mean of the last three evaluations; a level counts where it holds for two evaluations)")
     for name, seeds in results.items():
         tokens = [[s["summary"]["milestones"][f"{f:.2f}"] for s in seeds] for f in FRACTIONS]
-        print(f"{name:<12} end {over_seeds([s['summary']['plateau'] for s in seeds], 3, n)}; tokens to "
+        print(f"{name:<12} end {over_seeds([s['summary']['end'] for s in seeds], 3, n)}; tokens to "
               + "; ".join(f"{int(f * 100)}%: {over_seeds([r and r['tokens'] for r in t], 0)}" for f, t in zip(FRACTIONS, tokens)))
     fair = efficiency(results)
     if fair:

@@ -19,7 +19,7 @@ at inference]; SPEC §3 "Reward model". The judge, its judgements and its reward
                   pair accuracy   over each problem's (correct, incorrect) answer pairs, the share the
                                   reward ranks right (a tie counts 1/2), a problem's pairs averaged
                                   first: the Bradley–Terry RM's figure, on the same pairs
-                --reward_model=DIR scores the same pairs with that RM (rollouts.score_responses), and
+                --reward_model=DIR scores the same pairs with that RM (rollouts.score_rollout), and
                 its own held-out pair accuracy is read from its metrics.jsonl.
 
 Bands (bands.py): agreement and pair accuracy binomial over the problems (a problem's answers are not
@@ -49,10 +49,9 @@ import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
 import bands  # noqa: E402
 from checkpoints import frozen, load_model  # noqa: E402
-from distributed import chunks  # noqa: E402
 from judge import judge_rows, judge_scores, judge_text  # noqa: E402
 from model import ScalarHeadGPT  # noqa: E402
-from rollouts import rollouts, score_responses  # noqa: E402
+from rollouts import rollouts, score_rollout  # noqa: E402
 from experiments.study import (last_logged, pyplot, run, save_figure, save_study, set_keys,  # noqa: E402
                                study_flags, train_once)
 
@@ -146,10 +145,7 @@ def reward_model_pairs(r, path, roll, problems):
     if not isinstance(rm, ScalarHeadGPT):
         raise ValueError(f"--reward_model={path}: a language-model checkpoint, not a reward model (train one with "
                          f"--algo rm)")
-    size = r.cfg["eval_batch_size"]
-    with torch.no_grad(), r.autocast:
-        scores = torch.cat([score_responses(rm, ids, mask) for ids, mask in
-                            zip(chunks(roll.ids, size), chunks(roll.mask, size))]).float()
+    scores = score_rollout(r, rm, roll)
     labels = roll.verified
     pairs = pair_scores(labels.view(problems, -1), scores.view(problems, -1, 1))
     paired = [x for x in pairs if x is not None]

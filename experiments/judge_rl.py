@@ -60,10 +60,9 @@ import bands  # noqa: E402
 import grpo  # noqa: E402
 import ppo  # noqa: E402
 from checkpoints import frozen, load_model  # noqa: E402
-from distributed import chunks  # noqa: E402
 from judge import judge_scores  # noqa: E402
 from model import GPT, ScalarHeadGPT  # noqa: E402
-from rollouts import rollouts, score_responses  # noqa: E402
+from rollouts import rollouts, score_rollout  # noqa: E402
 from experiments.study import (band_line, finished, pyplot, rows, run, save_figure, save_study,  # noqa: E402
                                set_keys, study_flags, train_once)
 from experiments.online_dpo import QUICK, QUICK_SFT  # noqa: E402  (the toy task)
@@ -96,9 +95,7 @@ def judged_and_scored(run, judge, reward_model, n, keep):
     problems, size = run.env.problems("heldout", n, seed=0), run.cfg["eval_batch_size"]
     roll = rollouts(run, policy, problems, 1, temperature=0.0, seed=0, batch_size=size)
     p = judge_scores(run, judge.to(run.device), problems, roll.texts)[0][:, 0].float()
-    with run.autocast:
-        rm = torch.cat([score_responses(reward_model.to(run.device), ids, mask)
-                        for ids, mask in zip(chunks(roll.ids, size), chunks(roll.mask, size))]).float()
+    rm = score_rollout(run, reward_model.to(run.device), roll)
     right, rated = roll.verified > 0, p > 0.5
     figures = dict(heldout_gold=float(right.float().mean()), heldout_judge_reward=float(p.mean()),
                    heldout_judge_false_pass=float((rated & ~right).float().mean()),

@@ -56,7 +56,7 @@ import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
 import bands  # noqa: E402
 from distributed import chunks  # noqa: E402
-from rollouts import rollouts, score_responses  # noqa: E402
+from rollouts import rollouts, score_rollout  # noqa: E402
 from experiments.study import (finished, last_logged, pyplot, rows, run, save_figure, save_study,  # noqa: E402
                                set_keys, study_flags, train_once)
 
@@ -89,10 +89,7 @@ def sample_answers(args, common, reward_model):
     proxy, gold, length, worked, texts = [], [], [], [], []
     for k, chunk in enumerate(chunks(problems, max(1, size // args.bon_max))):
         roll = rollouts(r, policy, chunk, args.bon_max, temperature=1.0, seed=k, batch_size=size)
-        with r.autocast:
-            scores = torch.cat([score_responses(r.state.reward_model, ids, mask) for ids, mask in
-                                zip(chunks(roll.ids, size), chunks(roll.mask, size))])
-        proxy.append(scores.float().view(len(chunk), -1).cpu())
+        proxy.append(score_rollout(r, r.state.reward_model, roll).view(len(chunk), -1).cpu())
         gold.append(roll.verified.view(len(chunk), -1).cpu())
         length.append(roll.lengths.float().view(len(chunk), -1).cpu())
         worked.append(torch.tensor([float(r.env.shows_work(t)) for t in roll.texts]).view(len(chunk), -1))
