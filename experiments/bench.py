@@ -9,6 +9,7 @@ a summary table (figure, value, target, met?); every row also goes into one JSON
     python experiments/bench.py --tiny              # every benchmark at a tiny size: checks they run, figures mean nothing
     python experiments/bench.py --init_from=out/sft # the RL benchmarks start from this checkpoint (default: a random
                                                     # model, whose responses all run to max_new_tokens)
+    python experiments/bench.py sampler_against --against=old_sampler.py   # this sampler.py against another
 
 Every ratio compares two things measured side by side in this one process: same model, same
 inputs, warm-up first, then the median of several repeats. On a CPU that other jobs share, run
@@ -189,16 +190,65 @@ def sampler(args):
     return targets
 
 
+AGAINST_GROUPS, AGAINST_PAIRS = (16, 8), 7  # the rows that finish: 16 prompts x 8 samples, as GRPO's rollouts
+
+
+@benchmark
+def sampler_against(args):
+    """This sampler.py against another one (--against=FILE, e.g. `git show ed1ef94:sampler.py >
+    old_sampler.py`), side by side on the same weights, alternated pairs, one thread: the peers'
+    shape (32-token prompts, exactly NEW_TOKENS new tokens, batch 1, 8 and 64) and rows that finish
+    (16 prompts x 8 samples of ragged prompts, shared prefill, a stop set a random model draws 2.5% of
+    the time). Each case also reports whether both drew the same tokens and the largest log-prob gap."""
+    import importlib.util
+    import sampler as ours
+    if not args.get("against"):
+        report(bench="sampler_against", note="no --against=FILE: nothing to compare with")
+        return []
+    spec = importlib.util.spec_from_file_location("sampler_against", args["against"])
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    device = args["device"]
+    model = default_model(device, PROMPT_LEN + NEW_TOKENS)
+    gen = torch.Generator().manual_seed(0)
+    prompts_for = lambda batch: torch.randint(0, 256, (batch, PROMPT_LEN), generator=gen).tolist()
+    n_prompts, group = AGAINST_GROUPS
+    ragged = [p[:PROMPT_LEN // 2 + i % (PROMPT_LEN // 2)] for i, p in enumerate(prompts_for(n_prompts))]
+    cases = [(f"batch {b}, {NEW_TOKENS} new tokens", prompts_for(b), ()) for b in SAMPLER_BATCHES]
+    cases.append((f"{n_prompts} prompts x {group}, rows finish", [p for p in ragged for _ in range(group)], tuple(range(8))))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rows = []
+    for name, prompts, stops in cases:
+        run = lambda module, seed: module.sample(model, prompts, NEW_TOKENS, temperature=1.0, seed=seed, stop_tokens=stops)
+        a, b = run(other, 0), run(ours, 0)
+        gap = max((abs(x - y) for p, q in zip(a.logprobs, b.logprobs) for x, y in zip(p, q)), default=0.0)
+        ratios = []
+        for seed in range(AGAINST_PAIRS):
+            t0 = time.perf_counter()
+            run(other, seed)
+            t1 = time.perf_counter()
+            run(ours, seed)
+            ratios.append((t1 - t0) / (time.perf_counter() - t1))
+        report(bench="sampler_against", case=name, speedup_median=round(statistics.median(ratios), 3),
+               speedup_min=round(min(ratios), 3), speedup_max=round(max(ratios), 3), same_tokens=a.tokens == b.tokens,
+               max_logprob_gap=gap)
+        rows.append(figure(f"sampler against {os.path.basename(args['against'])}: {name}, ×", statistics.median(ratios)))
+    torch.set_num_threads(threads)
+    return rows
+
+
 ATTENTION_BATCH, ATTENTION_KEYS, ATTENTION_REPEATS = 64, (48, 96, 144), 20
 
 
 @benchmark
 def attention(args):
-    """Why the KV cache attends over its whole (dense) buffer: one decode step's attention per
+    """Why the KV cache attends over a narrowed view of its buffer: one decode step's attention per
     layer at batch 64, over a cache of 4 layers visited in turn as in a real step (so each layer's
-    keys come from memory, not from the CPU's caches), three ways: SDPA over the growing slice of a
-    max_len buffer (strided), the same matmuls over that slice, and sampler.KVCache.decode_attention
-    (prompt + a 32-column chunk, dense, masked by the bias). No target: it backs a design choice."""
+    keys come from memory, not from the CPU's caches), three ways: SDPA over the slice of a max_len
+    buffer, the cache's previous design (a dense buffer of the written columns plus up to a 32-column
+    chunk, attended whole and masked by a bias) and sampler.KVCache.decode_attention (the columns
+    written, a narrowed view). No target: it backs a design choice."""
     from model import GPTConfig
     from sampler import KVCache
     device, B, max_len, repeats = args["device"], ATTENTION_BATCH, PROMPT_LEN + NEW_TOKENS, ATTENTION_REPEATS
@@ -209,33 +259,37 @@ def attention(args):
     rows = []
     for L in ATTENTION_KEYS:
         buf_k, buf_v = (torch.randn(cfg.n_layer, B, H, max_len, D, generator=gen).to(device) for _ in range(2))
-        cache = KVCache(cfg, torch.ones(B, L, dtype=torch.bool, device=device), max_len)
+        cache = KVCache(cfg, torch.ones(B, L - 1, dtype=torch.bool, device=device), max_len)
+        width = min(L + 16, max_len)  # the previous design's buffer: on average half a chunk past what is written
+        whole_k, whole_v = (b[:, :, :, :width].reshape(cfg.n_layer, B * H, width, D) for b in (buf_k, buf_v))
+        bias = torch.zeros(B * H, 1, width, device=device)
+        bias[..., L:] = float("-inf")
         with torch.inference_mode():
             for layer in range(cfg.n_layer):
-                cache.write_prompt(layer, buf_k[layer, :, :, :L], buf_v[layer, :, :, :L])
+                cache.write_prompt(layer, buf_k[layer, :, :, :L - 1], buf_v[layer, :, :, :L - 1])
 
             def sdpa_slice():
                 for layer in range(cfg.n_layer):
                     F.scaled_dot_product_attention(q, buf_k[layer, :, :, :L], buf_v[layer, :, :, :L])
 
-            def matmul_slice():
+            def whole_buffer():
                 for layer in range(cfg.n_layer):
-                    a = torch.matmul(q, buf_k[layer, :, :, :L].transpose(-1, -2)) * D ** -0.5
-                    torch.matmul(a.softmax(-1), buf_v[layer, :, :, :L])
+                    a = torch.baddbmm(bias, q.view(B * H, 1, D), whole_k[layer].transpose(1, 2), alpha=D ** -0.5)
+                    torch.bmm(a.softmax(-1), whole_v[layer])
 
-            def dense_buffer():
+            def narrowed():
                 for layer in range(cfg.n_layer):
-                    cache.length = L  # the same column every time: the timing is of one step
+                    cache.length = L - 1  # the same column every time: the timing is of one step
                     cache.decode_attention(layer, q, k, v)
 
-            t = alternating_medians(dict(sdpa_slice=sdpa_slice, matmul_slice=matmul_slice, dense_buffer=dense_buffer),
+            t = alternating_medians(dict(sdpa_slice=sdpa_slice, whole_buffer=whole_buffer, narrowed=narrowed),
                                     device, repeats=repeats, warmup=2)
         us = {name: 1e6 * wall / cfg.n_layer for name, (wall, _) in t.items()}
-        report(bench="attention", batch=B, keys=L, buffer_columns=cache.k.size(3),
-               **{f"{name}_us_per_layer": round(x, 1) for name, x in us.items()},
-               dense_vs_sdpa_slice=round(us["sdpa_slice"] / us["dense_buffer"], 2))
-        rows.append(figure(f"attention: dense buffer vs SDPA over a strided slice, batch {B}, {L} keys, ×",
-                           us["sdpa_slice"] / us["dense_buffer"]))
+        report(bench="attention", batch=B, keys=L, **{f"{name}_us_per_layer": round(x, 1) for name, x in us.items()},
+               narrowed_vs_whole_buffer=round(us["whole_buffer"] / us["narrowed"], 2),
+               narrowed_vs_sdpa_slice=round(us["sdpa_slice"] / us["narrowed"], 2))
+        rows.append(figure(f"attention: the narrowed cache vs the previous masked whole buffer, batch {B}, {L} keys, ×",
+                           us["whole_buffer"] / us["narrowed"]))
     return rows
 
 
@@ -523,7 +577,8 @@ def rl_staleness(args):
 TINY_SIZES = dict(PROMPT_LEN=8, NEW_TOKENS=8, SAMPLER_BATCHES=(1, 2), ATTENTION_BATCH=2, ATTENTION_KEYS=(8, 12),
                   ATTENTION_REPEATS=2, TRAIN_ITERS=4, TRAIN_WARMUP=1, DPO_PAIRS=2, DPO_REPEATS=1,
                   RL_ITERS=2, RL_PROMPTS=2, RL_GROUP=2, RL_NEW_TOKENS=8, SHARED_REPEATS=1, STALE_ITERS=3,
-                  GRPO_SIZES=dict(prompts_per_iter=2, group_size=2, max_new_tokens=8))
+                  GRPO_SIZES=dict(prompts_per_iter=2, group_size=2, max_new_tokens=8), AGAINST_GROUPS=(2, 2),
+                  AGAINST_PAIRS=1)
 
 
 def summary_table(rows):
@@ -542,7 +597,7 @@ def main(argv):
     if "--help" in argv or "-h" in argv:
         return print(__doc__.strip() + f"\n\nbenchmarks: {', '.join(BENCHMARKS)}")
     for arg in argv:
-        if arg.startswith(("--device=", "--out=", "--init_from=")):
+        if arg.startswith(("--device=", "--out=", "--init_from=", "--against=")):
             key, value = arg[2:].split("=", 1)
             args[key] = value
         elif arg == "--tiny":
@@ -551,7 +606,7 @@ def main(argv):
             names.append(arg)
         else:
             sys.exit(f"unknown argument {arg!r}: benchmarks are {list(BENCHMARKS)}, options --device=, --out=, "
-                     f"--init_from=, --tiny")
+                     f"--init_from=, --against= (sampler_against), --tiny")
     machine = report(torch=torch.__version__, threads=torch.get_num_threads(), device=args["device"],
                      cpu_count=os.cpu_count(), tiny="--tiny" in argv)
     summary, seconds = [], {}

@@ -149,6 +149,65 @@ def worker(args):
 # ----------------------------------------------------------------------------------------------
 # The driver: prepare, interleave, summarise
 
+# The targets: project / peer throughput, median of the pairs, at least this
+TARGETS = {"sampling batch 1, 1 thread": 2.0, "sampling batch 8, 1 thread": 2.0, "sampling batch 64, 1 thread": 2.0,
+           "dpo vs TRL DPOTrainer": 3.0, "grpo 16x8x64 vs TRL GRPOTrainer, no KL": 2.5,
+           "sft vs a bare PyTorch loop (40-line MiniGPT2": 1.0}
+BEGIN, END = "<!-- experiments/peers.py writes from here -->", "<!-- experiments/peers.py: end -->"
+
+
+def target(workload):
+    return next((value for prefix, value in TARGETS.items() if workload.startswith(prefix)), None)
+
+
+def machine():
+    """What the figures depend on: the CPU, torch's kernel level on it, the cores, torch."""
+    import torch
+    model = "unknown CPU"
+    if os.path.exists("/proc/cpuinfo"):
+        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")]
+        model = names[0] if names else model
+    return dict(cpu=model, cores=os.cpu_count(), capability=torch.backends.cpu.get_cpu_capability(),
+                capability_env=os.environ.get("ATEN_CPU_CAPABILITY", ""), torch=torch.__version__)
+
+
+def doc_block(result, previous):
+    """The markdown docs/benchmarks.md holds between BEGIN and END: the run's table, each ratio
+    beside its target and the previous run's (previous: an earlier result, or None)."""
+    m = result["machine"]
+    before = {r["workload"]: r for r in (previous or {}).get("rows", [])}
+    when = f"{previous['date']}, {previous['machine']['capability']}" if previous else None
+    lines = [BEGIN, "",
+             f"`python experiments/peers.py --peer_python=PEER_VENV/bin/python` on {result['date']}: {m['cpu']}, "
+             f"{m['cores']} cores, torch {m['torch']} with CPU capability {m['capability']}"
+             + (f" (ATEN_CPU_CAPABILITY={m['capability_env']})" if m["capability_env"] else "")
+             + f"; every measurement a fresh process pinned to one core with one thread (sampling: also two), "
+               f"peer and project interleaved, {result['repeats']} pairs per workload (sampling: {max(result['repeats'], 5)} "
+               f"pairs in one process), {result['minutes']:.0f} minutes in all, nothing else running.", "",
+             "| workload | unit | project | peer | project / peer, median [min..max] (pairs) | target | met | "
+             + (f"previous ({when})" if when else "previous") + " |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        goal, old = target(r["workload"]), before.get(r["workload"])
+        lines.append(f"| {r['workload']} | {r['unit']} | {r['project']:,.1f} | {r['peer']:,.1f} | "
+                     f"{r['ratio']:.2f} [{r['ratio_min']:.2f}..{r['ratio_max']:.2f}] ({r['pairs']}) | "
+                     + (f"≥ {goal:g}× | {'yes' if r['ratio'] >= goal else '**no**'} | " if goal else "– | – | ")
+                     + (f"{old['ratio']:.2f} [{old['ratio_min']:.2f}..{old['ratio_max']:.2f}]" if old else "–") + " |")
+    return "\n".join(lines + ["", END])
+
+
+def write_doc(path, result, previous):
+    """Replace the block between BEGIN and END in the page (or append it) with this run's."""
+    text = open(path).read() if os.path.exists(path) else ""
+    block = doc_block(result, previous)
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def run_json(cmd, env, log, cwd=None):
     """Run one measurement; returns the last JSON line it printed (stderr goes to `log`)."""
     with open(log, "w") as err:
@@ -168,6 +227,10 @@ def main():
     parser.add_argument("--tiny", action="store_true", help="few steps, one pair: checks that it runs")
     parser.add_argument("--perf_dir", default=os.path.join("out", "peers"), help="scratch: model, data, logs")
     parser.add_argument("--out", default=os.path.join("out", "peers.json"))
+    parser.add_argument("--doc", default=os.path.join(ROOT, "docs", "benchmarks.md"),
+                        help="the page whose peers block this run rewrites (not with --tiny or --workloads; '' = none)")
+    parser.add_argument("--record", default=os.path.join(ROOT, "docs", "peers.json"),
+                        help="the figures the page shows: read as the previous run's, then replaced by this run's")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: the project's side of one workload
     args = parser.parse_args()
     args.perf_dir = os.path.abspath(args.perf_dir)
@@ -282,8 +345,16 @@ def main():
 
     minutes = (time.time() - t_start) / 60
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    result = dict(rows=rows, minutes=minutes, tiny=args.tiny, repeats=repeats, date=time.strftime("%Y-%m-%d"),
+                  machine=machine())
     with open(args.out, "w") as f:
-        json.dump(dict(rows=rows, raw=raw, minutes=minutes, tiny=args.tiny), f, indent=1)
+        json.dump(dict(result, raw=raw), f, indent=1)
+    if args.doc and not args.tiny and set(chosen) == set(WORKLOADS):  # (only a whole run replaces the page's figures)
+        previous = json.load(open(args.record)) if os.path.exists(args.record) else None
+        write_doc(args.doc, result, previous)
+        with open(args.record, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"{args.doc}: its peers table rewritten; {args.record}: these figures, the next run's 'previous'")
     print(f"\n| workload | unit | project | peer | project / peer, median [min..max] (pairs) |\n|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['workload']} | {r['unit']} | {r['project']:,.1f} | {r['peer']:,.1f} | "

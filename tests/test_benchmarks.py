@@ -36,17 +36,49 @@ def test_gpu_check_runs_on_cpu_at_quick_size(tmp_path):
     assert envs.Arithmetic.verify({"answer": 3}, "Answer: 3") == 1.0  # the real verifier is back
 
 
+def test_peers_rewrites_its_block_of_the_page_with_targets_and_the_previous_run(tmp_path):
+    """experiments/peers.py's page block: each ratio beside its target (met or **no**) and the previous
+    run's ratio; a second run replaces the block and keeps the page around it."""
+    peers = load_script("peers")
+    row = lambda workload, ratio: dict(workload=workload, unit="tok/s", project=2000.0, peer=1000.0, ratio=ratio,
+                                       ratio_min=ratio - 0.1, ratio_max=ratio + 0.1, pairs=3)
+    box = dict(cpu="Some CPU", cores=2, capability="AVX512", capability_env="", torch="2.13.0")
+    first = dict(rows=[row("sampling batch 64, 1 thread", 1.7)], date="2026-12-04", repeats=3, minutes=21.0, machine=box)
+    second = dict(first, date="2026-12-06", rows=[row("sampling batch 64, 1 thread", 1.9),
+                                                  row("dpo vs TRL DPOTrainer (reference cached)", 3.2),
+                                                  row("grpo 2x8x32 vs TRL GRPOTrainer, no KL", 2.0)])
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n\nabove\n")
+    peers.write_doc(str(page), first, None)
+    open(page, "a").write("\nbelow\n")
+    peers.write_doc(str(page), second, first)
+    text = page.read_text()
+    assert text.startswith("# Benchmarks\n\nabove\n") and text.endswith("\nbelow\n") and text.count(peers.BEGIN) == 1
+    assert "on 2026-12-06: Some CPU, 2 cores, torch 2.13.0 with CPU capability AVX512" in text
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    assert lines[0].endswith("| previous (2026-12-04, AVX512) |")
+    assert lines[1:] == [
+        "| sampling batch 64, 1 thread | tok/s | 2,000.0 | 1,000.0 | 1.90 [1.80..2.00] (3) | ≥ 2× | **no** | 1.70 [1.60..1.80] |",
+        "| dpo vs TRL DPOTrainer (reference cached) | tok/s | 2,000.0 | 1,000.0 | 3.20 [3.10..3.30] (3) | ≥ 3× | yes | – |",
+        "| grpo 2x8x32 vs TRL GRPOTrainer, no KL | tok/s | 2,000.0 | 1,000.0 | 2.00 [1.90..2.10] (3) | – | – | – |"]
+
+
 @pytest.mark.slow  # a script's smoke run at toy size: `-m slow`
 def test_peers_project_side_runs_the_peer_workloads(tmp_path):
-    """The project's side of each peer workload, as the driver runs it: GRPO on the peers' random-text
-    task makes exactly L tokens per response (as the peers' min_new_tokens), with KL on; SFT trains
-    on the peers' 16 x 128 rows."""
+    """The project's side of each peer workload, as the driver runs it: sampling beside transformers'
+    generate on the peer model's weights; GRPO on the peers' random-text task makes exactly L tokens per
+    response (as the peers' min_new_tokens), with KL on; SFT trains on the peers' 16 x 128 rows."""
     pytest.importorskip("transformers")
     env = dict(os.environ, PERF_DIR=str(tmp_path), PROJECT_DIR=ROOT, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
     os.makedirs(tmp_path / "data")
     subprocess.run([sys.executable, os.path.join(BENCH, "side_by_side", "prep.py")], env=env, check=True,
                    capture_output=True, timeout=300)
     results = {}
+    side = subprocess.run([sys.executable, "gen_side.py", "1"], cwd=os.path.join(BENCH, "side_by_side"), env=env,
+                          capture_output=True, text=True, timeout=300)  # the sampling pairs: both sides in one process
+    assert side.returncode == 0, side.stderr[-2000:]
+    cases = json.loads(side.stdout.strip().splitlines()[-1])["cases"]
+    assert sorted(cases) == ["b1", "b64", "b8"] and all(c["project_median_tok_s"] > 0 for c in cases.values())
     for workload in ("grpo_kl:2x8x32", "sft"):
         done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "peers.py"), f"--worker={workload}",
                                f"--perf_dir={tmp_path}", "--tiny"], env=env, capture_output=True, text=True, timeout=300)
@@ -66,10 +98,13 @@ def test_bench_loop_dpo_and_shared_prompt_figures_at_tiny_size(tmp_path):
     each prompt against as many distinct prompts."""
     out = tmp_path / "bench.json"
     done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "bench.py"), "train_loop", "dpo_step", "rl_shared_prompt",
-                           "--tiny", f"--out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+                           "sampler_against", f"--against={os.path.join(ROOT, 'sampler.py')}", "--tiny", f"--out={out}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = {r["bench"]: r for r in json.load(open(out))["measurements"] if "bench" in r and "seconds" not in r}
+    measurements = json.load(open(out))["measurements"]
+    against = [r for r in measurements if r.get("bench") == "sampler_against" and "case" in r]
+    assert len(against) == 3 and all(r["same_tokens"] and r["max_logprob_gap"] == 0 for r in against)  # itself
+    rows = {r["bench"]: r for r in measurements if "bench" in r and "seconds" not in r}
     loop = rows["train_loop"]
     assert loop["pairs_timed"] == 2 and loop["shared_vs_bare"] > 0 and loop["bare_iter_ms"] > 0  # 4 iterations, 1 warm-up
     assert rows["dpo_step"]["dpo_shared_prompt_step_ms"] > 0 and rows["dpo_step"]["dpo_vs_sft"] > 0
