@@ -176,9 +176,10 @@ def doc_block(result, previous):
     beside its target and the previous run's (previous: an earlier result, or None)."""
     m = result["machine"]
     before = {r["workload"]: r for r in (previous or {}).get("rows", [])}
-    when = f"{previous['date']}, {previous['machine']['capability']}" if previous else None
+    when = f"{previous['date']}, {previous.get('commit') or previous['machine']['capability']}" if previous else None
     lines = [BEGIN, "",
-             f"`python experiments/peers.py --peer_python=PEER_VENV/bin/python` on {result['date']}: {m['cpu']}, "
+             f"`python experiments/peers.py --peer_python=PEER_VENV/bin/python` on {result['date']}"
+             + (f" at {result['commit']}" if result.get("commit") else "") + f": {m['cpu']}, "
              f"{m['cores']} cores, torch {m['torch']} with CPU capability {m['capability']}"
              + (f" (ATEN_CPU_CAPABILITY={m['capability_env']})" if m["capability_env"] else "")
              + f"; every measurement a fresh process pinned to one core with one thread (sampling: also two), "
@@ -345,8 +346,9 @@ def main():
 
     minutes = (time.time() - t_start) / 60
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    commit = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"], capture_output=True, text=True)
     result = dict(rows=rows, minutes=minutes, tiny=args.tiny, repeats=repeats, date=time.strftime("%Y-%m-%d"),
-                  machine=machine())
+                  commit=commit.stdout.strip(), machine=machine())
     with open(args.out, "w") as f:
         json.dump(dict(result, raw=raw), f, indent=1)
     if args.doc and not args.tiny and set(chosen) == set(WORKLOADS):  # (only a whole run replaces the page's figures)

@@ -18,8 +18,9 @@ The phases (seconds per iteration, over the run's iterations after the first, wh
   bookkeeping   everything else in the loop: gradient rescale and clipping, the step's figures,
                 logging, monitors, the progress bar, wrappers
 Wrapping costs a few microseconds a call. Each algorithm runs as its default command (evaluation and
-checkpoints at their defaults) from the same start: a checkpoint directory given by --sft/--rm (the
-ladder's, converted by --convert for commits whose GPTConfig had fewer fields).
+checkpoints at their defaults) from the same start: SFT from scratch, the others from --sft (the
+ladder's SFT checkpoint), copied with its model_args cut to the fields the profiled checkout's
+GPTConfig has (an older commit's had fewer; the weights are the same).
 """
 
 import argparse
@@ -124,6 +125,20 @@ def run_one(repo, algo, args, iters, path):
     return raw
 
 
+def converted(repo, ckpt_dir, out):
+    """ckpt_dir's checkpoint, its model_args cut to the fields of repo's GPTConfig, saved in `out`."""
+    import torch
+    code = ("import dataclasses, json, sys; sys.path.insert(0, '.'); from model import GPTConfig; "
+            "print(json.dumps([f.name for f in dataclasses.fields(GPTConfig)]))")
+    fields = json.loads(subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True,
+                                       check=True).stdout.splitlines()[-1])
+    ckpt = torch.load(os.path.join(ckpt_dir, "ckpt.pt"), map_location="cpu", weights_only=False)
+    ckpt["model_args"] = {k: v for k, v in ckpt["model_args"].items() if k in fields}
+    os.makedirs(out, exist_ok=True)
+    torch.save(ckpt, os.path.join(out, "ckpt.pt"))
+    return out
+
+
 def commands(a):
     """Each algorithm's default command, from the same starting checkpoints."""
     common = []  # (run directories are removed before each run: older commits have no --overwrite)
@@ -187,8 +202,10 @@ def main():
         if a.plot:
             plot(results, a.plot)
         return
-    a.out, a.sft = os.path.abspath(a.out), os.path.abspath(a.sft)
+    a.out = os.path.abspath(a.out)
     os.makedirs(a.out, exist_ok=True)
+    if set(a.algos.split(",")) - {"sft"}:  # (SFT starts from scratch)
+        a.sft = converted(os.path.abspath(a.repo), os.path.abspath(a.sft), os.path.join(a.out, f"start_{a.tag}"))
     results_path = os.path.join(a.out, "results.json")
     results = json.load(open(results_path)) if os.path.exists(results_path) else {}
     for algo in a.algos.split(","):

@@ -63,6 +63,26 @@ def test_peers_rewrites_its_block_of_the_page_with_targets_and_the_previous_run(
         "| grpo 2x8x32 vs TRL GRPOTrainer, no KL | tok/s | 2,000.0 | 1,000.0 | 2.00 [1.90..2.10] (3) | – | – | – |"]
 
 
+def test_profile_phases_split_the_loop_and_bookkeeping_is_the_rest(tmp_path):
+    """experiments/profile_loop.py: sampling inside batches() is its own phase, the rest of batches()
+    another, and what the named phases leave of the loop is bookkeeping; per iteration. A start
+    checkpoint is copied with model_args cut to the profiled checkout's GPTConfig (here all of them)."""
+    profile = load_script("profile_loop")
+    raw = dict(loop=10.0, spent={"batches": 3.0, "sampling": 2.0, "loss": 1.5, "backward": 2.5, "optimizer": 0.5,
+                                 "evaluate": 1.0, "eval sampling": 0.8, "save_checkpoint": 0.2, "plot_metrics": 0.3})
+    per = profile.phases(raw, iters=10)
+    assert per == pytest.approx({"sampling": 0.2, "batches rest": 0.1, "forward": 0.15, "backward": 0.25,
+                                 "optimizer": 0.05, "evaluation": 0.1, "checkpoint": 0.02, "plot": 0.03,
+                                 "bookkeeping": 0.1})
+    assert list(per) == profile.PHASES
+    import torch
+    from test_opd import write_checkpoint
+    start = write_checkpoint(tmp_path / "sft", seed=1, n_layer=1, n_embd=64)
+    copy = profile.converted(ROOT, start, str(tmp_path / "copy"))
+    before, after = (torch.load(os.path.join(d, "ckpt.pt"), weights_only=False) for d in (start, copy))
+    assert after["model_args"] == before["model_args"] and all(torch.equal(after["model"][k], v) for k, v in before["model"].items())
+
+
 @pytest.mark.slow  # a script's smoke run at toy size: `-m slow`
 def test_peers_project_side_runs_the_peer_workloads(tmp_path):
     """The project's side of each peer workload, as the driver runs it: sampling beside transformers'

@@ -35,9 +35,10 @@ def test_cached_logits_equal_uncached_on_ragged_batch(model):
     assert worst < 1e-5
 
 
-def test_rows_in_a_batch_equal_rows_alone_through_cache_growth_and_dropped_rows(model):
-    """45 new tokens outgrow the cache's first allocation (prompt + 32 columns) and a stop token ends
-    rows at different steps (they leave the batch): every row still gets exactly what it gets alone."""
+def test_rows_in_a_batch_equal_rows_alone_through_dropped_rows(model):
+    """A stop token ends rows at different steps: they leave the batch, the rows kept are copied into
+    the cache's second buffer and the two swap, once per step that ends a row. Every row still gets
+    exactly what it gets alone, and the log-probs of a training forward."""
     free, _, _ = model.generate(RAGGED, 45, temperature=0)
     stop = free[2][9]  # row 2 stops at step 9 at the latest; other rows when they first emit it
     tokens, logprobs, _ = model.generate(RAGGED, 45, temperature=0, stop_tokens=(stop,))
