@@ -128,11 +128,13 @@ def run_one(repo, algo, args, iters, path):
 def converted(repo, ckpt_dir, out):
     """ckpt_dir's checkpoint, its model_args cut to the fields of repo's GPTConfig, saved in `out`."""
     import torch
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from checkpoints import safe_load
     code = ("import dataclasses, json, sys; sys.path.insert(0, '.'); from model import GPTConfig; "
             "print(json.dumps([f.name for f in dataclasses.fields(GPTConfig)]))")
     fields = json.loads(subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True,
                                        check=True).stdout.splitlines()[-1])
-    ckpt = torch.load(os.path.join(ckpt_dir, "ckpt.pt"), map_location="cpu", weights_only=False)
+    ckpt = safe_load(os.path.join(ckpt_dir, "ckpt.pt"))
     ckpt["model_args"] = {k: v for k, v in ckpt["model_args"].items() if k in fields}
     os.makedirs(out, exist_ok=True)
     torch.save(ckpt, os.path.join(out, "ckpt.pt"))
