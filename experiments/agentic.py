@@ -33,6 +33,7 @@ sys.path.insert(0, ROOT)
 
 import options  # noqa: E402  (after the path: the script runs from anywhere)
 import train as T  # noqa: E402
+from experiments.study import pyplot, save_figure  # noqa: E402
 
 ARMS = dict(
     outcome=dict(reward_mode="outcome"),
@@ -69,10 +70,7 @@ def curve(out_dir):
 
 
 def plot(results, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(FIGURES), figsize=(4 * len(FIGURES), 3.2))
+    fig, axes = pyplot().subplots(1, len(FIGURES), figsize=(4 * len(FIGURES), 3.2))
     for ax, key in zip(axes, FIGURES):
         for arm, result in results["arms"].items():
             pts = [(p["iter"], p[key]) for p in result["curve"] if key in p]
@@ -81,9 +79,7 @@ def plot(results, path):
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("iteration", fontsize=8)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
 
 
 def main():

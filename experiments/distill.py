@@ -322,11 +322,8 @@ def plot(results, start, teacher, profiles, n, path):
     """Left: held-out accuracy against sampled tokens, one line per arm (the seeds' mean, the band
     shaded), the teacher, 10 / 25 / 50 / 75 / 90% of the way to it, and GRPO's own best. Right: the per-position
     reverse KL to the teacher before and after each arm (its first seed)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from experiments.study import band_line
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    from experiments.study import band_line, pyplot, save_figure
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(13, 4.8))
     for name, seeds in results.items():
         band_line(left, [[(p["tokens"] / 1e3, p["acc"]) for p in s["points"]] for s in seeds], COLOURS.get(name),
                   f"{name} ({len(seeds)} seed{'s' * (len(seeds) > 1)})", n, top=1.0, marker=".")
@@ -350,8 +347,7 @@ def plot(results, start, teacher, profiles, n, path):
     right.set_ylabel("reverse KL(student ‖ teacher), mean")
     right.set_title("per-position KL on the student's own samples (first seed)", fontsize=9)
     right.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
 
 
 def study_parser(doc, arms, out):

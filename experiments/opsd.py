@@ -159,13 +159,10 @@ COLOURS = dict(answer="tab:red", answer_anchor="tab:orange", solution="tab:brown
 def plot(results, n, path):
     """Accuracy and worked share against iterations, one line per arm (the seeds' mean, its band
     shaded: bands.envelope): the arms from the SFT student on the left, from the reader on the right."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from experiments.study import band_line
+    from experiments.study import band_line, pyplot, save_figure
     groups = [[a for a in results if not ARMS[a].get("reader")], [a for a in results if ARMS[a].get("reader")]]
     groups = [g for g in groups if g]
-    fig, axes = plt.subplots(2, len(groups), figsize=(6.5 * len(groups), 7.5), squeeze=False)
+    fig, axes = pyplot().subplots(2, len(groups), figsize=(6.5 * len(groups), 7.5), squeeze=False)
     for col, names in enumerate(groups):
         for row, (key, label) in enumerate((("acc", "held-out greedy accuracy"), ("work", "worked-answer share"))):
             ax = axes[row][col]
@@ -179,8 +176,7 @@ def plot(results, n, path):
             ax.legend(fontsize=7)
         axes[0][col].set_title("from the SFT student" if not ARMS[names[0]].get("reader")
                                else "from the reader (each seed its own reader)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
 
 
 def main(argv=None):

@@ -171,6 +171,16 @@ def machine():
                 capability_env=os.environ.get("ATEN_CPU_CAPABILITY", ""), torch=torch.__version__)
 
 
+def ratio_cell(r, pairs=True):
+    """project / peer: median [min..max] (pairs)."""
+    return f"{r['ratio']:.2f} [{r['ratio_min']:.2f}..{r['ratio_max']:.2f}]" + (f" ({r['pairs']})" if pairs else "")
+
+
+def table_row(r):
+    """A row of the ratio table: workload, unit, both throughputs, the ratio."""
+    return f"| {r['workload']} | {r['unit']} | {r['project']:,.1f} | {r['peer']:,.1f} | {ratio_cell(r)} |"
+
+
 def doc_block(result, previous):
     """The markdown docs/benchmarks.md holds between BEGIN and END: the run's table, each ratio
     beside its target and the previous run's (previous: an earlier result, or None)."""
@@ -190,10 +200,8 @@ def doc_block(result, previous):
              "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         goal, old = target(r["workload"]), before.get(r["workload"])
-        lines.append(f"| {r['workload']} | {r['unit']} | {r['project']:,.1f} | {r['peer']:,.1f} | "
-                     f"{r['ratio']:.2f} [{r['ratio_min']:.2f}..{r['ratio_max']:.2f}] ({r['pairs']}) | "
-                     + (f"≥ {goal:g}× | {'yes' if r['ratio'] >= goal else '**no**'} | " if goal else "– | – | ")
-                     + (f"{old['ratio']:.2f} [{old['ratio_min']:.2f}..{old['ratio_max']:.2f}]" if old else "–") + " |")
+        lines.append(table_row(r) + (f" ≥ {goal:g}× | {'yes' if r['ratio'] >= goal else '**no**'} |" if goal else " – | – |")
+                     + (f" {ratio_cell(old, pairs=False)} |" if old else " – |"))
     return "\n".join(lines + ["", END])
 
 
@@ -359,8 +367,7 @@ def main():
         print(f"{args.doc}: its peers table rewritten; {args.record}: these figures, the next run's 'previous'")
     print(f"\n| workload | unit | project | peer | project / peer, median [min..max] (pairs) |\n|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['workload']} | {r['unit']} | {r['project']:,.1f} | {r['peer']:,.1f} | "
-              f"{r['ratio']:.2f} [{r['ratio_min']:.2f}..{r['ratio_max']:.2f}] ({r['pairs']}) |")
+        print(table_row(r))
     print(f"\n{minutes:.1f} minutes; every figure in {args.out}" + (" (--tiny: the figures mean nothing)" if args.tiny else ""))
 
 

@@ -6,7 +6,8 @@ Where one iteration's time goes, for SFT, DPO, GRPO and PPO, in this checkout or
     python experiments/profile_loop.py --repo=../old --tag=old          # another commit, same machine
     python experiments/profile_loop.py --report=out/profile.json        # the table from saved runs
 
-The phases (seconds per iteration, over the run's iterations after the first, which warms up):
+The phases (seconds per iteration: the loop, from its first batches() or evaluate() call to its end,
+divided by the run's iterations):
   sampling      the sampler's calls inside the algorithm's batches() (rollouts)
   batches rest  the rest of batches(): scoring the rollouts (old log-probs, reference, reward model),
                 advantages, collation
@@ -30,6 +31,11 @@ import shutil
 import subprocess
 import sys
 import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from experiments.study import pyplot, save_figure  # noqa: E402  (after the path: the script runs from anywhere)
 
 PHASES = ["sampling", "batches rest", "forward", "backward", "optimizer", "evaluation", "checkpoint", "plot",
           "bookkeeping"]
@@ -128,7 +134,6 @@ def run_one(repo, algo, args, iters, path):
 def converted(repo, ckpt_dir, out):
     """ckpt_dir's checkpoint, its model_args cut to the fields of repo's GPTConfig, saved in `out`."""
     import torch
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from checkpoints import safe_load
     code = ("import dataclasses, json, sys; sys.path.insert(0, '.'); from model import GPTConfig; "
             "print(json.dumps([f.name for f in dataclasses.fields(GPTConfig)]))")
@@ -143,20 +148,25 @@ def converted(repo, ckpt_dir, out):
 
 def commands(a):
     """Each algorithm's default command, from the same starting checkpoints."""
-    common = []  # (run directories are removed before each run: older commits have no --overwrite)
+    # (no --overwrite, which older commits lack: run_one removes each run directory first)
     return {
-        "sft": (["--algo=sft", f"--max_iters={a.sft_iters}", f"--out_dir={a.out}/sft"] + common, a.sft_iters),
-        "dpo": ([f"--algo=dpo", f"--init_from={a.sft}", f"--out_dir={a.out}/dpo"] + common, 60),
-        "grpo": ([f"--algo=grpo", f"--init_from={a.sft}", f"--out_dir={a.out}/grpo"] + common, 20),
-        "ppo": ([f"--algo=ppo", f"--init_from={a.sft}", "--reward=verifier", f"--out_dir={a.out}/ppo"] + common, 40),
+        "sft": (["--algo=sft", f"--max_iters={a.sft_iters}", f"--out_dir={a.out}/sft"], a.sft_iters),
+        "dpo": (["--algo=dpo", f"--init_from={a.sft}", f"--out_dir={a.out}/dpo"], 60),
+        "grpo": (["--algo=grpo", f"--init_from={a.sft}", f"--out_dir={a.out}/grpo"], 20),
+        "ppo": (["--algo=ppo", f"--init_from={a.sft}", "--reward=verifier", f"--out_dir={a.out}/ppo"], 40),
     }
+
+
+def ordered(results):
+    """The results' keys ("algo@tag") by algorithm, then tag."""
+    return sorted(results, key=lambda k: k.split("@"))
 
 
 def table(results):
     """A markdown table: one row per (algo, tag), seconds per iteration by phase."""
     lines = ["| algorithm | commit | s / iteration | " + " | ".join(PHASES) + " |",
              "|---|---|---:|" + "---:|" * len(PHASES)]
-    for key in sorted(results, key=lambda k: (k.split("@")[0], k.split("@")[1])):
+    for key in ordered(results):
         algo, tag = key.split("@")
         r = results[key]
         per = r["per_iter"]
@@ -167,11 +177,8 @@ def table(results):
 
 def plot(results, path):
     """One stacked bar per (algorithm, commit): seconds per iteration by phase."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    keys = sorted(results, key=lambda k: (k.split("@")[0], k.split("@")[1]))
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(keys) + 1.5))
+    keys = ordered(results)
+    fig, ax = pyplot().subplots(figsize=(9, 0.45 * len(keys) + 1.5))
     for row, key in enumerate(keys):
         left = 0.0
         for i, phase in enumerate(PHASES):
@@ -182,9 +189,7 @@ def plot(results, path):
     ax.invert_yaxis()
     ax.set_xlabel("seconds per iteration (the run's iterations, its evaluations included)")
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
 
 
 def main():
