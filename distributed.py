@@ -6,8 +6,11 @@ shard, rank0_first); and the memory anatomy of the algorithms' model states (SPE
 """
 
 import contextlib
+import ctypes
+import ctypes.util
 import math
 import os
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -31,8 +34,27 @@ def autocast_dtype(device, bf16_supported):
     return torch.bfloat16 if device.startswith("cuda") and bf16_supported else None
 
 
+def keep_freed_memory():
+    """Let glibc's malloc keep the memory a step frees for the next step. By default it hands a large
+    block (from 128 KB, a threshold it raises as blocks are freed) to its own mmap, and the free space
+    at its heap's top back to the system: each step then faults in, page by page, zero-filled pages for
+    the activations the step before freed. Both thresholds at 1 GiB: a step reuses its memory (the
+    process keeps its peak), 5-8% faster SFT and 3-5% faster GRPO steps on a CPU thread
+    (docs/benchmarks.md, "The allocator"). The numbers are the same: torch aligns every tensor to 64
+    bytes wherever malloc puts it. Linux with glibc only (elsewhere nothing), set once per process."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        for param in (-1, -3):  # M_TRIM_THRESHOLD, M_MMAP_THRESHOLD (glibc's malloc.h)
+            libc.mallopt(param, 1 << 30)
+    except (OSError, AttributeError):  # a libc without mallopt (musl): its own policy
+        pass
+
+
 def setup_device(cfg):
     """The run's device, process group and autocast: NCCL between GPUs, gloo between CPU processes."""
+    keep_freed_memory()
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if cfg["device"] == "auto":
         device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"

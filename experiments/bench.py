@@ -24,6 +24,7 @@ module constants, so that --tiny can shrink them (TINY_SIZES).
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -369,6 +370,63 @@ def train_loop(args):
 
 
 # ----------------------------------------------------------------------------------------------
+# The allocator: SFT steps with glibc's thresholds raised (distributed.keep_freed_memory) and without
+
+ALLOC_ITERS, ALLOC_WARMUP, ALLOC_ROUNDS = 48, 8, 3
+
+# one run in a fresh process (malloc's settings are the process's): SFT from scratch on one thread,
+# seconds per iteration (from one batches() call to the next), the logged losses, minor page faults
+ALLOC_RUN = """
+import json, resource, sys, time, types
+sys.path.insert(0, {root!r})
+import torch, distributed, sft, train
+torch.set_num_threads(1)
+if not {keep}:
+    distributed.keep_freed_memory = lambda: None  # glibc's own thresholds
+stamps, faults = [], []
+def batches(run, state, it):
+    stamps.append(time.perf_counter())
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+    return sft.batches(run, state, it)
+run = train.train({overrides!r}, algo=types.SimpleNamespace(**{{**vars(sft), "batches": batches}}))
+losses = [json.loads(line).get("loss") for line in open({metrics!r})]
+w = {warmup}
+print(json.dumps(dict(periods=[b - a for a, b in zip(stamps[w:], stamps[w + 1:])], losses=losses,
+                      faults_per_iter=(faults[-1] - faults[w]) / (len(faults) - 1 - w))))
+"""
+
+
+@benchmark
+def allocator(args):
+    """SFT steps of the default model with malloc keeping the memory each step frees, against glibc's
+    own thresholds, in alternating fresh processes: s/step, minor page faults per step, and whether
+    the logged losses are equal to the last digit (they must be: torch aligns every tensor alike)."""
+    runs = dict(glibc=[], kept=[])
+    with tempfile.TemporaryDirectory(prefix="bench_alloc_") as out_dir:
+        overrides = dict(algo="sft", max_iters=ALLOC_ITERS, eval_interval=0, checkpoint=False, plot=False,
+                         device=args["device"], train_problems=2000, val_examples=16, out_dir=out_dir)
+        code = lambda keep: ALLOC_RUN.format(root=ROOT, keep=keep, overrides=overrides, warmup=ALLOC_WARMUP,
+                                             metrics=os.path.join(out_dir, "metrics.jsonl"))
+        for _ in range(ALLOC_ROUNDS):
+            for name in runs:
+                out = subprocess.run([sys.executable, "-c", code(name == "kept")], capture_output=True, text=True,
+                                     env=dict(os.environ, OMP_NUM_THREADS="1"))
+                if out.returncode != 0:
+                    raise RuntimeError(f"allocator run ({name}) failed:\n{out.stderr[-2000:]}")
+                runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    step = {name: statistics.median(statistics.median(r["periods"]) for r in rs) for name, rs in runs.items()}
+    faults = {name: statistics.median(r["faults_per_iter"] for r in rs) for name, rs in runs.items()}
+    same = all(r["losses"] == runs["glibc"][0]["losses"] for rs in runs.values() for r in rs)
+    report(bench="allocator", rounds=ALLOC_ROUNDS, iters_timed=ALLOC_ITERS - ALLOC_WARMUP - 1,
+           **{f"{name}_step_ms": round(1000 * s, 2) for name, s in step.items()},
+           **{f"{name}_minor_faults_per_step": round(f) for name, f in faults.items()},
+           kept_vs_glibc=round(step["glibc"] / step["kept"], 4), losses_equal=same)
+    return [figure("allocator: SFT steps with the freed memory kept vs glibc's thresholds, × (1 thread)",
+                   step["glibc"] / step["kept"]),
+            target("allocator: the same losses to the last digit, 1 = yes", float(same), 1.0)]
+
+
+# ----------------------------------------------------------------------------------------------
 # DPO: one step with cached reference log-probs vs one SFT step on the same rows
 
 DPO_PAIRS, DPO_REPEATS = 32, 5
@@ -576,7 +634,7 @@ def rl_staleness(args):
 # Sizes small enough that every benchmark runs in seconds (--tiny): a check that they run, not figures
 TINY_SIZES = dict(PROMPT_LEN=8, NEW_TOKENS=8, SAMPLER_BATCHES=(1, 2), ATTENTION_BATCH=2, ATTENTION_KEYS=(8, 12),
                   ATTENTION_REPEATS=2, TRAIN_ITERS=4, TRAIN_WARMUP=1, DPO_PAIRS=2, DPO_REPEATS=1,
-                  RL_ITERS=2, RL_PROMPTS=2, RL_GROUP=2, RL_NEW_TOKENS=8, SHARED_REPEATS=1, STALE_ITERS=3,
+                  RL_ITERS=2, RL_PROMPTS=2, ALLOC_ITERS=4, ALLOC_WARMUP=1, ALLOC_ROUNDS=1, RL_GROUP=2, RL_NEW_TOKENS=8, SHARED_REPEATS=1, STALE_ITERS=3,
                   GRPO_SIZES=dict(prompts_per_iter=2, group_size=2, max_new_tokens=8), AGAINST_GROUPS=(2, 2),
                   AGAINST_PAIRS=1)
 

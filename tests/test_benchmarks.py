@@ -115,9 +115,10 @@ def test_peers_project_side_runs_the_peer_workloads(tmp_path):
 def test_bench_loop_dpo_and_shared_prompt_figures_at_tiny_size(tmp_path):
     """experiments/bench.py's train_loop pairs a bare step with every shared iteration after the warm-up,
     dpo_step times DPO with and without shared prompts, and rl_shared_prompt samples G copies of
-    each prompt against as many distinct prompts."""
+    each prompt against as many distinct prompts; allocator runs SFT in fresh processes with malloc's
+    thresholds raised and not, to the same losses."""
     out = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "bench.py"), "train_loop", "dpo_step", "rl_shared_prompt",
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "bench.py"), "train_loop", "dpo_step", "rl_shared_prompt", "allocator",
                            "sampler_against", f"--against={os.path.join(ROOT, 'sampler.py')}", "--tiny", f"--out={out}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-2000:]
@@ -130,3 +131,4 @@ def test_bench_loop_dpo_and_shared_prompt_figures_at_tiny_size(tmp_path):
     assert rows["dpo_step"]["dpo_shared_prompt_step_ms"] > 0 and rows["dpo_step"]["dpo_vs_sft"] > 0
     prefill = rows["rl_shared_prefill"]
     assert prefill["distinct_prompts"] < prefill["responses"] and prefill["repeated_ms"] > 0
+    assert rows["allocator"]["losses_equal"] and rows["allocator"]["iters_timed"] == 2
