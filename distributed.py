@@ -1,8 +1,9 @@
 """
-Devices and processes: the run's device, DDP process group and autocast (setup_device); FSDP2
-sharding and the gathered weights of sampling (shard_model, gathered, the lockstep of
---fsdp_rollouts=sharded); collectives and rank helpers (all_reduce_sum, gather_objects, over_ranks,
-shard, rank0_first); and the memory anatomy of the algorithms' model states (SPEC §5, M14 §10, §13).
+Devices and processes: the run's device, DDP process group and autocast (setup_device), with
+malloc keeping the host memory a step frees (keep_freed_memory); FSDP2 sharding and the gathered
+weights of sampling (shard_model, gathered, the lockstep of --fsdp_rollouts=sharded); collectives
+and rank helpers (all_reduce_sum, gather_objects, over_ranks, shard, rank0_first); and the memory
+anatomy of the algorithms' model states (SPEC §5, M14 §10, §13).
 """
 
 import contextlib
@@ -39,9 +40,9 @@ def keep_freed_memory():
     block (from 128 KB, a threshold it raises as blocks are freed) to its own mmap, and the free space
     at its heap's top back to the system: each step then faults in, page by page, zero-filled pages for
     the activations the step before freed. Both thresholds at 1 GiB: a step reuses its memory (the
-    process keeps its peak), 5-8% faster SFT and 3-5% faster GRPO steps on a CPU thread
-    (docs/benchmarks.md, "The allocator"). The numbers are the same: torch aligns every tensor to 64
-    bytes wherever malloc puts it. Linux with glibc only (elsewhere nothing), set once per process."""
+    process keeps its peak): SFT and GRPO steps about 6% faster on one CPU thread (docs/benchmarks.md,
+    "The allocator"). The numbers are the same: torch aligns every tensor to 64 bytes wherever malloc
+    puts it. Linux with glibc only (elsewhere nothing); calling it again changes nothing."""
     if not sys.platform.startswith("linux"):
         return
     try:
