@@ -47,6 +47,7 @@ sys.path.insert(0, ROOT)
 
 import grpo  # noqa: E402  (after the path: the script runs from anywhere)
 import grpo_estimators  # noqa: E402
+from experiments.study import pyplot, save_figure  # noqa: E402
 from model import kl_estimate  # noqa: E402
 
 A, B, END, L = 0, 1, 2, 4
@@ -228,9 +229,7 @@ def print_tables(res):
 
 
 def plot(res, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     for ax, setting in zip(axes[:2], ("on_policy", "off_policy")):
         names = list(res[setting])
@@ -247,8 +246,7 @@ def plot(res, path):
     axes[2].axhline(kl["k1"]["exact"], color="k", linestyle="--", label="exact KL(π‖π_ref)")
     axes[2].set_title("KL estimators (one response): E ± std")
     axes[2].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def main(argv=None):

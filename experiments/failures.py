@@ -28,7 +28,7 @@ sys.path.insert(0, ROOT)
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
 import grpo_breaks  # noqa: E402
 import monitors  # noqa: E402
-from experiments.study import rows, run, save_study  # noqa: E402  (train.train with the run's keys, ...)
+from experiments.study import pyplot, rows, run, save_figure, save_study  # noqa: E402  (train.train with the run's keys, ...)
 
 # (name, the switch: train.py keys, the task's SFT start: main or calculator, the figure that gives it away).
 # The collapsing learning rate has no break_it: the learning rate is the switch.
@@ -145,9 +145,7 @@ def gallery_table(results):
 def plot_gallery(results, path):
     """One panel per failure: its figure per iteration, broken (red) against its control (blue), the
     monitor's alarm region shaded, the first firing marked."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     names = [n for n in results if n != "wall_s"]
     ncol = 4
     nrow = -(-(len(names) + 1) // ncol)
@@ -191,10 +189,8 @@ def plot_gallery(results, path):
         ax.axis("off")
     fig.suptitle("Each failure's figure against its control (shaded: the monitor's alarm region; dotted: "
                  "its first firing)", fontsize=10)
-    fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
 
 
 def entropy_study(args, out):
@@ -226,9 +222,7 @@ def entropy_table(results, n):
 
 def plot_entropy(results, path):
     """Entropy per iteration of each arm: the mean over seeds, the seeds' range shaded."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     colours = ["#1f77b4", "#17becf", "#d62728", "#ff7f0e", "#9467bd"]
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for (arm, runs), colour in zip([(a, r) for a, r in results.items() if a != "wall_s"], colours):
@@ -242,9 +236,7 @@ def plot_entropy(results, path):
     ax.set_ylabel("token entropy (nats)")
     ax.set_title("Entropy of GRPO's sampled tokens, mean and range over seeds", fontsize=10)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, dpi=90)
 
 
 def main():

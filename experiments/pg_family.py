@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 import bands  # noqa: E402  (after the path: the script runs from anywhere)
 import options  # noqa: E402
 import train as T  # noqa: E402
-from experiments.study import band_line  # noqa: E402  (a seed mean and its band, drawn)
+from experiments.study import band_line, pyplot, save_figure  # noqa: E402  (a seed mean and its band, drawn)
 
 
 def recipe(name, **extra):
@@ -74,9 +74,7 @@ def final(curves, n):
 def plot(results, n, path):
     """One line per arm: the seeds' mean accuracy against the mean rollout tokens, its band shaded
     (study.band_line: t·SE from 3 seeds; with 2 seeds the band is their range)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colours = plt.get_cmap("Dark2").colors
     for k, (arm, curves) in enumerate(results.items()):
@@ -89,8 +87,7 @@ def plot(results, n, path):
                  + ("the band" if min(map(len, results.values())) >= 3 else "the seeds' range"), fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
 
 
 def run_arm(name, arm, seeds, common, out):
@@ -132,9 +129,7 @@ def kl_test(seeds, common, out, n):
     with open(os.path.join(out, "kl_test.md"), "w") as f:
         f.write(text)
     print(text)
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(curves), figsize=(4.6 * len(curves), 3.6), sharey=True)
     for ax, (recipe, pair) in zip(axes, curves.items()):
         for (label, runs), colour in zip(pair.items(), ("#1b9e77", "#d95f02")):
@@ -144,8 +139,7 @@ def kl_test(seeds, common, out, n):
         ax.set_ylim(bottom=0)
     axes[0].set_ylabel(f"greedy held-out accuracy ({n} problems),\n{len(seeds)} seeds' mean and band")
     axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "kl_test.png"), dpi=100)
+    save_figure(fig, os.path.join(out, "kl_test.png"), dpi=100)
 
 
 def main(argv=None):
