@@ -12,7 +12,8 @@ a summary table (figure, value, target, met?); every row also goes into one JSON
     python experiments/bench.py sampler_against --against=old_sampler.py   # this sampler.py against another
 
 Every ratio compares two things measured side by side in this one process: same model, same
-inputs, warm-up first, then the median of several repeats. On a CPU that other jobs share, run
+inputs, warm-up first, then the median of several repeats (allocator's: alternating fresh
+processes, as malloc's settings belong to a process). On a CPU that other jobs share, run
 with OMP_NUM_THREADS=1: with one thread per core, every parallel op waits for a descheduled thread
 (measured here: 6 tok/s instead of ~300 for batch-1 sampling).
 
