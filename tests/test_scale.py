@@ -42,7 +42,7 @@ def test_device_choice():
     assert autocast_dtype("cpu", True) is None
 
 
-# what a training step does to memory: allocate 32 MB of activations, free them; minor page faults
+# what a training step does to memory: allocate 64 MB of activations, free them; minor page faults
 # per step after the first, with distributed.keep_freed_memory() called first or not
 FAULTS_PER_STEP = """
 import resource, sys
@@ -51,7 +51,7 @@ import torch, distributed
 if {keep}:
     distributed.keep_freed_memory()
 def step():
-    activations = [torch.ones(2 ** 20) for _ in range(8)]
+    activations = [torch.ones(2 ** 20) for _ in range(16)]
 step()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(4):
@@ -65,9 +65,10 @@ def test_freed_memory_is_kept_for_the_next_step():
     faults = {keep: float(subprocess.run([sys.executable, "-c", FAULTS_PER_STEP.format(root=ROOT, keep=keep)],
                                          capture_output=True, text=True, check=True).stdout)
               for keep in (False, True)}
-    # glibc's own thresholds give the 32 MB back at every free: 8,192 pages faulted in again per step
-    assert faults[False] > 4000, faults
-    assert faults[True] < faults[False] / 10, faults  # kept: the next step reuses them
+    # glibc's own thresholds hand part of the 64 MB back at the frees, how much depending on where the
+    # blocks fell (4,334 to 16,342 pages faulted in again per step over 8 runs here); kept, the next
+    # step reuses them (256 faults per step in every run)
+    assert faults[True] * 4 < faults[False], faults
 
 
 # -- checkpoints -------------------------------------------------------------------------------
