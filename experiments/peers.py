@@ -154,6 +154,7 @@ TARGETS = {"sampling batch 1, 1 thread": 2.0, "sampling batch 8, 1 thread": 2.0,
            "dpo vs TRL DPOTrainer": 3.0, "grpo 16x8x64 vs TRL GRPOTrainer, no KL": 2.5,
            "sft vs a bare PyTorch loop (40-line MiniGPT2": 1.0}
 BEGIN, END = "<!-- experiments/peers.py writes from here -->", "<!-- experiments/peers.py: end -->"
+HEADER = "| workload | unit | project | peer | project / peer, median [min..max] (pairs) |"
 
 
 def target(workload):
@@ -195,8 +196,7 @@ def doc_block(result, previous):
              + f"; every measurement a fresh process pinned to one core with one thread (sampling: also two), "
                f"peer and project interleaved, {result['repeats']} pairs per workload (sampling: {max(result['repeats'], 5)} "
                f"pairs in one process), {result['minutes']:.0f} minutes in all, nothing else running.", "",
-             "| workload | unit | project | peer | project / peer, median [min..max] (pairs) | target | met | "
-             + (f"previous ({when})" if when else "previous") + " |",
+             HEADER + " target | met | " + (f"previous ({when})" if when else "previous") + " |",
              "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         goal, old = target(r["workload"]), before.get(r["workload"])
@@ -213,8 +213,9 @@ def write_doc(path, result, previous):
         text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path, "w") as f:
+    with open(path + ".tmp", "w") as f:  # (replaced whole: a crash never leaves half a page)
         f.write(text)
+    os.replace(path + ".tmp", path)
 
 
 def run_json(cmd, env, log, cwd=None):
@@ -365,7 +366,7 @@ def main():
         with open(args.record, "w") as f:
             json.dump(result, f, indent=1)
         print(f"{args.doc}: its peers table rewritten; {args.record}: these figures, the next run's 'previous'")
-    print(f"\n| workload | unit | project | peer | project / peer, median [min..max] (pairs) |\n|---|---|---|---|---|")
+    print(f"\n{HEADER}\n|---|---|---|---|---|")
     for r in rows:
         print(table_row(r))
     print(f"\n{minutes:.1f} minutes; every figure in {args.out}" + (" (--tiny: the figures mean nothing)" if args.tiny else ""))

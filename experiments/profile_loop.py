@@ -113,7 +113,7 @@ def phases(raw, iters):
     return {k: v / iters for k, v in named.items()}
 
 
-def run_one(repo, algo, args, iters, path):
+def run_one(repo, algo, args, path):
     child = os.path.join(os.path.dirname(path), "profile_child.py")
     with open(child, "w") as f:
         f.write(CHILD)
@@ -126,8 +126,8 @@ def run_one(repo, algo, args, iters, path):
         raise SystemExit(f"{algo} in {repo} failed:\n{proc.stderr[-3000:]}")
     raw = json.load(open(path))
     raw["wall"] = time.time() - t0
-    raw["per_iter"] = phases(raw, iters)
-    raw["iters"] = iters
+    raw["iters"] = raw["calls"]["batches"]  # the loop calls batches() once per iteration
+    raw["per_iter"] = phases(raw, raw["iters"])
     return raw
 
 
@@ -147,13 +147,13 @@ def converted(repo, ckpt_dir, out):
 
 
 def commands(a):
-    """Each algorithm's default command, from the same starting checkpoints."""
+    """Each algorithm's default command (its own iterations), from the same starting checkpoints."""
     # (no --overwrite, which older commits lack: run_one removes each run directory first)
     return {
-        "sft": (["--algo=sft", f"--max_iters={a.sft_iters}", f"--out_dir={a.out}/sft"], a.sft_iters),
-        "dpo": (["--algo=dpo", f"--init_from={a.sft}", f"--out_dir={a.out}/dpo"], 60),
-        "grpo": (["--algo=grpo", f"--init_from={a.sft}", f"--out_dir={a.out}/grpo"], 20),
-        "ppo": (["--algo=ppo", f"--init_from={a.sft}", "--reward=verifier", f"--out_dir={a.out}/ppo"], 40),
+        "sft": ["--algo=sft", f"--max_iters={a.sft_iters}", f"--out_dir={a.out}/sft"],
+        "dpo": ["--algo=dpo", f"--init_from={a.sft}", f"--out_dir={a.out}/dpo"],
+        "grpo": ["--algo=grpo", f"--init_from={a.sft}", f"--out_dir={a.out}/grpo"],
+        "ppo": ["--algo=ppo", f"--init_from={a.sft}", "--reward=verifier", f"--out_dir={a.out}/ppo"],
     }
 
 
@@ -216,10 +216,9 @@ def main():
     results_path = os.path.join(a.out, "results.json")
     results = json.load(open(results_path)) if os.path.exists(results_path) else {}
     for algo in a.algos.split(","):
-        args, iters = commands(a)[algo]
-        raw = run_one(os.path.abspath(a.repo), algo, args, iters, os.path.join(a.out, f"{algo}_{a.tag}.json"))
+        raw = run_one(os.path.abspath(a.repo), algo, commands(a)[algo], os.path.join(a.out, f"{algo}_{a.tag}.json"))
         results[f"{algo}@{a.tag}"] = raw
-        print(f"{algo}@{a.tag}: loop {raw['loop']:.1f} s for {iters} iterations, wall {raw['wall']:.1f} s: "
+        print(f"{algo}@{a.tag}: loop {raw['loop']:.1f} s for {raw['iters']} iterations, wall {raw['wall']:.1f} s: "
               + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in raw["per_iter"].items()), flush=True)
         with open(results_path, "w") as f:
             json.dump(results, f, indent=1)

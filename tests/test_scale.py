@@ -66,7 +66,7 @@ def test_freed_memory_is_kept_for_the_next_step():
                                          capture_output=True, text=True, check=True).stdout)
               for keep in (False, True)}
     # glibc's own thresholds hand part of the 64 MB back at the frees, how much depending on where the
-    # blocks fell (4,334 to 16,342 pages faulted in again per step over 8 runs here); kept, the next
+    # blocks fell (4,334 to 16,342 pages faulted in again per step over 24 runs here); kept, the next
     # step reuses them (256 faults per step in every run)
     assert faults[True] * 4 < faults[False], faults
 
