@@ -78,7 +78,13 @@ DEFAULTS = dict(
 )
 
 READS_DATA = ("pretrain", "sft", "rm", "dpo")  # the algorithms that train on --data (RL reads its env)
+# The textbook: --algo NAME -> the module that is the algorithm, plain. The lab: every variant is its own
+# file lab/NAME.py, chosen by --algo NAME; it names the algorithm it changes (`base`) and imports it.
 ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo", "grpo": "grpo", "opd": "opd", "rft": "rft"}
+LAB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lab")
+# Options that became a variant of the lab: (key, value) -> the --algo that now is that choice. The old
+# spelling still runs for one release (it switches --algo and says so); the plain value is dropped.
+MOVED_TO_LAB = {}
 
 # The valid range of every numeric option, checked where the configuration is read (check_values):
 # "[a, b]", "[a, b)", ">= a" or "> a", then why in parentheses where it is not plain. 0 stays valid where
@@ -137,10 +143,16 @@ REMOVED = dict(eval_best_of_n_problems="Best-of-N by the verifier is pass@k, on 
 
 
 def renamed(overrides):
-    """overrides with renamed keys under their new name and removed ones dropped, a note for each."""
+    """overrides with renamed keys under their new name and removed ones dropped, a note for each; an
+    option that became a variant of the lab (MOVED_TO_LAB) switches --algo to it."""
     out = {}
     for key, value in overrides.items():
-        if key in REMOVED:
+        moved = MOVED_TO_LAB.get((key, value)) if isinstance(value, (str, int, float, bool)) else None
+        if moved is not None:
+            if moved != overrides.get("algo", DEFAULTS["algo"]):
+                print(f"note: --{key}={value!r} is now --algo {moved} (lab/{moved}.py); running that")
+                out["algo"] = moved
+        elif key in REMOVED:
             print(f"note: config key {key!r} is gone ({REMOVED[key]}); ignored")
         elif key in RENAMED:
             print(f"note: config key {key!r} is now {RENAMED[key]!r}")
@@ -183,21 +195,27 @@ def coerce(key, value, default):
     return value
 
 
+def lab_variants():
+    """The variants of the lab: the names of lab/*.py."""
+    return sorted(f[:-3] for f in os.listdir(LAB) if f.endswith(".py") and f != "__init__.py") if os.path.isdir(LAB) else []
+
+
 def available_algos():
-    """The --algo names whose module exists (ALGOS may name one that is still to be written)."""
-    return sorted(name for name, module in ALGOS.items() if importlib.util.find_spec(module) is not None)
+    """The --algo names whose module exists (ALGOS may name one that is still to be written), then the lab's."""
+    return sorted(name for name, module in ALGOS.items() if importlib.util.find_spec(module) is not None) + lab_variants()
 
 
 def algo_module(name):
+    """The module of --algo NAME: a textbook algorithm (ALGOS), or a variant of the lab (lab/NAME.py)."""
     choices = available_algos()
-    if name not in ALGOS:
+    if name not in ALGOS and name not in choices:
         close = difflib.get_close_matches(name, choices, n=3)
         raise ValueError(f"unknown algo {name!r}; " + (f"did you mean {', '.join(close)}? " if close else "")
                          + f"choose from {', '.join(choices)}")
     if name not in choices:
         raise ValueError(f"--algo {name}: its module {ALGOS[name]}.py does not exist yet; "
                          f"choose from {', '.join(choices)}")
-    return importlib.import_module(ALGOS[name])
+    return importlib.import_module(ALGOS[name] if name in ALGOS else f"lab.{name}")
 
 
 def make_config(overrides):
@@ -382,9 +400,15 @@ def help_text(overrides):
              f"--algo: {', '.join(available_algos())}; `python train.py --algo NAME --help` shows its options.",
              "A value is a Python literal (--learning_rate=3e-4, --lora_rank=8), else a string."]
     lines += [chosen] if chosen else []
-    groups = [(f"--algo {cfg['algo']}'s own options ({module.__name__}.py defaults)",
-               [k for k in module.defaults if k not in DEFAULTS]),
-              ("shared options (options.DEFAULTS; * = not the shared default: set by this algorithm, its task, "
+    own = [k for k in module.defaults if k not in DEFAULTS]
+    groups = [(f"--algo {cfg['algo']}'s own options ({module.__name__.replace('.', '/')}.py defaults)", own)]
+    if hasattr(module, "base"):  # a variant of the lab: what it adds first, then its algorithm's options
+        base = algo_module(module.base)
+        described = {**config_comments(base, "defaults"), **described}
+        groups = [(f"--algo {cfg['algo']}'s own options (lab/{cfg['algo']}.py: what it adds to {module.base})",
+                   [k for k in own if k not in base.defaults]),
+                  (f"{module.base}'s options ({base.__name__}.py defaults)", [k for k in own if k in base.defaults])]
+    groups += [("shared options (options.DEFAULTS; * = not the shared default: set by this algorithm, its task, "
                "the ladder or the command line)", list(DEFAULTS))]
     for title, keys in groups:
         lines += ["", title + ":"]
