@@ -40,7 +40,7 @@ from distributed import all_reduce_sum, chunks, over_ranks
 from evaluation import evaluate_policy, write_samples
 from model import sequence_logprobs
 from paperwork import preference_passport, write_passport
-from sampler import SharedPrompts
+from model import SharedPrompts
 
 LOSSES = ("dpo", "ipo", "kto", "simpo", "orpo")
 USES_REFERENCE = ("dpo", "ipo", "kto")
@@ -54,7 +54,7 @@ defaults = dict(
     orpo_lambda=0.1,             # ORPO: weight λ of the odds-ratio term next to the NLL
     kto_desirable_weight=1.0,    # KTO λ_D
     kto_undesirable_weight=1.0,  # KTO λ_U
-    share_prompt=True,           # run each prompt once for both responses where it saves work (sampler.SharedPrompts); False: never
+    share_prompt=True,           # run each prompt once for both responses where it saves work (model.SharedPrompts); False: never
     **pairs.PAIR_DEFAULTS,
     **dpo_online.OPTIONS,        # pairs=online: its rounds and labeler
     # common keys: one pass over a small fixed pair set at a gentle lr, far below SFT's (at 1e-4
@@ -119,7 +119,7 @@ def sequence_sums(run, model, batch):
     """One forward over the batch's rows: (log-prob sums, response lengths), each split into the
     examples' first and second responses. With share_prompt the two rows of an example run their
     common prompt once, where that runs fewer positions than two full rows (on ragged prompts it may
-    not: sampler.SharedPrompts.saves_work)."""
+    not: model.SharedPrompts.saves_work)."""
     ids, lens = batch["ids"], batch["prompt_lens"]  # rows i and i + B answer example i's prompt
     share = run.cfg["share_prompt"] and SharedPrompts.saves_work(lens, ids.size(1), len(lens) // 2)
     token_lp = sequence_logprobs(model, ids, prompt_lens=lens if share else None) * batch["mask"]

@@ -56,7 +56,7 @@ from evaluation import evaluate_policy
 from model import kl_estimate, token_logprobs_and_entropy
 from paperwork import grpo_passport, verifier_check, write_passport
 from rollouts import Rollout, old_logprobs_mode, rollouts, score_tokens, shard_problems, shard_size
-from sampler import SharedPrompts
+from model import SharedPrompts
 
 starts_from = {"init_from": "sft"}  # RL selects among what a trained policy does: no random start
 on_policy = True  # the loss scores the function that sampled; every rank makes the same forwards
@@ -276,7 +276,7 @@ def loss_parts(cfg):
 
 def shared_prompt_logprobs(model, batch, temperature, top_k=None, top_p=None):
     """(log π_θ, entropy) per token: each distinct prompt runs once, its keys and values shared by its
-    G rows (sampler.SharedPrompts: the same numbers as a full row each, up to fp32 rounding)."""
+    G rows (model.SharedPrompts: the same numbers as a full row each, up to fp32 rounding)."""
     shared = SharedPrompts(batch.ids, batch.prompt_lens)
     logp, entropy = token_logprobs_and_entropy(model(shared.inputs, prompts=shared), shared.targets, temperature,
                                                top_k, top_p)

@@ -20,7 +20,7 @@ from rollouts import old_logprobs_mode, score_tokens, shard_problems, shard_size
 def truncation(cfg):
     """The sampler's cut, top_k / top_p, as keywords for the trainer's scoring ({}: none): π_θ and
     π_old are then scored on the truncated, renormalised distribution the tokens were drawn from
-    (sampler.sampled_logprobs), so that ρ = 1 before an update."""
+    (model.sampled_logprobs), so that ρ = 1 before an update."""
     return {k: v for k, v in (("top_k", cfg["top_k"]), ("top_p", cfg["top_p"])) if v and v != 1.0}
 
 

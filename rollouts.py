@@ -212,9 +212,9 @@ def layout(run, prompts, tokens, logprobs, forced):
 @torch.no_grad()
 def score_tokens(run, model, ids, prompt_lens, top_k=None, top_p=None):
     """Per-token log-probs of ids[:, 1:] at the sampling temperature (π_old, π_ref of a rollout), on the
-    distribution top_k / top_p truncate (sampler.sampled_logprobs; none: the whole softmax), no
+    distribution top_k / top_p truncate (model.sampled_logprobs; none: the whole softmax), no
     gradient, in chunks of batch_size rows; with share_prompt each distinct prompt of a chunk runs
-    once (sampler.SharedPrompts)."""
+    once (model.SharedPrompts)."""
     size, share, tau = run.cfg["batch_size"], run.cfg["share_prompt"], run.cfg["temperature"]
     with run.autocast:
         return torch.cat([sequence_logprobs(model, chunk, tau, lens if share else None, top_k, top_p).float()

@@ -27,6 +27,7 @@ from checkpoints import load_model, load_tokenizer, read_checkpoint
 from data import config_env
 from options import DEFAULTS
 from rollouts import tool_hook
+from sampler import sample
 
 
 def verdict(env, question, answer):
@@ -67,9 +68,9 @@ def main(argv):
         raise ValueError(f"the question is {len(prompt):,} tokens with its template; {args.checkpoint} reads at most "
                          f"block_size={model.config.block_size} (question and answer together): shorten it")
     prompts = [prompt] * args.n
-    tokens, logprobs, _ = model.generate(prompts, args.max_new_tokens or cfg["max_new_tokens"],
-                                         temperature=args.temperature, stop_tokens=(tok.eos,), seed=args.seed,
-                                         pad_id=tok.pad, tool_hook=tool_hook(run, prompts))
+    tokens, logprobs, _ = sample(model, prompts, args.max_new_tokens or cfg["max_new_tokens"],
+                                 temperature=args.temperature, stop_tokens=(tok.eos,), seed=args.seed,
+                                 pad_id=tok.pad, tool_hook=tool_hook(run, prompts))
     for toks, lps in zip(tokens, logprobs):
         text = tok.decode([t for t in toks if t != tok.eos])
         print(f"{text!r}  (log-prob {sum(lps):.2f}){verdict(run.env, args.question, text)}")

@@ -3,14 +3,15 @@ The sampler: batched KV-cache decoding of ragged prompts (model.py's transformer
 cache), shared prompts (each distinct prompt runs once, for sampling and for scoring), top-k / top-p
 filtering, inverse-CDF draws, and the tool hook (a tool's output fed back as forced tokens).
 
-It never imports model.py: `sample` takes the model as an argument, as nanochat's engine.py sits
-beside its gpt.py.
+`sample` takes the model as an argument (as nanochat's engine.py sits beside its gpt.py) and draws from
+model.py's own distribution (sampled_logprobs), so a token is drawn and scored by one definition.
 """
 
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
+
+from model import sampled_logprobs
 
 class KVCache:
     """Keys and values of every layer for a batch of left-padded rows: every row writes the same
@@ -86,51 +87,6 @@ class KVCache:
         self.flat_bias = self.bias.view(B * H, 1, L)
 
 
-class SharedPrompts:
-    """Rows of prompt + continuation laid out so that each distinct prompt runs once: GRPO's G
-    responses of a prompt, a DPO pair's two answers. model(shared.inputs, prompts=shared) gives the
-    logits of shared.targets; to_rows moves per-token values from this layout (N, S) to the rows'
-    (N, T-1), aligned with ids[:, 1:] as in sequence_logprobs.
-
-    ids (N, T) right-padded rows, prompt_lens (N,) each row's prompt length L ≥ 1. A row's prefix is
-    its prompt without the last token, ids[:L-1]; rows with equal prefixes share one, found by
-    torch.unique over the rows. The continuation input is ids[L-1 : T-1], left-aligned and
-    right-padded to S = T − min L columns, at positions L-1, L, ...: it starts with the last prompt
-    token, so every response token, the first one too, is predicted inside the continuation, whose
-    keys are the prefix's (masked to its length) and its own (causal)."""
-
-    def __init__(self, ids, prompt_lens):
-        N, T = ids.shape
-        device = ids.device
-        start = prompt_lens.to(device=device, dtype=torch.long) - 1  # (N,) column of the last prompt token
-        P = max(int(start.max()), 1)  # prefix columns (one masked column if every prompt is a single token)
-        keyed = torch.where(torch.arange(P, device=device) < start[:, None], ids[:, :P], -1)
-        unique, self.rows = torch.unique(keyed, dim=0, return_inverse=True)  # rows: (N,) its prefix's row
-        self.prefix_ids, self.prefix_pos = unique.clamp(min=0), torch.arange(P, device=device)[None]
-        S = T - 1 - int(start.min())
-        self.start, self.width = start, T - 1
-        src = (start[:, None] + torch.arange(S, device=device)).clamp(max=T - 2)  # (N, S) column of each input
-        self.inputs, self.targets, self.pos = ids.gather(1, src), ids.gather(1, src + 1), src
-        causal = torch.ones(S, S, dtype=torch.bool, device=device).tril()
-        prefix_valid = (unique >= 0)[self.rows]  # (N, P)
-        self.attn_mask = torch.cat([prefix_valid[:, None, :].expand(N, S, P), causal.expand(N, S, S)], 2)[:, None]
-
-    @staticmethod
-    def saves_work(prompt_lens, width, n_prompts):
-        """Whether this layout runs fewer positions than one full row each: n_prompts prefixes of
-        P = max L − 1 columns and N continuations of S = T − min L columns, against N·(T − 1). With
-        ragged prompts one short prompt widens every continuation, so rows that share a prompt only
-        by two (DPO's pairs) can run more positions shared than plain."""
-        start = prompt_lens - 1
-        n = len(prompt_lens)
-        return n_prompts * int(start.max()) + n * (width - 1 - int(start.min())) < n * (width - 1)
-
-    def to_rows(self, x):
-        """(N, S) values of the continuation -> (N, T-1) aligned with ids[:, 1:], 0 before the last prompt token."""
-        col = torch.arange(self.width, device=x.device) - self.start[:, None]  # (N, T-1) continuation column
-        return torch.where(col >= 0, x.gather(1, col.clamp(min=0)), 0.0)
-
-
 # ----------------------------------------------------------------------------------------------
 # Sampling
 
@@ -140,39 +96,6 @@ class Samples(NamedTuple):
     tokens: list
     logprobs: list
     forced: list
-
-
-def filter_logits(logits, top_k, top_p):
-    """Truncate the (already temperature-scaled) distribution (..., V): top-k, then nucleus (top-p);
-    −inf on the tokens cut."""
-    if top_k and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cum - sorted_logits.softmax(-1) >= top_p  # mass strictly before this token already ≥ p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return logits
-
-
-def truncates(top_k, top_p):
-    """Whether top_k / top_p cut anything off (None, 0 and top_p = 1 keep the whole distribution)."""
-    return bool(top_k) or (top_p is not None and top_p < 1.0)
-
-
-def sampled_logprobs(logits, temperature=1.0, top_k=None, top_p=None):
-    """Log-probs (..., V) of the distribution a token is drawn from: softmax(logits / T), cut by top-k
-    then top-p and renormalised over the tokens kept (−inf on the others):
-        π_trunc(v) = π(v) / Σ_{u kept} π(u)  for v kept, 0 otherwise.
-    The sampler draws from it and reports its log-probs; a trainer that scores with the same cut gets
-    the same numbers (ρ = 1 before an update). Scored on the full softmax instead, every kept token's
-    ratio is the kept mass Σ_{u kept} π(u) < 1 (TRL 6789). T = 0 (greedy): the T = 1 distribution, whole."""
-    logp = F.log_softmax(logits.float() if temperature in (0, 1) else logits.float() / temperature, dim=-1)
-    if temperature == 0 or not truncates(top_k, top_p):
-        return logp
-    return filter_logits(logp, top_k, top_p).log_softmax(-1)
 
 
 def draw(logp, generator):

@@ -115,11 +115,13 @@ def summarise(called):
                 files=len(per_file), per_file=dict(sorted(per_file.items(), key=lambda kv: -kv[1][0])), names=names)
 
 
-def make_starts(workdir):
-    """out/pretrain and out/sft in `workdir`: two short untraced runs of the default model."""
+def make_starts(workdir, tiny=False):
+    """out/pretrain and out/sft in `workdir`: two short untraced runs of the default model (tiny: a
+    model of one narrow layer, for the test; the functions a run calls do not depend on its size)."""
     from subprocess import run
     common = ["--max_iters=2", "--eval_interval=0", "--plot=False"]
-    for algo, start in (("pretrain", []), ("sft", ["--init_from=out/pretrain"])):
+    shape = ["--n_layer=1", "--n_head=1", "--n_embd=16"] if tiny else []
+    for algo, start in (("pretrain", shape), ("sft", ["--init_from=out/pretrain"])):
         run([sys.executable, os.path.join(ROOT, "train.py"), f"--algo={algo}", *start, *common],
             cwd=workdir, check=True, capture_output=True)
 

@@ -15,7 +15,7 @@ import train as T
 from checkpoints import build_model, load_model, load_reference
 from conftest import run_ddp
 from model import token_logprobs
-from sampler import SharedPrompts
+from model import SharedPrompts
 from tokenizer import Tokenizer
 
 

@@ -273,12 +273,13 @@ def test_sample_runs_the_environments_tool(tmp_path, monkeypatch, capsys):
     T.train(dict(RUN, env="calculator", max_iters=1, out_dir=out))
     seen = []
 
-    def generate(model, prompts, max_new_tokens, temperature=1.0, stop_tokens=(), seed=None, pad_id=0, tool_hook=None):
+    def generate(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None, stop_tokens=(), seed=None,
+                 pad_id=0, tool_hook=None):
         tok = C.load_tokenizer(out)
         call = [tok.special["tool_call"]] + tok.encode("347*28") + [tok.special["/tool_call"]]
         seen.append(tok.decode(tool_hook(0, call)))
         return [call], [[0.0] * len(call)], [[0] * len(call)]
-    monkeypatch.setattr("model.GPT.generate", generate)
+    monkeypatch.setattr(sample, "sample", generate)
     capsys.readouterr()
     sample.main([out, "What is 347*28?"])
     assert "9716" in seen[0] and "env=calculator" in capsys.readouterr().out.splitlines()[0]

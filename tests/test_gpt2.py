@@ -18,6 +18,7 @@ from checkpoints import build_model, load_tokenizer
 from conftest import SFT_DATA, TINY, random_ids
 from hf import from_pretrained, to_transformers
 from model import GPT
+from sampler import sample
 from sft import masked_nll
 from tokenizer import Tokenizer, gpt2_byte_chars
 
@@ -56,7 +57,7 @@ def test_greedy_generate_matches_transformers(hf_dir):
     # ragged prompts in one batch: ours left-pads them, transformers decodes each one alone
     prompts = [random_ids(VOCAB, 1, 5, seed=2)[0].tolist(), random_ids(VOCAB, 1, 11, seed=3)[0].tolist(), [7]]
     new = 20
-    tokens, logprobs, _ = ours.generate(prompts, max_new_tokens=new, temperature=0.0)
+    tokens, logprobs, _ = sample(ours, prompts, max_new_tokens=new, temperature=0.0)
     for prompt, got, got_lp in zip(prompts, tokens, logprobs):
         with torch.no_grad():
             out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),

@@ -21,6 +21,7 @@ from data import config_env, dataset_splits
 from envs import GSM8K
 from hf import from_pretrained, to_transformers
 from model import GPT, GPTConfig, sequence_logprobs
+from sampler import sample
 
 VOCAB = 96
 # Llama with grouped-query attention and its own head; Qwen2 with q, k, v biases and a tied head;
@@ -102,7 +103,7 @@ def test_greedy_generate_matches_transformers(hf_dir):
     prompts = [random_ids(VOCAB, 1, 5, seed=2)[0].tolist(), random_ids(VOCAB, 1, 11, seed=3)[0].tolist(), [7],
                random_ids(VOCAB, 1, 5, seed=2)[0].tolist()]
     new = 16
-    tokens, logprobs, _ = ours.generate(prompts, max_new_tokens=new, temperature=0.0)
+    tokens, logprobs, _ = sample(ours, prompts, max_new_tokens=new, temperature=0.0)
     expected, expected_lp = hf_greedy(hf, prompts, new)
     assert tokens == expected
     torch.testing.assert_close(torch.tensor(logprobs), expected_lp, atol=1e-4, rtol=0)
@@ -117,7 +118,7 @@ def test_tool_hook_and_gqa_cache_with_rotary_positions(hf_dir):
     ours = from_pretrained(path).eval()
     prompts = [random_ids(VOCAB, 1, 6, seed=6)[0].tolist(), random_ids(VOCAB, 1, 3, seed=7)[0].tolist()]
     hook = lambda row, generated: [11, 12, 13] if len(generated) == 1 else None
-    tokens, _, forced = ours.generate(prompts, max_new_tokens=12, temperature=0.0, tool_hook=hook)
+    tokens, _, forced = sample(ours, prompts, max_new_tokens=12, temperature=0.0, tool_hook=hook)
     for prompt, got, f in zip(prompts, tokens, forced):
         assert got[1:4] == [11, 12, 13] and f[:5] == [0, 1, 1, 1, 0]
         assert got[4:] == hf_greedy(hf, [prompt + got[:4]], 8)[0][0]

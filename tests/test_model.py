@@ -7,7 +7,8 @@ import torch
 
 from model import (GPT, GPTConfig, ScalarHeadGPT, apply_lora, count_parameters, gelu, merge_lora, sequence_logprobs,
                    token_logprobs, token_logprobs_and_entropy)
-from sampler import SharedPrompts, filter_logits, sample
+from model import SharedPrompts, filter_logits
+from sampler import sample
 
 CFG = GPTConfig(block_size=64, vocab_size=50, n_layer=2, n_head=2, n_embd=32)
 RAGGED = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
@@ -23,7 +24,7 @@ def test_cached_logits_equal_uncached_on_ragged_batch(model):
     """Every decode step's logits (captured at lm_head) equal a full forward of that row alone."""
     captured = []
     hook = model.lm_head.register_forward_hook(lambda m, i, out: captured.append(out[:, -1].clone()))
-    tokens, _, _ = model.generate(RAGGED, max_new_tokens=40, temperature=0)  # the cache grows at step 32
+    tokens, _, _ = sample(model, RAGGED, max_new_tokens=40, temperature=0)  # the cache grows at step 32
     hook.remove()
     assert len(captured) == 40  # one prefill + 39 decode steps (the 40th token needs no forward)
     worst = 0.0
@@ -39,12 +40,12 @@ def test_rows_in_a_batch_equal_rows_alone_through_dropped_rows(model):
     """A stop token ends rows at different steps: they leave the batch, the rows kept are copied into
     the cache's second buffer and the two swap, once per step that ends a row. Every row still gets
     exactly what it gets alone, and the log-probs of a training forward."""
-    free, _, _ = model.generate(RAGGED, 45, temperature=0)
+    free, _, _ = sample(model, RAGGED, 45, temperature=0)
     stop = free[2][9]  # row 2 stops at step 9 at the latest; other rows when they first emit it
-    tokens, logprobs, _ = model.generate(RAGGED, 45, temperature=0, stop_tokens=(stop,))
+    tokens, logprobs, _ = sample(model, RAGGED, 45, temperature=0, stop_tokens=(stop,))
     assert len({len(t) for t in tokens}) > 1  # rows ended at different steps
     for prompt, toks, lps in zip(RAGGED, tokens, logprobs):
-        alone, alone_lps, _ = model.generate([prompt], 45, temperature=0, stop_tokens=(stop,))
+        alone, alone_lps, _ = sample(model, [prompt], 45, temperature=0, stop_tokens=(stop,))
         assert toks == alone[0]
         torch.testing.assert_close(torch.tensor(lps), torch.tensor(alone_lps[0]), atol=1e-5, rtol=0)
         full = sequence_logprobs(model, torch.tensor([prompt + toks]))[0, len(prompt) - 1:]
@@ -52,7 +53,7 @@ def test_rows_in_a_batch_equal_rows_alone_through_dropped_rows(model):
 
 
 def test_cached_greedy_equals_uncached_greedy(model):
-    tokens, _, _ = model.generate(RAGGED, max_new_tokens=12, temperature=0)
+    tokens, _, _ = sample(model, RAGGED, max_new_tokens=12, temperature=0)
     for prompt, out in zip(RAGGED, tokens):
         seq = list(prompt)
         for _ in range(12):
@@ -67,7 +68,7 @@ def test_sampler_logprobs_equal_training_forward(model, temperature, top_k, top_
     / T) cut by top-k / top-p and renormalised (the distribution the tokens were drawn from), to 1e-5.
     With a cut, the whole softmax scores every sampled token lower by log(kept mass) > 0: the bias an
     uncorrected ratio carries."""
-    tokens, logprobs, _ = model.generate(RAGGED, 10, temperature=temperature, top_k=top_k, top_p=top_p, seed=3)
+    tokens, logprobs, _ = sample(model, RAGGED, 10, temperature=temperature, top_k=top_k, top_p=top_p, seed=3)
     for prompt, toks, lps in zip(RAGGED, tokens, logprobs):
         ids = torch.tensor([prompt + toks])
         lp = sequence_logprobs(model, ids, temperature, top_k=top_k, top_p=top_p)[0, len(prompt) - 1:]
@@ -86,16 +87,16 @@ def test_repeated_prompts_share_one_prefill_and_sample_independently(model):
     prompts = [RAGGED[1], RAGGED[2], RAGGED[1], RAGGED[0], RAGGED[1], RAGGED[3], RAGGED[2], RAGGED[1]]
     rows = []
     hook = model.lm_head.register_forward_hook(lambda m, i, out: rows.append(out.size(0)))
-    tokens, logprobs, _ = model.generate(prompts, 40, temperature=1.0, seed=5)
+    tokens, logprobs, _ = sample(model, prompts, 40, temperature=1.0, seed=5)
     hook.remove()
     assert rows[0] == 4 and rows[1] == 8
     for prompt, toks, lps in zip(prompts, tokens, logprobs):
         lp = sequence_logprobs(model, torch.tensor([prompt + toks]))[0, len(prompt) - 1:]
         torch.testing.assert_close(lp, torch.tensor(lps), atol=1e-5, rtol=0)
     assert len({tuple(tokens[i]) for i in (0, 2, 4, 7)}) == 4
-    greedy, _, _ = model.generate(prompts, 12, temperature=0)
+    greedy, _, _ = sample(model, prompts, 12, temperature=0)
     for prompt, out in zip(prompts, greedy):
-        assert out == model.generate([prompt], 12, temperature=0)[0][0]
+        assert out == sample(model, [prompt], 12, temperature=0)[0][0]
 
 
 def shared_prompt_rows():
@@ -174,17 +175,17 @@ def test_gelu_is_gpt2_tanh_gelu_in_either_form():
 
 
 def test_seed_reproducible_and_stop_tokens_per_row(model):
-    a = model.generate(RAGGED, 20, temperature=1.0, seed=7)
-    b = model.generate(RAGGED, 20, temperature=1.0, seed=7)
-    c = model.generate(RAGGED, 20, temperature=1.0, seed=8)
+    a = sample(model, RAGGED, 20, temperature=1.0, seed=7)
+    b = sample(model, RAGGED, 20, temperature=1.0, seed=7)
+    c = sample(model, RAGGED, 20, temperature=1.0, seed=8)
     assert a == b and a[0] != c[0]
     stop = a[0][1][2]  # a token row 1 produced at step 2: with it as stop token row 1 ends there
-    tokens, logprobs, _ = model.generate(RAGGED, 20, temperature=1.0, seed=7, stop_tokens=(stop,))
+    tokens, logprobs, _ = sample(model, RAGGED, 20, temperature=1.0, seed=7, stop_tokens=(stop,))
     assert tokens[1] == a[0][1][:a[0][1].index(stop) + 1]  # identical up to and including its stop token
     for toks in tokens:  # a row ends at its first stop token (included) or at max_new_tokens
         assert stop not in toks[:-1] and (toks[-1] == stop or len(toks) == 20)
     assert [len(t) for t in tokens] == [len(lp) for lp in logprobs]
-    assert model.generate(RAGGED, 20, temperature=1.0, seed=7, stop_tokens=(stop,))[:2] == (tokens, logprobs)
+    assert sample(model, RAGGED, 20, temperature=1.0, seed=7, stop_tokens=(stop,))[:2] == (tokens, logprobs)
 
 
 def test_top_k_and_top_p_filtering():
@@ -200,7 +201,7 @@ def test_sampler_frequencies_follow_the_distribution():
     torch.manual_seed(0)
     m = GPT(GPTConfig(block_size=8, vocab_size=4, n_layer=1, n_head=1, n_embd=8)).eval()
     prompts = [[0]] * 4000
-    tokens, logprobs, _ = m.generate(prompts, 1, temperature=1.0, seed=0)
+    tokens, logprobs, _ = sample(m, prompts, 1, temperature=1.0, seed=0)
     p = torch.tensor(logprobs[0]).exp().item()
     counts = torch.bincount(torch.tensor([t[0] for t in tokens]), minlength=4).float() / 4000
     expected = m(torch.tensor([[0]]))[0, -1].softmax(-1)
@@ -210,7 +211,7 @@ def test_sampler_frequencies_follow_the_distribution():
 
 def test_prompt_too_long_is_a_clear_error(model):
     with pytest.raises(ValueError, match="block_size"):
-        model.generate([[1] * 64], 5)
+        sample(model, [[1] * 64], 5)
 
 
 def test_scalar_head_shape(model):
@@ -248,7 +249,7 @@ def test_lora_zero_change_at_init_then_only_lora_trains_and_merge_is_exact(model
 def test_tool_hook_injects_tokens_that_later_steps_condition_on(model):
     """A row that emits a trigger gets the tool's ids fed in (forced=1, log-prob 0); what it samples
     afterwards is what an uncached forward over the whole sequence predicts."""
-    free, _, _ = model.generate(RAGGED, 8, temperature=0)
+    free, _, _ = sample(model, RAGGED, 8, temperature=0)
     trigger = free[0][1]
     injected = [40, 41, 42]
     hook = lambda row, generated: injected if row == 0 and generated[-1] == trigger and len(generated) == 2 else None
