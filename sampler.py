@@ -136,12 +136,12 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
     # not in lockstep: FSDP2 would make its buffers of gathered weights inference tensors, which a
     # training forward then cannot write into
     with torch.inference_mode(all_ranks_busy is None), torch.no_grad():
-        return decode(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens, seed, pad_id,
-                      tool_hook, all_ranks_busy)
+        return decode_steps(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens, seed, pad_id,
+                            tool_hook, all_ranks_busy)
 
 
-def decode(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens, seed, pad_id, tool_hook,
-           all_ranks_busy):
+def decode_steps(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens, seed, pad_id, tool_hook,
+                 all_ranks_busy):
     """sample's work, under the grad mode it chose."""
     device = next(model.parameters()).device
     B = len(prompts)
