@@ -34,12 +34,12 @@ import torch
 import torch.nn.functional as F
 
 import dpo_online
-import pairs
-from checkpoints import load_reference, safe_load, weights_fingerprint
-from distributed import all_reduce_sum, chunks, over_ranks
-from evaluation import evaluate_policy, write_samples
+from nanopost import pairs
+from nanopost.checkpoints import load_reference, safe_load, weights_fingerprint
+from nanopost.distributed import all_reduce_sum, chunks, over_ranks
+from nanopost.evaluation import evaluate_policy, write_samples
 from model import sequence_logprobs
-from paperwork import preference_passport, write_passport
+from nanopost.passports import preference_passport, write_passport
 from model import SharedPrompts
 
 LOSSES = ("dpo", "ipo", "kto", "simpo", "orpo")

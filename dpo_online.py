@@ -41,13 +41,13 @@ with the round's seed: the pairs of the uninterrupted run.
 
 import torch
 
-import pairs
-from checkpoints import load_reward_model
-from distributed import seeded_rng
-from evaluation import write_samples
-from judge import JUDGE_KEYS
-from rewards import judged
-from rollouts import rollouts, score_rollout
+from nanopost import pairs
+from nanopost.checkpoints import load_reward_model
+from nanopost.distributed import seeded_rng
+from nanopost.evaluation import write_samples
+from nanopost.judge import JUDGE_KEYS
+from nanopost.rewards import judged
+from nanopost.rollouts import rollouts, score_rollout
 
 OPTIONS = dict(
     online_every=4,             # pairs=online: iterations per round; each round samples new pairs from the current policy at its first

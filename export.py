@@ -23,10 +23,10 @@ tokenizer's are never produced by it. To train on from the export: --init_from=O
 
 import sys
 
-from checkpoints import load_model, load_tokenizer
-from hf import to_transformers
+from nanopost.checkpoints import load_model, load_tokenizer
+from nanopost.hf import to_transformers
 from model import GPT
-from options import optional_dependency
+from nanopost.options import optional_dependency
 
 
 def export(ckpt_dir, out_dir):

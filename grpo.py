@@ -48,14 +48,14 @@ import grpo_breaks
 import grpo_estimators
 import grpo_family as family
 import grpo_rollouts
-import monitors
-import rewards
-from checkpoints import load_reference
-from distributed import chunks
-from evaluation import evaluate_policy
+from nanopost import monitors
+from nanopost import rewards
+from nanopost.checkpoints import load_reference
+from nanopost.distributed import chunks
+from nanopost.evaluation import evaluate_policy
 from model import kl_estimate, token_logprobs_and_entropy
-from paperwork import grpo_passport, verifier_check, write_passport
-from rollouts import Rollout, old_logprobs_mode, rollouts, score_tokens, shard_problems, shard_size
+from nanopost.passports import grpo_passport, verifier_check, write_passport
+from nanopost.rollouts import Rollout, old_logprobs_mode, rollouts, score_tokens, shard_problems, shard_size
 from model import SharedPrompts
 
 starts_from = {"init_from": "sft"}  # RL selects among what a trained policy does: no random start

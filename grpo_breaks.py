@@ -11,10 +11,10 @@ import re
 
 import torch
 
-from checkpoints import frozen
+from nanopost.checkpoints import frozen
 from grpo_family import shaping
 from grpo_rollouts import old_logprobs, truncation
-from rollouts import layout
+from nanopost.rollouts import layout
 
 # --break_it: a classic failure wired in on purpose (break_it, below), and the monitor (monitors.ALARMS) that names
 # it; docs/failures.md has each one's symptom, figure, fix and the public threads where it was met

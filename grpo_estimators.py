@@ -8,8 +8,8 @@ among them once. The formulas in full: docs/grpo.md. SPEC §3.
 
 import torch
 
-from distributed import all_reduce_sum
-from rewards import path_signals, token_rewards
+from nanopost.distributed import all_reduce_sum
+from nanopost.rewards import path_signals, token_rewards
 
 
 def advantage_scale(cfg):

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 import torch
 
 from grpo_rollouts import truncation
-from rewards import REWARD_KEYS, SEQUENCE_REWARD_KEYS, check_reward_mode, check_sequence_reward
+from nanopost.rewards import REWARD_KEYS, SEQUENCE_REWARD_KEYS, check_reward_mode, check_sequence_reward
 
 OPTIONS = dict(
     estimator="grpo",          # reinforce | rloo | grpo | dr_grpo: the baseline the advantage subtracts

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from checkpoints import frozen
-from distributed import all_reduce_sum, seeded_rng
-from rollouts import old_logprobs_mode, score_tokens, shard_problems, shard_size
+from nanopost.checkpoints import frozen
+from nanopost.distributed import all_reduce_sum, seeded_rng
+from nanopost.rollouts import old_logprobs_mode, score_tokens, shard_problems, shard_size
 
 
 def truncation(cfg):

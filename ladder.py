@@ -44,15 +44,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
-import bands
-from checkpoints import load_model
-from data import config_env
-from distributed import setup_device
-from evaluation import evaluate_policy
+from nanopost import bands
+from nanopost.checkpoints import load_model
+from nanopost.data import config_env
+from nanopost.distributed import setup_device
+from nanopost.evaluation import evaluate_policy
 from model import ScalarHeadGPT
-from monitors import alarms, fired_text
-from options import DEFAULTS, coerce, config_comments, make_config, parse_args, renamed
-from tokenizer import Tokenizer
+from nanopost.monitors import alarms, fired_text
+from nanopost.options import DEFAULTS, coerce, config_comments, make_config, parse_args, renamed
+from nanopost.tokenizer import Tokenizer
 
 # The ladder, in order: (stage = its directory under OUT_ROOT, train.py arguments beyond the
 # algorithm's own defaults, the stage whose checkpoint it starts from). Add a stage with one line.

@@ -42,13 +42,13 @@ import torch
 import torch.nn.functional as F
 
 import opd_family as family
-from checkpoints import load_reference, load_teacher
+from nanopost.checkpoints import load_reference, load_teacher
 from envs import PRIVILEGED, privileged_prompt
-from data import collate
-from distributed import all_reduce_sum, chunks
-from evaluation import evaluate_policy
-from paperwork import opd_passport, unparsed, verifier_check, write_passport
-from rollouts import last_response_column, rollouts, shard_problems, shard_size
+from nanopost.data import collate
+from nanopost.distributed import all_reduce_sum, chunks
+from nanopost.evaluation import evaluate_policy
+from nanopost.passports import opd_passport, unparsed, verifier_check, write_passport
+from nanopost.rollouts import last_response_column, rollouts, shard_problems, shard_size
 
 starts_from = {"init_from": "sft", "teacher": "grpo"}  # after the ladder: its SFT stage, graded by its GRPO stage
 on_policy = True  # the teacher (if self) and the student score what was sampled; every rank grades alike

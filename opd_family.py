@@ -65,7 +65,7 @@ teacher — where π_t comes from:
 import torch
 import torch.nn.functional as F
 
-from distributed import chunks
+from nanopost.distributed import chunks
 from envs import PRIVILEGED
 
 OPTIONS = dict(

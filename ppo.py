@@ -44,12 +44,12 @@ import torch
 import torch.nn as nn
 
 import ppo_family as family
-from checkpoints import load_reference
-from distributed import all_reduce_sum, role_memory_gib, seeded_rng, shard
-from evaluation import evaluate_policy
+from nanopost.checkpoints import load_reference
+from nanopost.distributed import all_reduce_sum, role_memory_gib, seeded_rng, shard
+from nanopost.evaluation import evaluate_policy
 from model import GPT, ScalarHeadGPT, kl_estimate, sequence_logprobs, token_logprobs_and_entropy
-from paperwork import ppo_passport, unparsed, verifier_check, write_passport
-from rollouts import last_response_column, old_logprobs_mode, rollouts
+from nanopost.passports import ppo_passport, unparsed, verifier_check, write_passport
+from nanopost.rollouts import last_response_column, old_logprobs_mode, rollouts
 
 starts_from = {"init_from": "sft"}  # RL selects among what a trained policy does: no random start
 on_policy = True  # the loss sees the function the sampler used for π_old; every rank scores alike

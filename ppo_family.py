@@ -15,10 +15,10 @@ sampler's π_old): ppo.setup chooses among them once, and ppo's core path calls 
 import numpy as np
 import torch
 
-from checkpoints import load_reward_model, read_reward_model
+from nanopost.checkpoints import load_reward_model, read_reward_model
 from model import token_logprobs
-from rewards import REWARD_KEYS, check_reward_mode, token_signals
-from rollouts import score_responses
+from nanopost.rewards import REWARD_KEYS, check_reward_mode, token_signals
+from nanopost.rollouts import score_responses
 
 OPTIONS = dict(
     reward="verifier",          # verifier (RLVR) | rm (RLHF: needs reward_model)

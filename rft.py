@@ -38,11 +38,11 @@ import torch
 import torch.nn.functional as F
 
 import sft
-from distributed import seeded_rng
-from evaluation import evaluate_policy
+from nanopost.distributed import seeded_rng
+from nanopost.evaluation import evaluate_policy
 from model import token_entropy
-from paperwork import rft_passport, unparsed, verifier_check, write_passport
-from rollouts import response_text, rollouts
+from nanopost.passports import rft_passport, unparsed, verifier_check, write_passport
+from nanopost.rollouts import response_text, rollouts
 
 starts_from = {"init_from": "sft"}  # it filters what the policy already writes: a random start keeps nothing
 defaults = dict(

@@ -20,13 +20,13 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-import pairs
-from checkpoints import load_reference
-from distributed import all_reduce_sum, chunks
-from evaluation import write_samples
+from nanopost import pairs
+from nanopost.checkpoints import load_reference
+from nanopost.distributed import all_reduce_sum, chunks
+from nanopost.evaluation import write_samples
 from model import ScalarHeadGPT
-from paperwork import preference_passport, write_passport
-from rollouts import score_responses
+from nanopost.passports import preference_passport, write_passport
+from nanopost.rollouts import score_responses
 
 starts_from = {"init_from": "sft"}  # scores answers of the SFT policy's kind: no random start (options.check_start)
 defaults = dict(pairs.PAIR_DEFAULTS, train_prompts=2048,  # more pairs: the RM overfits 512 prompts' pairs

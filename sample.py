@@ -23,10 +23,10 @@ from types import SimpleNamespace
 # OMP_WAIT_POLICY=ACTIVE brings the spinning back, faster for SFT on idle cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from checkpoints import load_model, load_tokenizer, read_checkpoint
-from data import config_env
-from options import DEFAULTS
-from rollouts import tool_hook
+from nanopost.checkpoints import load_model, load_tokenizer, read_checkpoint
+from nanopost.data import config_env
+from nanopost.options import DEFAULTS
+from nanopost.rollouts import tool_hook
 from sampler import sample
 
 

@@ -17,12 +17,12 @@ from types import SimpleNamespace
 
 import torch
 
-from data import RowError, check_length, collate, encode_rows, load_rows, render_messages, require
-from distributed import all_reduce_sum, chunks, seeded_rng, shard
+from nanopost.data import RowError, check_length, collate, encode_rows, load_rows, render_messages, require
+from nanopost.distributed import all_reduce_sum, chunks, seeded_rng, shard
 from envs import privileged_prompt
-from evaluation import evaluate_policy
+from nanopost.evaluation import evaluate_policy
 from model import token_logprobs
-from paperwork import sft_passport, write_passport
+from nanopost.passports import sft_passport, write_passport
 
 defaults = dict(
     train_problems=20000,  # built-in SFT pool (solver demonstrations of train-split problems)

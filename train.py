@@ -8,7 +8,7 @@ The one entry point: the shared training loop.
 Configuration is plain Python values (options.py): options.DEFAULTS plus the chosen algorithm
 module's own `defaults`, overridden by `--key=value` (a Python literal) and `config/x.py` files;
 `--help` lists every option. The helpers every script shares live in modules named for what they
-hold (distributed, data, checkpoints, rollouts, evaluation, rewards, paperwork, monitors), which
+hold (nanopost/: distributed, data, checkpoints, rollouts, evaluation, rewards, passports, monitors), which
 never import this file or an algorithm.
 
 The contract: an algorithm module (options.ALGOS) supplies plain values and functions.
@@ -59,17 +59,17 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoints import build_model, check_resumable, load_sharded, read_checkpoint, restore_rng, save_checkpoint
-from data import config_env
-from distributed import (all_reduce_sum, gathered, keep_gathered_through_backward, rank0_first, set_gathered,
+from nanopost.checkpoints import build_model, check_resumable, load_sharded, read_checkpoint, restore_rng, save_checkpoint
+from nanopost.data import config_env
+from nanopost.distributed import (all_reduce_sum, gathered, keep_gathered_through_backward, rank0_first, set_gathered,
                          set_gradient_sync, setup_device, shard_model)
-from evaluation import plot_metrics, read_metrics
+from nanopost.evaluation import plot_metrics, read_metrics
 from model import GPT, apply_lora, count_parameters
-from monitors import watcher
-from options import (DEFAULTS, MODEL_KEYS, after_the_ladder, algo_module, check_model_keys, check_out_dir, check_start,
+from nanopost.monitors import watcher
+from nanopost.options import (DEFAULTS, MODEL_KEYS, after_the_ladder, algo_module, check_model_keys, check_out_dir, check_start,
                      fill_out_dir, help_text, make_config, optional_dependency, parse_args)
-from paperwork import write_out
-from tokenizer import make_tokenizer
+from nanopost.run_dir import write_out
+from nanopost.tokenizer import make_tokenizer
 
 
 def lr_at(cfg, it):
@@ -170,7 +170,7 @@ def resume(run, optimizer, ckpt, metrics_path):
     and RNG restored and metrics.jsonl cut back to it; or (0, 0), with a fresh metrics.jsonl and
     config.json (under --overwrite=True, the earlier run's ckpt.pt removed)."""
     cfg = run.cfg
-    held, run.held = run.held, None  # (what setup wrote: paperwork.write_out)
+    held, run.held = run.held, None  # (what setup wrote: run_dir.write_out)
     if run.master:  # the run's first writes into out_dir: a setup that failed has left it as it was
         os.makedirs(cfg["out_dir"], exist_ok=True)
         if ckpt is None:  # a new run's files start afresh (--overwrite=True: the earlier run's go)

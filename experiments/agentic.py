@@ -31,7 +31,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import options  # noqa: E402  (after the path: the script runs from anywhere)
+from nanopost import options  # noqa: E402  (after the path: the script runs from anywhere)
 import train as T  # noqa: E402
 from experiments.study import pyplot, save_figure  # noqa: E402
 

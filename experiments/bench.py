@@ -37,15 +37,15 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 import torch.nn.functional as F  # noqa: E402
 
-import options  # noqa: E402
+from nanopost import options  # noqa: E402
 import sft  # noqa: E402
 import train as T  # noqa: E402
-from checkpoints import build_model  # noqa: E402
-from hf import to_transformers  # noqa: E402
-from rollouts import Rollout, score_tokens, shard_problems  # noqa: E402
+from nanopost.checkpoints import build_model  # noqa: E402
+from nanopost.hf import to_transformers  # noqa: E402
+from nanopost.rollouts import Rollout, score_tokens, shard_problems  # noqa: E402
 from sampler import draw, sample  # noqa: E402
 from sft import masked_nll  # noqa: E402
-from tokenizer import Tokenizer  # noqa: E402
+from nanopost.tokenizer import Tokenizer  # noqa: E402
 
 BENCHMARKS = {}  # name -> function(args) returning its summary rows; main() runs them in order
 MEASUREMENTS = []  # every row `report` printed, for the JSON file
@@ -380,7 +380,8 @@ ALLOC_ITERS, ALLOC_WARMUP, ALLOC_ROUNDS = 48, 8, 3
 ALLOC_RUN = """
 import json, resource, sys, time, types
 sys.path.insert(0, {root!r})
-import torch, distributed, sft, train
+import torch, sft, train
+from nanopost import distributed
 torch.set_num_threads(1)
 if not {keep}:
     distributed.keep_freed_memory = lambda: None  # glibc's own thresholds
@@ -438,7 +439,7 @@ def dpo_step(args):
     """A DPO optimizer step never runs π_ref (its log-probs are cached at setup), so it should cost
     what an SFT step on the same chosen + rejected rows costs: same forward, same backward."""
     import dpo
-    import pairs
+    from nanopost import pairs
     out_dir = tempfile.mkdtemp(prefix="bench_dpo_")
     # style pairs need no sampling: setup is just the pairs and their cached reference log-probs
     run = T.train(dict(algo="dpo", loss="dpo", pairs="style", train_prompts=DPO_PAIRS, heldout_prompts=2,

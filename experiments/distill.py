@@ -60,12 +60,12 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 import torch.nn.functional as F  # noqa: E402
 
-import bands  # noqa: E402
-import options  # noqa: E402
+from nanopost import bands  # noqa: E402
+from nanopost import options  # noqa: E402
 import train as T  # noqa: E402
-from distributed import chunks  # noqa: E402
-from evaluation import greedy_accuracy  # noqa: E402
-from rollouts import rollouts  # noqa: E402
+from nanopost.distributed import chunks  # noqa: E402
+from nanopost.evaluation import greedy_accuracy  # noqa: E402
+from nanopost.rollouts import rollouts  # noqa: E402
 
 ARMS = dict(
     grpo=dict(options.parse_args([os.path.join(ROOT, "config", "grpo.py")]), algo="grpo", group_size=8),  # 16 × 8 = 128

@@ -25,9 +25,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import bands  # noqa: E402  (after the path: the script runs from anywhere)
+from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
 import grpo_breaks  # noqa: E402
-import monitors  # noqa: E402
+from nanopost import monitors  # noqa: E402
 from experiments.study import pyplot, rows, run, save_figure, save_study  # noqa: E402  (train.train with the run's keys, ...)
 
 # (name, the switch: train.py keys, the task's SFT start: main or calculator, the figure that gives it away).

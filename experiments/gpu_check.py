@@ -42,10 +42,10 @@ import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
 import bench  # noqa: E402
 import envs  # noqa: E402
-import options  # noqa: E402
+from nanopost import options  # noqa: E402
 import train as T  # noqa: E402
-from distributed import setup_device  # noqa: E402
-from hf import to_transformers  # noqa: E402
+from nanopost.distributed import setup_device  # noqa: E402
+from nanopost.hf import to_transformers  # noqa: E402
 from model import GPT, GPTConfig, token_logprobs  # noqa: E402
 from sampler import sample  # noqa: E402
 

@@ -47,11 +47,11 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
-import bands  # noqa: E402
-from checkpoints import frozen, load_model  # noqa: E402
-from judge import judge_rows, judge_scores, judge_text  # noqa: E402
+from nanopost import bands  # noqa: E402
+from nanopost.checkpoints import frozen, load_model  # noqa: E402
+from nanopost.judge import judge_rows, judge_scores, judge_text  # noqa: E402
 from model import ScalarHeadGPT  # noqa: E402
-from rollouts import rollouts, score_rollout  # noqa: E402
+from nanopost.rollouts import rollouts, score_rollout  # noqa: E402
 from experiments.study import (last_logged, pyplot, run, save_figure, save_study, set_keys,  # noqa: E402
                                study_flags, train_once)
 

@@ -56,13 +56,13 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
-import bands  # noqa: E402
+from nanopost import bands  # noqa: E402
 import grpo  # noqa: E402
 import ppo  # noqa: E402
-from checkpoints import frozen, load_model  # noqa: E402
-from judge import judge_scores  # noqa: E402
+from nanopost.checkpoints import frozen, load_model  # noqa: E402
+from nanopost.judge import judge_scores  # noqa: E402
 from model import GPT, ScalarHeadGPT  # noqa: E402
-from rollouts import rollouts, score_rollout  # noqa: E402
+from nanopost.rollouts import rollouts, score_rollout  # noqa: E402
 from experiments.study import (band_line, finished, pyplot, rows, run, save_figure, save_study,  # noqa: E402
                                set_keys, study_flags, train_once)
 from experiments.online_dpo import QUICK, QUICK_SFT  # noqa: E402  (the toy task)

@@ -48,10 +48,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import bands  # noqa: E402  (after the path: the script runs from anywhere)
+from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
 from envs import Arithmetic  # noqa: E402
 from envs.treasure import MAP_TEXT, ROOM_NAMES, ROOMS, optimal_episode  # noqa: E402
-from rollouts import generate, response_text  # noqa: E402
+from nanopost.rollouts import generate, response_text  # noqa: E402
 from experiments.study import (band_line, final_models, pyplot, rows, run, save_analysis,  # noqa: E402
                                save_figure, save_study, set_keys, study_flags, train_once)
 

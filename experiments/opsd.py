@@ -50,11 +50,11 @@ from distill import (ARMS as DISTILL_ARMS, ROOT, evaluate, parse_study, require_
                      schedule, study_parser, train_arm)
 
 sys.path.insert(0, ROOT)
-import bands  # noqa: E402
+from nanopost import bands  # noqa: E402
 import envs  # noqa: E402
-import options  # noqa: E402
+from nanopost import options  # noqa: E402
 import train as T  # noqa: E402
-from rollouts import generate, response_text, shard_problems, shard_size  # noqa: E402
+from nanopost.rollouts import generate, response_text, shard_problems, shard_size  # noqa: E402
 
 ARMS = dict(answer=dict(privileged="answer", anchor=False), answer_anchor=dict(privileged="answer", anchor=True),
             solution=dict(privileged="solution", anchor=False), solution_anchor=dict(privileged="solution", anchor=True),

@@ -54,9 +54,9 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
-import bands  # noqa: E402
-from distributed import chunks  # noqa: E402
-from rollouts import rollouts, score_rollout  # noqa: E402
+from nanopost import bands  # noqa: E402
+from nanopost.distributed import chunks  # noqa: E402
+from nanopost.rollouts import rollouts, score_rollout  # noqa: E402
 from experiments.study import (finished, last_logged, pyplot, rows, run, save_figure, save_study,  # noqa: E402
                                set_keys, study_flags, train_once)
 

@@ -87,8 +87,8 @@ class RandTextEnv:
 def worker(args):
     sys.path.insert(0, ROOT)
     import torch
-    import options
-    import rollouts
+    from nanopost import options
+    from nanopost import rollouts
     import train as T
     torch.set_num_threads(1)
     peer = peer_common(args.bench)

@@ -27,8 +27,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import bands  # noqa: E402  (after the path: the script runs from anywhere)
-import options  # noqa: E402
+from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
+from nanopost import options  # noqa: E402
 import train as T  # noqa: E402
 from experiments.study import band_line, pyplot, save_figure  # noqa: E402  (a seed mean and its band, drawn)
 

@@ -134,7 +134,7 @@ def run_one(repo, algo, args, path):
 def converted(repo, ckpt_dir, out):
     """ckpt_dir's checkpoint, its model_args cut to the fields of repo's GPTConfig, saved in `out`."""
     import torch
-    from checkpoints import safe_load
+    from nanopost.checkpoints import safe_load
     code = ("import dataclasses, json, sys; sys.path.insert(0, '.'); from model import GPTConfig; "
             "print(json.dumps([f.name for f in dataclasses.fields(GPTConfig)]))")
     fields = json.loads(subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True,

@@ -31,8 +31,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import bands  # noqa: E402  (after the path: the script runs from anywhere)
-from rewards import DIMENSIONS, reward_weights  # noqa: E402
+from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
+from nanopost.rewards import DIMENSIONS, reward_weights  # noqa: E402
 from experiments.study import (pyplot, rows, run, save_figure, save_study, set_keys, study_flags,  # noqa: E402
                                train_once)
 

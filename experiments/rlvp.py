@@ -41,7 +41,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import bands  # noqa: E402  (after the path: the script runs from anywhere)
+from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
 from experiments.study import (band_line, final_models, init_checkpoint, pyplot, rows, run,  # noqa: E402
                                save_analysis, save_figure, save_study, set_keys, study_flags)
 from experiments.ood import answers, responses  # noqa: E402  (one answer per problem)

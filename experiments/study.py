@@ -9,8 +9,8 @@ sys.path first and imports them from experiments.study.
 import json
 import os
 
-import bands
-import options
+from nanopost import bands
+from nanopost import options
 import train as T
 
 

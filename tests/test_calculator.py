@@ -6,11 +6,11 @@ import time
 import pytest
 
 import envs
-import options
+from nanopost import options
 import train as T
 from conftest import SFT_DATA, TINY
 from envs import Calculator, calculator
-from tokenizer import Tokenizer
+from nanopost.tokenizer import Tokenizer
 
 HOSTILE = [
     "x", "__import__('os').system('ls')", "open('/etc/passwd').read()", "(1).real", "(1).__class__",

@@ -243,7 +243,7 @@ def script_flags(path):
 
 def train_keys():
     """{algo: the keys train.py accepts for it}, RENAMED and REMOVED (from train.py)."""
-    import options as T
+    from nanopost import options as T
     return ({algo: set(T.make_config(dict(algo=algo))) for algo in T.available_algos()},
             dict(getattr(T, "RENAMED", {})), dict(getattr(T, "REMOVED", {})))
 
@@ -263,7 +263,7 @@ def key_problem(key, accepted, renamed, removed):
 def command_problems(words):
     """What is wrong with one documented command (a list of shell words): [why, ...]."""
     import ladder
-    import options as T
+    from nanopost import options as T
     found = script_of(words)
     if not found:
         return []
@@ -347,8 +347,7 @@ def test_every_documented_command_uses_options_its_script_takes():
 
 
 def test_the_command_checker_catches_what_it_is_for():
-    import options as T
-
+    from nanopost import options as T
     def problems(text):
         return [why for words in split_commands(text) for why in command_problems(words)]
     assert not problems("python train.py --algo grpo config/dapo.py --init_from=out/sft --max_iters=40  # a comment")

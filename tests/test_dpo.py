@@ -9,14 +9,14 @@ import pytest
 import torch
 
 import dpo
-import options
-import pairs
+from nanopost import options
+from nanopost import pairs
 import train as T
-from checkpoints import build_model, load_model, load_reference
+from nanopost.checkpoints import build_model, load_model, load_reference
 from conftest import run_ddp
 from model import token_logprobs
 from model import SharedPrompts
-from tokenizer import Tokenizer
+from nanopost.tokenizer import Tokenizer
 
 
 def dpo_config(tiny, **overrides):

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import checkpoints as C
-import options
+from nanopost import checkpoints as C
+from nanopost import options
 import sample
 import sft
 import train as T

@@ -16,8 +16,8 @@ import torch
 import envs
 import grpo_breaks
 import grpo_family as family
-import monitors
-import options
+from nanopost import monitors
+from nanopost import options
 import train as T
 from conftest import TINY
 from experiments.failures import FAILURES

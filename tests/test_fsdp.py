@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import envs
-import options
+from nanopost import options
 import train as T
-from checkpoints import build_model, load_model, read_checkpoint
+from nanopost.checkpoints import build_model, load_model, read_checkpoint
 from conftest import SFT_DATA, TINY, free_ports, run_ddp
-from tokenizer import make_tokenizer
+from nanopost.tokenizer import make_tokenizer
 
 SMALL_RL = dict(prompts_per_iter=4, rollout_prompts=2, group_size=2, batch_size=4, max_new_tokens=8, eval_problems=2, eval_batch_size=4)
 ALGOS = {

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from envs import FACES, SPLIT_RULE, GeneralPoints, card_value, make_env, solutions
-from tokenizer import Tokenizer
+from nanopost.tokenizer import Tokenizer
 
 HAND = {"cards": ["4", "7", "8", "8"], "values": [4, 7, 8, 8], "target": 24}
 

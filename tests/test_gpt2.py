@@ -12,15 +12,15 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # a local save_pretrained directory must nev
 transformers = pytest.importorskip("transformers")
 
 import export
-import options
+from nanopost import options
 import train as T
-from checkpoints import build_model, load_tokenizer
+from nanopost.checkpoints import build_model, load_tokenizer
 from conftest import SFT_DATA, TINY, random_ids
-from hf import from_pretrained, to_transformers
+from nanopost.hf import from_pretrained, to_transformers
 from model import GPT
 from sampler import sample
 from sft import masked_nll
-from tokenizer import Tokenizer, gpt2_byte_chars
+from nanopost.tokenizer import Tokenizer, gpt2_byte_chars
 
 VOCAB = 100  # smaller than the byte tokenizer's 266 ids: init_from must grow the embedding
 

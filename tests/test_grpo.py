@@ -19,13 +19,13 @@ import grpo
 import grpo_estimators
 import grpo_family as family
 import grpo_rollouts
-import options
+from nanopost import options
 import train as T
-from checkpoints import build_model, load_reference
+from nanopost.checkpoints import build_model, load_reference
 from conftest import TINY, forward_calls, run_ddp
 from model import kl_estimate, sequence_logprobs
-from rollouts import Rollout, old_logprobs_mode, score_tokens
-from tokenizer import Tokenizer
+from nanopost.rollouts import Rollout, old_logprobs_mode, score_tokens
+from nanopost.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(algo="grpo", prompts_per_iter=4, group_size=4, max_new_tokens=16, checkpoint=False)

@@ -16,15 +16,15 @@ import torch
 import torch.nn as nn
 
 import envs
-import judge
-import rewards
+from nanopost import judge
+from nanopost import rewards
 import train as T
 from conftest import TINY
 from experiments import judge_agreement as study
 from model import GPT, GPTConfig, ScalarHeadGPT
 from sampler import sample
 from test_opd import write_checkpoint
-from tokenizer import Tokenizer
+from nanopost.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = envs.make_env("arithmetic")

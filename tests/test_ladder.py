@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-import bands
+from nanopost import bands
 import ladder
-import options
+from nanopost import options
 import sft
 import train as T
 from conftest import SFT_DATA, TINY

@@ -1,79 +1,78 @@
-"""The house's layout, read from the import statements (no module is imported): shared code never
-imports an algorithm, its family or an entry point, and the project's modules import each other
-without a cycle."""
+"""The house's layout, read from the import statements (no module is imported; experiments/reading_path.py
+draws the same house): the top level holds the design card's scripts, the shared machinery lives in
+nanopost/ and never imports an algorithm, the lab or an entry point, every variant of the lab imports
+the plain algorithm it changes and no algorithm imports the lab, model.py imports nothing of the
+project, and the rooms (top-level files and folders) import each other without a cycle on at most six floors."""
 
 import ast
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALGORITHMS = {"sft", "rm", "dpo", "ppo", "grpo", "opd", "rft", "grpo_family", "grpo_estimators", "grpo_rollouts", "grpo_breaks", "ppo_family", "opd_family", "dpo_online", "qlearn"}
-ENTRY_POINTS = {"train", "ladder", "sample", "export"}
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import reading_path  # noqa: E402
+
+ALGORITHMS = {"sft", "rm", "dpo", "ppo", "grpo", "opd", "rft", "qlearn"}
+SCRIPTS = {"model", "sampler", "train", "sample", "ladder", "export"}
+MAX_FLOORS = 6
 
 
-def project_modules():
-    """{module name: path} for the top-level .py files and envs/ (as envs.x; envs/__init__.py as envs)."""
-    modules = {f[:-3]: os.path.join(ROOT, f) for f in os.listdir(ROOT) if f.endswith(".py")}
-    for f in os.listdir(os.path.join(ROOT, "envs")):
-        if f.endswith(".py"):
-            modules["envs" if f == "__init__.py" else f"envs.{f[:-3]}"] = os.path.join(ROOT, "envs", f)
-    return modules
-
-
-def imports_of(path, modules):
-    """The project modules a file imports, at any depth in the file (lazy imports included)."""
+def imported_modules(path):
+    """Every module a file imports, at any depth (lazy imports too), as written."""
     found = set()
     for node in ast.walk(ast.parse(open(path).read(), path)):
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        found.update(name for name in names if name in modules)
+            found.add(node.module)
     return found
 
 
-def test_shared_modules_import_no_algorithm_and_no_entry_point():
-    modules = project_modules()
-    shared = {name for name in modules if name not in ALGORITHMS | ENTRY_POINTS}
-    assert {"rollouts", "evaluation", "checkpoints", "distributed", "monitors", "paperwork"} <= shared
-    wrong = {name: sorted(imports_of(modules[name], modules) & (ALGORITHMS | ENTRY_POINTS)) for name in shared}
-    assert {name: up for name, up in wrong.items() if up} == {}
+def test_the_top_level_holds_the_design_cards_scripts():
+    top = {f[:-3] for f in os.listdir(ROOT) if f.endswith(".py")}
+    assert top == ALGORITHMS | SCRIPTS, sorted(top ^ (ALGORITHMS | SCRIPTS))
+    assert {"nanopost", "lab", "envs", "config", "experiments"} <= set(reading_path.rooms())
 
 
-def test_the_import_graph_has_no_cycle():
-    modules = project_modules()
-    graph = {name: imports_of(path, modules) - {name} for name, path in modules.items()}
-    graph["envs"] = {m for m in graph["envs"] if not m.startswith("envs.")}  # a package imports its own submodules
-    done, on_path = set(), []
+def test_shared_code_imports_no_algorithm_no_variant_and_no_entry_point():
+    house = reading_path.house()
+    assert house["arrows"]["nanopost"] <= {"model", "sampler", "envs"}, house["arrows"]["nanopost"]
+    assert house["arrows"]["envs"] == set() and house["arrows"]["sampler"] <= {"model"}
 
-    def visit(name):
-        if name in on_path:
-            raise AssertionError("import cycle: " + " -> ".join(on_path[on_path.index(name):] + [name]))
-        if name in done:
-            return
-        on_path.append(name)
-        for dep in sorted(graph[name]):
-            visit(dep)
-        on_path.pop()
-        done.add(name)
 
-    for name in sorted(graph):
-        visit(name)
-    assert len(done) == len(modules)
+def test_model_imports_nothing_of_the_project_and_no_package_but_torch():
+    project = set(reading_path.rooms())
+    modules = {m.split(".")[0] for m in imported_modules(os.path.join(ROOT, "model.py"))}
+    assert not modules & project
+    assert modules - set(sys.stdlib_module_names) == {"torch"}
+
+
+def test_every_variant_imports_the_algorithm_it_changes_and_no_algorithm_imports_the_lab():
+    lab = os.path.join(ROOT, "lab")
+    variants = [f for f in os.listdir(lab) if f.endswith(".py") and f != "__init__.py"]
+    assert variants
+    for f in variants:
+        tree = ast.parse(open(os.path.join(lab, f)).read())
+        base = [node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                and any(getattr(t, "id", None) == "base" for t in node.targets)]
+        assert len(base) == 1 and base[0] in ALGORITHMS, f"lab/{f}: base = 'the algorithm it changes'"
+        assert base[0] in imported_modules(os.path.join(lab, f)), f"lab/{f} does not import {base[0]}"
+        assert ast.get_docstring(tree), f"lab/{f}: a docstring with its formula and its paper"
+    for name in ALGORITHMS | SCRIPTS:
+        assert not any(m == "lab" or m.startswith("lab.") for m in imported_modules(os.path.join(ROOT, name + ".py"))), name
+
+
+def test_the_house_has_no_cycle_and_at_most_six_floors():
+    floors = reading_path.house()["floors"]
+    assert max(floors.values()) <= MAX_FLOORS, sorted(floors.items(), key=lambda kv: -kv[1])
 
 
 def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
-    """The checker itself: two modules that import each other are reported."""
-    (tmp_path / "envs").mkdir()
-    (tmp_path / "envs" / "__init__.py").write_text("")
+    """The checker itself: two rooms that import each other are reported."""
     (tmp_path / "a.py").write_text("import b\n")
     (tmp_path / "b.py").write_text("def f():\n    from a import g\n")
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
-    try:
-        test_the_import_graph_has_no_cycle()
-    except AssertionError as e:
-        assert "a -> b -> a" in str(e)
-    else:
-        raise AssertionError("the cycle a -> b -> a went unreported")
+    monkeypatch.setattr(reading_path, "ROOT", str(tmp_path))
+    with pytest.raises(ValueError, match="a -> b -> a"):
+        reading_path.house()

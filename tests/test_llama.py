@@ -13,13 +13,13 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # a local save_pretrained directory must nev
 transformers = pytest.importorskip("transformers")
 
 import export
-import options
+from nanopost import options
 import train as T
-from checkpoints import build_model, load_model
+from nanopost.checkpoints import build_model, load_model
 from conftest import TINY, random_ids
-from data import config_env, dataset_splits
+from nanopost.data import config_env, dataset_splits
 from envs import GSM8K
-from hf import from_pretrained, to_transformers
+from nanopost.hf import from_pretrained, to_transformers
 from model import GPT, GPTConfig, sequence_logprobs
 from sampler import sample
 
@@ -165,7 +165,7 @@ def test_unsupported_architecture_is_an_error_naming_it(tmp_path):
     with pytest.raises(ValueError, match="MambaForCausalLM"):
         build_model(cfg, None)
     # a hub name that cannot be reached (offline here) is a one-line error too, for weights, tokenizer, dataset
-    from tokenizer import make_tokenizer
+    from nanopost.tokenizer import make_tokenizer
     for load in (from_pretrained, make_tokenizer, lambda name: dataset_splits(name, GSM8K.check_row)):
         with pytest.raises(ValueError, match="nobody/nothing.*(no transformers checkpoint|cannot load it)"):
             load("nobody/nothing")
@@ -264,7 +264,7 @@ CONVERSATION = [{"role": "user", "content": "What is 12 plus 30?"}, {"role": "as
 
 
 def test_chat_template_ids_and_exact_mask(chat_dir):
-    from tokenizer import ChatTemplateTokenizer, make_tokenizer
+    from nanopost.tokenizer import ChatTemplateTokenizer, make_tokenizer
     path, hf = chat_dir
     tok = make_tokenizer(path)
     assert isinstance(tok, ChatTemplateTokenizer)
@@ -390,7 +390,7 @@ CHOSEN_REJECTED = [("What is 12 plus 30?", "42.", "43."), ("The capital of Franc
 
 
 def test_preference_recipes_rm_then_dpo_on_implicit_prompts(chat_model_dir, tmp_path):
-    from pairs import encode_row
+    from nanopost.pairs import encode_row
     rows = [{"chosen": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": q},
                         {"role": "assistant", "content": good}],
              "rejected": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": q},

@@ -16,10 +16,10 @@ import torch
 import dpo_online
 import envs
 import train as T
-from checkpoints import frozen, load_model
+from nanopost.checkpoints import frozen, load_model
 from conftest import TINY, run_ddp
-from judge import judge_scores, rollout_seed
-from rollouts import score_responses
+from nanopost.judge import judge_scores, rollout_seed
+from nanopost.rollouts import score_responses
 from test_judge import write_scalar_checkpoint
 from test_opd import write_checkpoint
 

@@ -16,7 +16,7 @@ import opd_family as family
 import train as T
 from conftest import TINY, run_ddp
 from model import GPT, GPTConfig
-from tokenizer import Tokenizer
+from nanopost.tokenizer import Tokenizer
 
 SMALL = dict(algo="opd", prompts_per_iter=4, group_size=2, max_new_tokens=16, checkpoint=False,
              eval_samples=2, learning_rate=1e-3, warmup_iters=0)

@@ -19,8 +19,8 @@ import grpo_family as family
 import grpo_rollouts
 import train as T
 from conftest import TINY, run_ddp
-from distributed import rollout_cost
-from paperwork import unparsed, verification_text, verifier_check
+from nanopost.distributed import rollout_cost
+from nanopost.passports import unparsed, verification_text, verifier_check
 
 
 def cfg(**kw):

@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-import checkpoints
+from nanopost import checkpoints
 import envs
 import ppo
 import ppo_family as family
 import train as T
-from checkpoints import load_model
+from nanopost.checkpoints import load_model
 from conftest import forward_calls, run_ddp
-from distributed import stage_memory_gib
+from nanopost.distributed import stage_memory_gib
 from model import GPT, GPTConfig, ScalarHeadGPT, kl_estimate, token_logprobs
-from rollouts import old_logprobs_mode, score_responses
+from nanopost.rollouts import old_logprobs_mode, score_responses
 
 
 def ppo_config(tiny, **overrides):

@@ -13,12 +13,12 @@ import torch
 import envs
 import grpo
 import grpo_estimators
-import monitors
+from nanopost import monitors
 import ppo
 import train as T
 from conftest import TINY
-from rewards import check_reward_mode, token_rewards
-from tokenizer import Tokenizer
+from nanopost.rewards import check_reward_mode, token_rewards
+from nanopost.tokenizer import Tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOK = Tokenizer()

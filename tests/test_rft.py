@@ -6,7 +6,7 @@ import envs
 import rft
 import train as T
 from conftest import SFT_DATA
-from evaluation import sampled_accuracy
+from nanopost.evaluation import sampled_accuracy
 
 
 def test_selection_keeps_verified_distinct_and_capped():

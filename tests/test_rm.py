@@ -10,14 +10,14 @@ import sys
 import pytest
 import torch
 
-import options
-import pairs
+from nanopost import options
+from nanopost import pairs
 import rm
 import train as T
-from checkpoints import build_model, load_model
+from nanopost.checkpoints import build_model, load_model
 from envs import parse_answer
-from rollouts import response_text, rollouts, score_responses
-from tokenizer import Tokenizer
+from nanopost.rollouts import response_text, rollouts, score_responses
+from nanopost.tokenizer import Tokenizer
 
 
 def rm_config(tiny, **overrides):

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import train as T
-from checkpoints import CHECKPOINT_FORMAT, load_model
+from nanopost.checkpoints import CHECKPOINT_FORMAT, load_model
 from conftest import SFT_DATA, TINY, run_ddp
-from distributed import autocast_dtype, cuda_device, gpu_memory_gib, setup_device, stage_memory_gib
+from nanopost.distributed import autocast_dtype, cuda_device, gpu_memory_gib, setup_device, stage_memory_gib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,7 +47,8 @@ def test_device_choice():
 FAULTS_PER_STEP = """
 import resource, sys
 sys.path.insert(0, {root!r})
-import torch, distributed
+import torch
+from nanopost import distributed
 if {keep}:
     distributed.keep_freed_memory()
 def step():

@@ -12,16 +12,16 @@ import dpo
 import envs
 import grpo
 import opd
-import pairs
+from nanopost import pairs
 import ppo
 import train as T
 from conftest import SFT_DATA, TINY
-from data import collate
+from nanopost.data import collate
 from model import GPT, GPTConfig, sequence_logprobs
-from rollouts import last_response_column, rollouts, tool_hook
+from nanopost.rollouts import last_response_column, rollouts, tool_hook
 from sampler import sample
 from sft import loss as sft_loss
-from tokenizer import Tokenizer
+from nanopost.tokenizer import Tokenizer
 
 TOK = Tokenizer()
 PROMPTS = [TOK.prompt_ids(p["prompt"]) for p in envs.Calculator().problems("train", 5)]

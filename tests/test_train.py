@@ -7,13 +7,13 @@ import os
 import pytest
 import torch
 
-import options
+from nanopost import options
 import train as T
-from checkpoints import build_model, load_model
+from nanopost.checkpoints import build_model, load_model
 from conftest import SFT_DATA, TINY, run_ddp
-from data import load_rows
+from nanopost.data import load_rows
 from sft import masked_nll
-from tokenizer import Tokenizer
+from nanopost.tokenizer import Tokenizer
 
 
 # -- configuration -----------------------------------------------------------------------------

@@ -10,13 +10,13 @@ from types import SimpleNamespace
 import pytest
 
 import envs
-import options
+from nanopost import options
 import train as T
 from conftest import SFT_DATA, TINY
 from envs import END_CALL, END_RESULT, TOOL_CALL, TOOL_RESULT, Treasure
-from rewards import check_reward_mode
-from rollouts import tool_hook
-from tokenizer import Tokenizer
+from nanopost.rewards import check_reward_mode
+from nanopost.rollouts import tool_hook
+from nanopost.tokenizer import Tokenizer
 
 ENV, TOK = Treasure(), Tokenizer()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,27 +1,14 @@
 """
-The run's paperwork (SPEC §6, M14 §17): every algorithm's post-training passport (data and mode,
-reward and verification, optimisation, infrastructure), written to out_dir/passport.md at setup (once it has succeeded: write_out); the
-verifier's own error rate against the environment's solver; and the parse-error check.
+The passports (SPEC §6, M14 §17): every algorithm's post-training passport (data and mode, reward and
+verification, optimisation, infrastructure), written to out_dir/passport.md at setup (once it has
+succeeded: run_dir.write_out); and what a passport reports of the verifier: its own error rate against
+the environment's solver, and the parse-error check.
 """
 
-import os
-
 from model import count_parameters
-from rewards import reward_weights
-from rollouts import shard_size
-
-
-def write_out(run, name, text, mode="w"):
-    """Rank 0 writes out_dir/name. While the run is set up (run.held, a list, set by train.setup) the
-    text waits there and the loop writes it once setup has succeeded: a setup that fails writes nothing
-    into out_dir (which may hold an earlier run)."""
-    if not run.master:
-        return
-    if getattr(run, "held", None) is not None:
-        run.held.append((name, text, mode))
-        return
-    with open(os.path.join(run.cfg["out_dir"], name), mode) as f:
-        f.write(text)
+from nanopost.rewards import reward_weights
+from nanopost.rollouts import shard_size
+from nanopost.run_dir import write_out
 
 
 def write_passport(run, text):

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import torch
 
-from distributed import all_reduce_sum
-from paperwork import unparsed
-from rollouts import old_logprobs_mode
+from nanopost.distributed import all_reduce_sum
+from nanopost.passports import unparsed
+from nanopost.rollouts import old_logprobs_mode
 
 
 def shard_counts(run, first, batch, rounds):

@@ -19,7 +19,7 @@ import os
 import sys
 import tokenize
 
-from checkpoints import is_hf_checkpoint
+from nanopost.checkpoints import is_hf_checkpoint
 from envs import ENVS
 
 DEFAULTS = dict(
@@ -81,7 +81,7 @@ READS_DATA = ("pretrain", "sft", "rm", "dpo")  # the algorithms that train on --
 # The textbook: --algo NAME -> the module that is the algorithm, plain. The lab: every variant is its own
 # file lab/NAME.py, chosen by --algo NAME; it names the algorithm it changes (`base`) and imports it.
 ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo", "grpo": "grpo", "opd": "opd", "rft": "rft"}
-LAB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lab")
+LAB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lab")
 # Options that became a variant of the lab: (key, value) -> the --algo that now is that choice. The old
 # spelling still runs for one release (it switches --algo and says so); the plain value is dropped.
 MOVED_TO_LAB = {}

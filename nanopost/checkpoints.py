@@ -17,10 +17,10 @@ import shutil
 import numpy as np
 import torch
 
-import hf
-from distributed import gather_objects, place
+from nanopost import hf
+from nanopost.distributed import gather_objects, place
 from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora
-from tokenizer import make_tokenizer
+from nanopost.tokenizer import make_tokenizer
 
 
 def build_model(cfg, tok):

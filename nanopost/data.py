@@ -9,8 +9,8 @@ import os
 
 import torch
 
-from distributed import rank0_first
-from hf import looks_local
+from nanopost.distributed import rank0_first
+from nanopost.hf import looks_local
 from envs import GSM8K, make_env
 
 

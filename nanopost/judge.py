@@ -33,7 +33,7 @@ import zlib
 
 import torch
 
-from distributed import chunks
+from nanopost.distributed import chunks
 from model import sequence_logprobs
 from sampler import sample
 

@@ -32,11 +32,11 @@ import random
 
 import torch
 
-import data
-from data import RowError, check_length, encode_rows, load_rows, render_messages, require
-from distributed import seeded_rng, shard
+from nanopost import data
+from nanopost.data import RowError, check_length, encode_rows, load_rows, render_messages, require
+from nanopost.distributed import seeded_rng, shard
 from model import GPT
-from rollouts import response_text, rollouts
+from nanopost.rollouts import response_text, rollouts
 
 PAIR_DEFAULTS = dict(
     pairs="verifier",       # built-in preference kind: verifier | style | both | online (--algo dpo: each round's

@@ -11,7 +11,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from distributed import all_ranks_busy, chunks, lockstep_count, over_ranks, seeded_rng
+from nanopost.distributed import all_ranks_busy, chunks, lockstep_count, over_ranks, seeded_rng
 from model import sequence_logprobs
 from sampler import Samples, sample
 

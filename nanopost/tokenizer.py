@@ -32,7 +32,7 @@ import re
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenisation pattern
 
-from hf import looks_local
+from nanopost.hf import looks_local
 
 SPECIAL_TOKENS = [
     "<|bos|>", "<|eos|>", "<|pad|>",

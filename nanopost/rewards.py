@@ -21,8 +21,8 @@ import difflib
 import numpy as np
 import torch
 
-from checkpoints import load_judge
-from judge import JUDGE_KEYS, judge_scores, rollout_seed
+from nanopost.checkpoints import load_judge
+from nanopost.judge import JUDGE_KEYS, judge_scores, rollout_seed
 
 
 # the keys grpo.py and ppo.py take

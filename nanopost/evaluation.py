@@ -12,10 +12,10 @@ import os
 
 import torch
 
-from distributed import all_reduce_sum, chunks, lockstep_count
+from nanopost.distributed import all_reduce_sum, chunks, lockstep_count
 from model import sequence_logprobs
-from paperwork import write_out
-from rollouts import rollouts
+from nanopost.run_dir import write_out
+from nanopost.rollouts import rollouts
 
 
 def greedy_accuracy(run, model, split, n):
