@@ -408,14 +408,43 @@ def help_text(overrides):
         groups = [(f"--algo {cfg['algo']}'s own options (lab/{cfg['algo']}.py: what it adds to {module.base})",
                    [k for k in own if k not in base.defaults]),
                   (f"{module.base}'s options ({base.__name__}.py defaults)", [k for k in own if k in base.defaults])]
+    shared = [key for key in DEFAULTS if applies(key, cfg, module)]
     groups += [("shared options (options.DEFAULTS; * = not the shared default: set by this algorithm, its task, "
-               "the ladder or the command line)", list(DEFAULTS))]
+               "the ladder or the command line)", shared)]
     for title, keys in groups:
         lines += ["", title + ":"]
         for key in keys:
             mark = "*" if key in DEFAULTS and cfg[key] != DEFAULTS[key] and key != "out_dir" else " "
             lines.append(f"  --{key}={cfg[key]!r}{mark}".ljust(40) + " " + described.get(key, ""))
+    left = [key for key in DEFAULTS if key not in shared]
+    if left:
+        lines += ["", "not listed, as they cannot apply to this run (another start, task or algorithm): "
+                  + ", ".join(f"--{key}" for key in left)]
     return "\n".join(lines)
+
+
+def applies(key, cfg, module):
+    """Whether a shared key can change this run: a model's shape only for a model built from scratch,
+    dropout only off-policy (on-policy RL scores with dropout off), --data only for the algorithms that
+    read it, a task's keys only for that task, the sharded rollouts only under --fsdp."""
+    scratch = cfg["init_from"] == "scratch" and not getattr(module, "starts_from", {}).get("init_from")
+    if key in MODEL_KEYS or key == "block_size":
+        return scratch
+    if key == "dropout":
+        return not getattr(module, "on_policy", False)
+    if key in ("data", "skip_bad_rows"):
+        return cfg["algo"] in READS_DATA or getattr(module, "base", None) in READS_DATA
+    if key in ("env_digits", "env_ops"):
+        return cfg["env"] in ("arithmetic", "calculator")
+    if key == "env_direct_frac":
+        return cfg["env"] in ("arithmetic", "calculator", "generalpoints")
+    if key == "env_data":
+        return cfg["env"] == "gsm8k"
+    if key == "max_tool_calls":
+        return cfg["env"] in ("calculator", "treasure")
+    if key == "fsdp_rollouts":
+        return cfg["fsdp"]
+    return True
 
 
 def check_start(overrides):
