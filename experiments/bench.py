@@ -441,7 +441,7 @@ def dpo_step(args):
     import pairs
     out_dir = tempfile.mkdtemp(prefix="bench_dpo_")
     # style pairs need no sampling: setup is just the pairs and their cached reference log-probs
-    run = T.train(dict(algo="dpo", loss="dpo", pairs="style", train_prompts=DPO_PAIRS, heldout_prompts=2,
+    run = T.train(dict(algo="dpo", pairs="style", train_prompts=DPO_PAIRS, heldout_prompts=2,
                        max_iters=0, eval_interval=0, checkpoint=False, device=args["device"], out_dir=out_dir))
     batch = pairs.collate(run, run.state.train_examples[:DPO_PAIRS])
     sft_mask = F.pad(batch["mask"], (1, 0))  # masked_nll wants the mask aligned with ids, not ids[:, 1:]
