@@ -194,35 +194,37 @@ def step_figures(figures, batch):
 
 
 def loss(run, state, model, batch):
-    losses, figures = pair_losses(run, model, batch)  # −log σ(β[(log π_θ(y_w) − log π_ref(y_w)) − (log π_θ(y_l) − log π_ref(y_l))])
+    # L = −log σ(β[(log π_θ(y_w) − log π_ref(y_w)) − (log π_θ(y_l) − log π_ref(y_l))]), a mean over pairs
+    losses, figures = pair_losses(run, model, batch)
     return losses.sum(), len(losses), step_figures(figures, batch)
 
 
 # ----------------------------------------------------------------------------------------------
 # 3. Evaluation
 
-@torch.no_grad()
 def evaluate(run, state, it):
     """Held-out pair figures (val_*), and on the built-in task the policy's figures: greedy held-out
     and OOD accuracy and length, and on sampled answers (T = 1) the KL drift to π_ref."""
-    with run.autocast:
-        figures = [pair_losses(run, run.raw_model, batch)[1] for batch in heldout_batches(run, state)]
-    return {**heldout_means(run, figures, PAIR_FIGURES), **policy_figures(run, state, it)}
+    return heldout_figures(run, state, it, [pair_losses(run, run.raw_model, b)[1]
+                                            for b in heldout_batches(run, state)])
 
 
 def heldout_batches(run, state):
-    """This rank's share of the held-out examples, eval_batch_size at a time, collated."""
+    """This rank's share of the held-out examples, eval_batch_size at a time, collated; the caller's
+    forward on each batch runs without gradients, under the run's autocast."""
     for chunk in chunks(state.heldout_examples[run.rank::run.world_size], run.cfg["eval_batch_size"]):
-        yield pairs.collate(run, chunk)
+        with torch.no_grad(), run.autocast:
+            yield pairs.collate(run, chunk)
 
 
-def heldout_means(run, figures, keys):
-    """val_<key>: the figures' means over every rank's held-out examples (every key reduced, on ranks
-    without examples too)."""
-    totals = {k: sum(float(f[k]) for f in figures if k in f) for k in keys}
-    return {f"val_{k}": v for k, v in means(all_reduce_sum(totals, run)).items()}
+def heldout_figures(run, state, it, figures, keys=PAIR_FIGURES):
+    """val_<key>: the means of the batches' figures over every rank's held-out examples (every key
+    reduced, on ranks without examples too), and the policy's own figures."""
+    totals = {k: sum(float(f[k]) for f in figures) for k in keys}
+    return {**{f"val_{k}": v for k, v in means(all_reduce_sum(totals, run)).items()}, **policy_figures(run, state, it)}
 
 
+@torch.no_grad()
 def policy_figures(run, state, it):
     """On the built-in task (no --data): the policy's own held-out figures (evaluation.evaluate_policy)."""
     return {} if run.cfg["data"] else evaluate_policy(run, run.raw_model, it, state.reference)[0]

@@ -141,13 +141,11 @@ def loss(run, state, model, batch):
     return losses.sum(), len(losses), {**metrics, "kto_z_ref": z_ref, "tokens": batch["mask"].sum()}
 
 
-@torch.no_grad()
 def evaluate(run, state, it):
     figures = []
-    with run.autocast:
-        for batch in dpo.heldout_batches(run, state):
-            sums, lengths = dpo.sequence_sums(run, run.raw_model, batch)
-            kl_sum, kl_count = mismatched_kl(batch, sums)  # this chunk's own z_ref: ranks may hold different chunk counts
-            figures.append(kto_losses(run, batch, sums, lengths, max(kl_sum / kl_count, 0.0))[1])
+    for batch in dpo.heldout_batches(run, state):
+        sums, lengths = dpo.sequence_sums(run, run.raw_model, batch)
+        kl_sum, kl_count = mismatched_kl(batch, sums)  # this chunk's own z_ref: ranks may hold different chunk counts
+        figures.append(kto_losses(run, batch, sums, lengths, max(kl_sum / kl_count, 0.0))[1])
     reduced = all_reduce_sum({k: sum(float(f[k]) for f in figures) for k in KTO_FIGURES}, run)
     return {**{f"val_{k}": v for k, v in class_means(reduced).items()}, **dpo.policy_figures(run, state, it)}

@@ -55,8 +55,6 @@ def loss(run, state, model, batch):
     return losses.sum(), len(losses), dpo.step_figures(figures, batch)
 
 
-@torch.no_grad()
 def evaluate(run, state, it):
-    with run.autocast:
-        figures = [pair_losses(run, run.raw_model, batch)[1] for batch in dpo.heldout_batches(run, state)]
-    return {**dpo.heldout_means(run, figures, dpo.PAIR_FIGURES), **dpo.policy_figures(run, state, it)}
+    return dpo.heldout_figures(run, state, it, [pair_losses(run, run.raw_model, b)[1]
+                                                for b in dpo.heldout_batches(run, state)])
