@@ -162,16 +162,17 @@ def builtin_pairs(run, sampler, split, n_prompts, seed, kind=None):
         if kind in ("verifier", "both"):
             correct = [(ids, mask) for ids, mask, verdict in answers if verdict == 1.0]
             wrong = [(ids, mask) for ids, mask, verdict in answers if verdict == 0.0]
-            # demo_chosen: where no sample is right, the demonstration is the chosen answer (so every prompt
-            # with a wrong sample makes a pair; the pairs then also teach the demonstration's form)
-            chosen = correct[0] if correct else tok.assistant_ids(demo)
+            # demo_chosen: where no sample is right, the demonstration stands in as the chosen answer (so every
+            # prompt with a wrong sample makes a pair; such pairs also teach the demonstration's form)
+            demo_chosen = not correct
+            chosen = tok.assistant_ids(demo) if demo_chosen else correct[0]
             if wrong and len(prompt) + len(chosen[0]) > cfg["block_size"]:
                 counts["too_long"] += 1  # (sampled answers always fit; a demonstration may not)
             elif wrong:
                 pairs.append(dict(prompt=prompt, responses=(chosen[0], wrong[0][0]), masks=(chosen[1], wrong[0][1]),
                                   label=1.0))
                 counts["verifier"] += 1
-                counts["demo_chosen"] += not correct
+                counts["demo_chosen"] += demo_chosen
             else:
                 counts["all_correct"] += 1  # every sample correct: no wrong answer to prefer against
         if kind in ("style", "both"):
