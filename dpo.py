@@ -109,8 +109,9 @@ def reference_sums(run, reference, examples):
 
 
 def cache_key(run, reference, example_sets):
-    """Changes when the tokenizer, any token id (template included) or the reference weights change."""
-    h = hashlib.sha256(f"{run.tok.name}|{weights_fingerprint(reference)}".encode())
+    """Changes when the tokenizer, any token id (template included), the reference weights or the number
+    of example sets change."""
+    h = hashlib.sha256(f"{run.tok.name}|{weights_fingerprint(reference)}|{len(example_sets)}".encode())
     for examples in example_sets:
         for ex in examples:
             h.update(repr((ex["prompt"], ex["responses"])).encode())
