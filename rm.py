@@ -72,8 +72,8 @@ def wrap_model(run, model):
 def setup(run, saved):
     """The pairs: from --data, or sampled by the starting policy (π_ref, frozen) and labelled."""
     reference = load_reference(run) if not run.cfg["data"] else None
-    train_pairs, heldout_pairs, transcripts, skipped = pairs.load_preferences(run, reference)
-    write_samples(run, 0, transcripts)
+    train_pairs, heldout_pairs, skipped = pairs.load_preferences(run, reference)
+    write_samples(run, 0, [pairs.describe(run, ex) for ex in train_pairs[:4]])
     write_passport(run, preference_passport(run, "a Bradley–Terry reward model: −log σ(r(x, y_w) − r(x, y_l)) on "
                                                  "a scalar head read at the last response token", references="none"))
     return SimpleNamespace(train_pairs=train_pairs, heldout_pairs=heldout_pairs, skipped_rows=skipped)

@@ -2,7 +2,6 @@
 # checkpoint's own chat template), from the instruct model.
 #   python train.py config/pref_dpo.py
 algo = "dpo"
-loss = "dpo"
 beta = 0.1
 data = "trl-lib/ultrafeedback_binarized"
 init_from = "Qwen/Qwen2.5-0.5B-Instruct"

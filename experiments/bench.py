@@ -159,7 +159,7 @@ def sampler(args):
             raise RuntimeError(f"converted model's logits differ by {diff}")
     for batch in SAMPLER_BATCHES:
         prompts = prompts_for(batch)
-        fast = dict(kv_cache=lambda: model.generate(prompts, NEW_TOKENS, temperature=1.0, seed=0))
+        fast = dict(kv_cache=lambda: sample(model, prompts, NEW_TOKENS, temperature=1.0, seed=0))
         if hf is not None:
             input_ids = torch.tensor(prompts, device=device)
             fast["hf_generate"] = lambda: hf.generate(
@@ -442,7 +442,7 @@ def dpo_step(args):
     from nanopost import pairs
     out_dir = tempfile.mkdtemp(prefix="bench_dpo_")
     # style pairs need no sampling: setup is just the pairs and their cached reference log-probs
-    run = T.train(dict(algo="dpo", loss="dpo", pairs="style", train_prompts=DPO_PAIRS, heldout_prompts=2,
+    run = T.train(dict(algo="dpo", pairs="style", train_prompts=DPO_PAIRS, heldout_prompts=2,
                        max_iters=0, eval_interval=0, checkpoint=False, device=args["device"], out_dir=out_dir))
     batch = pairs.collate(run, run.state.train_examples[:DPO_PAIRS])
     sft_mask = F.pad(batch["mask"], (1, 0))  # masked_nll wants the mask aligned with ids, not ids[:, 1:]
@@ -528,8 +528,8 @@ def rl_rollout(args):
         problems, seed = shard_problems(run, it, 0, 0)
         prompts = [run.tok.prompt_ids(p["prompt"]) for p in problems for _ in range(cfg["group_size"])]
         t0 = time.perf_counter()
-        out = run.raw_model.generate(prompts, cfg["max_new_tokens"], temperature=cfg["temperature"],
-                                     stop_tokens=(run.tok.eos,), seed=seed, pad_id=run.tok.pad).tokens
+        out = sample(run.raw_model, prompts, cfg["max_new_tokens"], temperature=cfg["temperature"],
+                     stop_tokens=(run.tok.eos,), seed=seed, pad_id=run.tok.pad).tokens
         sync(run.device)
         t_bare = time.perf_counter() - t0
         n = sum(len(t) for t in out)

@@ -5,8 +5,8 @@ iterations, with each of --seeds (1337, 1338, 1339):
 
     offline_dpo   dpo.py as it stands: verifier pairs of --iters × --answers / --group_size train prompts,
                   --group_size answers each sampled ONCE by the SFT model before the first step (a prompt with
-                  no right answer gets the demonstration as chosen, pairs.builtin_pairs)
-    online_dpo    dpo.py --pairs=online (dpo_online.py): a round every --online_every iterations of
+                  no right answer gets the demonstration as chosen: pairs.builtin_pairs's demo_chosen)
+    online_dpo    --algo online_dpo (lab/online_dpo.py): a round every --online_every iterations of
                   --answers × --online_every / --group_size train prompts × --group_size answers from the
                   current policy, labelled by the verifier, each prompt's right answer over its wrong one
     grpo          grpo.py: --answers / --grpo_group_size prompts × --grpo_group_size answers per iteration
@@ -47,8 +47,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
-from dpo_online import LABELERS  # noqa: E402
+from nanopost import bands# noqa: E402  (after the path: the script runs from anywhere)
+from lab.online_dpo import LABELERS  # noqa: E402
 from experiments.study import (band_line, finished, pyplot, rows, run, save_figure, save_study,  # noqa: E402
                                set_keys, study_flags, train_once)
 
@@ -66,7 +66,7 @@ def arms(args):
     out = dict(offline_dpo=dict(algo="dpo", group_size=G, train_prompts=A * N // G))
     for labeler in args.labelers:
         out["online_dpo" if labeler == "verifier" else f"online_dpo_{labeler}"] = dict(
-            algo="dpo", pairs="online", group_size=G, online_every=args.online_every,
+            algo="online_dpo", group_size=G, online_every=args.online_every,
             online_prompts=A * args.online_every // G, online_labeler=labeler,
             **dict(rm=dict(reward_model=args.reward_model), judge=dict(judge=args.judge)).get(labeler, {}))
     out["grpo"] = dict(algo="grpo", prompts_per_iter=A // args.grpo_group_size, group_size=args.grpo_group_size)
@@ -78,7 +78,7 @@ def answers_sampled(out_dir):
     cfg = json.load(open(os.path.join(out_dir, "config.json")))
     if cfg["algo"] == "grpo":
         return cfg["prompts_per_iter"] * cfg["group_size"] * cfg["max_iters"]
-    if cfg["pairs"] == "online":
+    if cfg["algo"] == "online_dpo":
         return max(r["answers_sampled"] for r in rows(out_dir) if "answers_sampled" in r)
     return cfg["train_prompts"] * cfg["group_size"]  # (offline: sampled once, before the first step)
 
@@ -110,7 +110,7 @@ def run_arm(args, common, name, keys):
             run(overrides)  # (an unfinished run starts over)
         runs[str(seed)] = dict(out_dir=out_dir, answers_sampled=answers_sampled(out_dir),
                                wall_seconds=time.time() - t0 if ran else None, curve=curve(out_dir),
-                               rounds=rounds(out_dir) if keys.get("pairs") == "online" else None)
+                               rounds=rounds(out_dir) if keys["algo"] == "online_dpo" else None)
     return runs
 
 

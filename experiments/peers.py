@@ -102,7 +102,7 @@ def worker(args):
     steps = TINY_STEPS if args.tiny else STEPS
     if name == "dpo":
         iters, skip = steps["dpo"]
-        cfg.update(algo="dpo", loss="dpo", beta=0.1, data=os.path.join(perf, "data", "dpo_pairs.jsonl"),
+        cfg.update(algo="dpo", beta=0.1, data=os.path.join(perf, "data", "dpo_pairs.jsonl"),
                    batch_size=16, max_iters=iters, log_interval=10)  # TRL's logging_steps there
     elif name == "sft":
         iters, skip = steps["sft"]

@@ -77,14 +77,17 @@ DEFAULTS = dict(
     fsdp_rollouts="gathered",   # --fsdp: gathered = all-gather each model's full weights for sampling and scoring (fast, a full bf16 copy per GPU); sharded = forwards stay sharded, all ranks step together (models whose full weights do not fit one GPU)
 )
 
-READS_DATA = ("pretrain", "sft", "rm", "dpo")  # the algorithms that train on --data (RL reads its env)
+READS_DATA = ("pretrain", "sft", "rm", "dpo", "ipo", "kto", "simpo", "orpo")  # the algorithms that train on --data (RL reads its env)
 # The textbook: --algo NAME -> the module that is the algorithm, plain. The lab: every variant is its own
 # file lab/NAME.py, chosen by --algo NAME; it names the algorithm it changes (`base`) and imports it.
 ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo", "grpo": "grpo", "opd": "opd", "rft": "rft"}
 LAB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lab")
 # Options that became a variant of the lab: (key, value) -> the --algo that now is that choice. The old
 # spelling still runs for one release (it switches --algo and says so); the plain value is dropped.
-MOVED_TO_LAB = {}
+MOVED_TO_LAB = {
+    ("loss", "dpo"): "dpo", ("loss", "ipo"): "ipo", ("loss", "kto"): "kto", ("loss", "simpo"): "simpo",  # dpo.py's family
+    ("loss", "orpo"): "orpo", ("pairs", "online"): "online_dpo",
+}
 
 # The valid range of every numeric option, checked where the configuration is read (check_values):
 # "[a, b]", "[a, b)", ">= a" or "> a", then why in parentheses where it is not plain. 0 stays valid where
@@ -103,7 +106,7 @@ RANGES = dict(
     train_problems=">= 1", corpus_docs=">= 1", val_examples=">= 1", reader_frac="[0, 1]",  # sft
     train_prompts=">= 1", heldout_prompts=">= 1", group_size=">= 1", pair_temperature=SCORED,  # pairs (rm, dpo)
     beta="> 0", simpo_beta="> 0", simpo_gamma=">= 0", orpo_lambda=">= 0", kto_desirable_weight=">= 0",
-    kto_undesirable_weight=">= 0", online_every=">= 1", online_prompts=">= 1",  # dpo
+    kto_undesirable_weight=">= 0", online_every=">= 1", online_prompts=">= 1",  # dpo and its lab variants
     temperature=SCORED, prompt_pool=">= 1", minibatches=">= 1", ppo_epochs=">= 1", clip_eps=">= 0",
     value_clip=">= 0", vf_coef=">= 0", gamma="[0, 1]", lam="[0, 1]", kl_coef=">= 0", kl_target=">= 0",
     kl_adapt_rate=">= 0", early_stop_kl=">= 0", rlvp_beta=">= 0", rlvp_penalty=">= 0", rlvp_bonus=">= 0",  # ppo
@@ -144,14 +147,20 @@ REMOVED = dict(eval_best_of_n_problems="Best-of-N by the verifier is pass@k, on 
 
 def renamed(overrides):
     """overrides with renamed keys under their new name and removed ones dropped, a note for each; an
-    option that became a variant of the lab (MOVED_TO_LAB) switches --algo to it."""
-    out = {}
+    option that became a variant of the lab (MOVED_TO_LAB) switches --algo to it (two such options that
+    name different variants, or a variant of another algorithm than the --algo given, are an error)."""
+    out, switched = {}, {}
     for key, value in overrides.items():
         moved = MOVED_TO_LAB.get((key, value)) if isinstance(value, (str, int, float, bool)) else None
         if moved is not None:
-            if moved != overrides.get("algo", DEFAULTS["algo"]):
+            algo = overrides.get("algo", DEFAULTS["algo"])
+            if moved != algo:
+                base = getattr(algo_module(moved), "base", moved)
+                if "algo" in overrides and algo != base:
+                    raise ValueError(f"--{key}={value!r} is now --algo {moved} (a variant of {base}), not an option "
+                                     f"of --algo {algo}")
                 print(f"note: --{key}={value!r} is now --algo {moved} (lab/{moved}.py); running that")
-                out["algo"] = moved
+                switched[f"--{key}={value!r}"] = moved
         elif key in REMOVED:
             print(f"note: config key {key!r} is gone ({REMOVED[key]}); ignored")
         elif key in RENAMED:
@@ -159,6 +168,11 @@ def renamed(overrides):
             out[RENAMED[key]] = value
         else:
             out[key] = value
+    if len(set(switched.values())) > 1:
+        raise ValueError(f"{' and '.join(switched)} are now {' and '.join('--algo ' + a for a in switched.values())}, "
+                         f"two variants of the lab: a run is one --algo")
+    if switched:
+        out["algo"] = next(iter(switched.values()))
     return out
 
 # Optional packages: the features that need them import them lazily, and the scripts turn their

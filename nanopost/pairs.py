@@ -1,31 +1,31 @@
 """
-Preference data shared by the reward model (rm.py) and the direct methods (dpo.py): pairs and
-KTO's single labelled examples, from a file or built from the environment, and their batches.
-SPEC §3 "Reward model", "DPO"; M14 §3–5.
+Preference data shared by the reward model (rm.py) and the direct methods (dpo.py and its lab
+variants): pairs from a file or built from the environment, and their batches. SPEC §3 "Reward
+model", "DPO"; M14 §3–5.
 
 - built in (--data=""): prompts of the environment's train split (held-out pairs: heldout split,
   so the two never share an equation). The model named by init_from samples `group_size`
   answers per prompt at `pair_temperature`, and --pairs picks the kind of preference:
-    verifier  chosen = an answer the verifier accepts, rejected = one it refuses (when no sample is
-              correct, the solver's demonstration, also verified, stands in as chosen);
+    verifier  chosen = an answer the verifier accepts, rejected = one it refuses; demo_chosen: when
+              no sample is correct, the solver's demonstration (also verified) stands in as chosen
+              (counted as demo_chosen in the printed counts);
     style     both correct: chosen = the concise demonstration, rejected = the same answer padded
               with filler sentences, so that length effects can be seen;
     both      one pair of each kind per prompt.
   Sampled answers stay token ids (they are never decoded and re-encoded for training).
-  --pairs=online (--algo dpo): no train pairs here; each round samples them from the policy being
-  trained (dpo_online.py); the held-out pairs are the starting policy's verifier pairs, as offline.
+  (Online DPO, lab/online_dpo.py, samples its train pairs each round from the policy instead.)
 - --data=FILE (json / jsonl / parquet, through data.load_rows): rows {"prompt", "chosen",
   "rejected"} for pairs, or {"prompt", "completion", "label": bool} for KTO's single labelled
-  examples. A prompt is a string or a list of {"role", "content"} messages; a response is a string
-  or a one-message list [{"role": "assistant", "content": ...}]. TRL's conversational form with an
-  implicit prompt is read too: {"chosen": messages, "rejected": messages}, two conversations
-  sharing their first messages (the prompt). The last rows (a tenth of the file, at least 2, at
-  most heldout_prompts) are held out.
+  examples (lab/kto.py). A prompt is a string or a list of {"role", "content"} messages; a response
+  is a string or a one-message list [{"role": "assistant", "content": ...}]. TRL's conversational
+  form with an implicit prompt is read too: {"chosen": messages, "rejected": messages}, two
+  conversations sharing their first messages (the prompt). The last rows (a tenth of the file, at
+  least 2, at most heldout_prompts) are held out.
 
 An example is a dict: prompt ids, two responses with their loss masks and a label (a response's
 mask is 0 on tool results, which are context, never a target, and 1 elsewhere). Pairs: responses
-(chosen, rejected), label 1. Single examples (KTO): responses (its own completion, a mismatched completion of another
-prompt, for KTO's KL reference point), label 1 = desirable, 0 = undesirable.
+(chosen, rejected), label 1. A single example of a file (KTO): responses (its completion, None),
+label 1 = desirable, 0 = undesirable.
 """
 
 import random
@@ -39,8 +39,7 @@ from model import GPT
 from nanopost.rollouts import response_text, rollouts
 
 PAIR_DEFAULTS = dict(
-    pairs="verifier",       # built-in preference kind: verifier | style | both | online (--algo dpo: each round's
-                            # pairs sampled from the current policy and labelled, dpo_online.py)
+    pairs="verifier",       # built-in preference kind: verifier | style | both
     train_prompts=512,      # built-in training prompts (env train split)
     heldout_prompts=128,    # built-in held-out prompts (env heldout split); caps the file's held-out rows
     group_size=4,           # answers sampled per prompt to find a correct and a wrong one
@@ -146,7 +145,7 @@ def builtin_pairs(run, sampler, split, n_prompts, seed, kind=None):
     cfg, tok, env = run.cfg, run.tok, run.env
     kind = kind or cfg["pairs"]
     if kind not in PAIR_KINDS:
-        raise ValueError(f"pairs={kind!r}: choose from {PAIR_KINDS + ('online',)} (online: --algo dpo only)")
+        raise ValueError(f"pairs={kind!r}: choose from {PAIR_KINDS}")
     problems = env.problems(split, n_prompts, seed=seed)
     prompts = [tok.prompt_ids(p["prompt"]) for p in problems]
     k = cfg["group_size"]
@@ -163,14 +162,17 @@ def builtin_pairs(run, sampler, split, n_prompts, seed, kind=None):
         if kind in ("verifier", "both"):
             correct = [(ids, mask) for ids, mask, verdict in answers if verdict == 1.0]
             wrong = [(ids, mask) for ids, mask, verdict in answers if verdict == 0.0]
-            chosen = correct[0] if correct else tok.assistant_ids(demo)
+            # demo_chosen: where no sample is right, the demonstration stands in as the chosen answer (so every
+            # prompt with a wrong sample makes a pair; such pairs also teach the demonstration's form)
+            demo_chosen = not correct
+            chosen = tok.assistant_ids(demo) if demo_chosen else correct[0]
             if wrong and len(prompt) + len(chosen[0]) > cfg["block_size"]:
                 counts["too_long"] += 1  # (sampled answers always fit; a demonstration may not)
             elif wrong:
                 pairs.append(dict(prompt=prompt, responses=(chosen[0], wrong[0][0]), masks=(chosen[1], wrong[0][1]),
                                   label=1.0))
                 counts["verifier"] += 1
-                counts["demo_chosen"] += not correct
+                counts["demo_chosen"] += demo_chosen
             else:
                 counts["all_correct"] += 1  # every sample correct: no wrong answer to prefer against
         if kind in ("style", "both"):
@@ -191,76 +193,42 @@ def builtin_pairs(run, sampler, split, n_prompts, seed, kind=None):
     return pairs, counts
 
 
-def to_singles(pairs):
-    """KTO from pairs: the chosen answer is a desirable example, the rejected one undesirable."""
-    return [dict(prompt=p["prompt"], responses=(p["responses"][j], None), masks=(p["masks"][j], None), label=1.0 - j)
-            for p in pairs for j in (0, 1)]
-
-
-def add_mismatched(run, singles):
-    """Give each single example the completion of the next example with another prompt: the pair
-    (x_i, y_j) on which KTO estimates its KL reference point. Deterministic, so cacheable."""
-    n = len(singles)
-    for i, ex in enumerate(singles):
-        for shift in range(1, n):
-            other = singles[(i + shift) % n]
-            if other["prompt"] != ex["prompt"] and len(ex["prompt"]) + len(other["responses"][0]) <= run.cfg["block_size"]:
-                ex["responses"] = (ex["responses"][0], other["responses"][0])
-                ex["masks"] = (ex["masks"][0], other["masks"][0])
-                break
-        else:
-            raise ValueError("KTO needs examples of at least two different prompts (for its mismatched-pair KL)")
-    return singles
-
-
 def load_preferences(run, reference, singles=False):
-    """(train, heldout, transcripts, skipped rows): pairs, or with singles=True KTO's single labelled
-    examples (a pair file is split into singles; a singles file is only usable with singles=True), a
-    few training examples as text for samples.txt, and the file's malformed rows skipped. Built-in
-    pairs are sampled by `reference`, the model init_from names before any training."""
-    cfg, skipped = run.cfg, 0
+    """(train, heldout, skipped rows): the pairs of --data, or built-in pairs sampled by `reference`
+    (the model init_from names, before any training). singles=True (KTO) also takes a file of single
+    labelled examples, returned as they are."""
+    cfg = run.cfg
     if cfg["data"]:
-        encoded, skipped = encode_rows(run, cfg["data"], load_rows(cfg["data"]), lambda row: encode_row(run, row))
-        kinds = {kind for kind, _ in encoded}
-        if len(kinds) > 1:
-            raise ValueError(f"{cfg['data']}: mixes pair rows (prompt, chosen, rejected) and single rows "
-                             f"(prompt, completion, label)")
-        if kinds == {"single"} and not singles:
-            raise ValueError(f"{cfg['data']}: rows are single labelled examples (prompt, completion, label), "
-                             f"usable only with --loss=kto; --algo {cfg['algo']} needs pairs (prompt, chosen, rejected)")
-        examples = [ex for _, ex in encoded]
-        n_heldout = max(2, min(cfg["heldout_prompts"], len(examples) // 10))  # 2: KTO's mismatched pairs
-        train, heldout = examples[:-n_heldout] or examples, examples[-n_heldout:]
-        if kinds == {"pair"} and singles:
-            train, heldout = to_singles(train), to_singles(heldout)
-    else:
-        sampler = reference
-        if not isinstance(sampler, GPT):
-            raise ValueError(f"built-in pairs are sampled from init_from's language model, but "
-                             f"init_from={cfg['init_from']!r} is a scalar model: pass --data=FILE")
-        online = cfg["pairs"] == "online"  # (dpo_online.py: the train pairs come a round at a time, from the policy)
-        if online and cfg["algo"] != "dpo":
-            raise ValueError(f"pairs=online samples each round's pairs from the policy being trained: --algo dpo's; "
-                             f"--algo {cfg['algo']} trains on fixed pairs (verifier | style | both)")
-        train, counts = ([], "sampled each round") if online else builtin_pairs(run, sampler, "train",
-                                                                               cfg["train_prompts"], seed=1)
-        # held-out pairs: the starting policy's, fixed (pairs=online: verifier-labelled, the offline kind)
-        heldout, heldout_counts = builtin_pairs(run, sampler, "heldout", cfg["heldout_prompts"], seed=1,
-                                                kind="verifier" if online else None)
-        if run.master:
-            print(f"built-in {cfg['pairs']} pairs: train {counts}, heldout {heldout_counts}")
-        if singles:
-            train, heldout = to_singles(train), to_singles(heldout)
-    if singles:
-        train, heldout = add_mismatched(run, train) if train else train, add_mismatched(run, heldout)
-    return train, heldout, [describe(run, ex, singles) for ex in train[:4]], skipped
+        return file_preferences(run, singles)
+    if not isinstance(reference, GPT):
+        raise ValueError(f"built-in pairs are sampled from init_from's language model, but "
+                         f"init_from={cfg['init_from']!r} is a scalar model: pass --data=FILE")
+    train, counts = builtin_pairs(run, reference, "train", cfg["train_prompts"], seed=1)
+    heldout, heldout_counts = builtin_pairs(run, reference, "heldout", cfg["heldout_prompts"], seed=1)
+    if run.master:
+        print(f"built-in {cfg['pairs']} pairs: train {counts}, heldout {heldout_counts}")
+    return train, heldout, 0
 
 
-def describe(run, ex, single):
-    """An example as text, for samples.txt."""
+def file_preferences(run, singles):
+    """(train, heldout, skipped rows) of --data: its last rows held out."""
+    cfg = run.cfg
+    encoded, skipped = encode_rows(run, cfg["data"], load_rows(cfg["data"]), lambda row: encode_row(run, row))
+    kinds = {kind for kind, _ in encoded}
+    if len(kinds) > 1:
+        raise ValueError(f"{cfg['data']}: mixes pair rows (prompt, chosen, rejected) and single rows "
+                         f"(prompt, completion, label)")
+    if kinds == {"single"} and not singles:
+        raise ValueError(f"{cfg['data']}: rows are single labelled examples (prompt, completion, label), "
+                         f"usable only with --algo kto; --algo {cfg['algo']} needs pairs (prompt, chosen, rejected)")
+    examples = [ex for _, ex in encoded]
+    n_heldout = max(2, min(cfg["heldout_prompts"], len(examples) // 10))  # 2: KTO's mismatched pairs
+    return examples[:-n_heldout] or examples, examples[-n_heldout:], skipped
+
+
+def describe(run, ex):
+    """A pair as text, for samples.txt."""
     first, second = (response_text(run, r) for r in ex["responses"])
-    if single:
-        return f"[single] {run.tok.decode(ex['prompt'])}\n  {'desirable' if ex['label'] else 'undesirable'}: {first!r}"
     return f"[pair] {run.tok.decode(ex['prompt'])}\n  chosen: {first!r}\n  rejected: {second!r}"
 
 

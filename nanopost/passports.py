@@ -88,30 +88,20 @@ algorithm: `--algo {c['algo']}`, started from `{c['init_from']}`
 """
 
 
-ONLINE_LABELERS = dict(verifier="the verifier's 0/1", rm="the Bradley–Terry reward model `{reward_model}`'s score",
-                      judge="the judge `{judge}`'s P(Verdict: correct) (judge_samples = {judge_samples})")
-
-
-def preference_passport(run, loss, references):
-    """The post-training passport (SPEC §6) of a run trained on preferences (rm.py, dpo.py; dpo.py's
-    pairs=online, dpo_online.py)."""
+def preference_passport(run, loss, references, online=None):
+    """The post-training passport (SPEC §6) of a run trained on preferences (rm.py, dpo.py and its
+    variants): offline pairs, or with online=(data and mode, labels) online DPO's rounds (lab/online_dpo.py)."""
     c = run.cfg
     source = (f"`{c['data']}`" if c["data"] else
               f"built-in `{c['pairs']}` pairs: {c['group_size']} answers per *train* prompt sampled once by "
               f"`{c['init_from']}` at temperature {c['pair_temperature']} ({c['train_prompts']} prompts), labelled "
               f"by {dict(verifier='the verifier', style='a style rule', both='the verifier or a style rule')[c['pairs']]}"
-              if c["pairs"] != "online" else "")
+              if online is None else "")
     mode = (f"- offline preferences: {source}; held-out pairs from *heldout* prompts (disjoint by equation)\n"
             f"- the pairs are fixed for the run: drawn again every epoch for {c['max_iters']} iterations, never resampled")
     labels, sampling = "the preference labels are the reward signal; no reward is computed in training", "no sampling in training"
-    if c["pairs"] == "online":
-        mode = (f"- online preferences (dpo_online.py): every {c['online_every']} iterations a round of "
-                f"{c['online_prompts']} *train* prompts × {c['group_size']} answers sampled from the current policy at "
-                f"temperature {c['pair_temperature']}; per prompt chosen = the answer scored highest, rejected = the "
-                f"lowest, no pair where all score alike\n"
-                f"- held-out pairs: verifier pairs of `{c['init_from']}` on *heldout* prompts (disjoint by equation), fixed")
-        labels = f"each round's answers scored by {ONLINE_LABELERS[c['online_labeler']].format(**c)}"
-        loss += "; each round's new pairs scored by π_ref once, at the round" if references != "none" else ""
+    if online is not None:
+        mode, labels = online
         sampling = "sampling at the start of each round"
     return f"""# Post-training passport: {c['out_dir']}
 
@@ -124,12 +114,12 @@ algorithm: `--algo {c['algo']}`, started from `{c['init_from']}`
 - {labels}
 
 ## Optimisation
-- {"online" if c["pairs"] == "online" else "offline"}: {loss}
+- {"offline" if online is None else "online"}: {loss}
 - models: the trained one; references: {references}; no old policy, no critic, {sampling}
 - units: one term per pair (per example for KTO), averaged over the batch
 
 ## Infrastructure
-- {run.device} × {run.world_size}; generation {"for each round's pairs" if c["pairs"] == "online" else "only to build the built-in pairs"} and at evaluation
+- {run.device} × {run.world_size}; generation {"only to build the built-in pairs" if online is None else "for each round's pairs"} and at evaluation
 """
 
 

@@ -1,6 +1,7 @@
-"""DPO and the direct-method family: SPEC §5 worked examples, finite-difference gradients of the five
-losses, response-only sequence log-probs, the reference cache, each loss ordering a toy pair, LoRA,
-and a two-process run equal to one process."""
+"""DPO (dpo.py) and its family in the lab (lab/ipo.py, kto.py, simpo.py, orpo.py): SPEC §5 worked
+examples, finite-difference gradients of the five losses, response-only sequence log-probs, the
+reference cache, each variant ordering a toy pair, the old --loss spellings, LoRA, and a two-process
+run equal to one process."""
 
 import json
 import os
@@ -12,6 +13,7 @@ import dpo
 from nanopost import options
 from nanopost import pairs
 import train as T
+from lab import ipo, kto, orpo, simpo
 from nanopost.checkpoints import build_model, load_model, load_reference
 from conftest import run_ddp
 from model import token_logprobs
@@ -19,8 +21,11 @@ from model import SharedPrompts
 from nanopost.tokenizer import Tokenizer
 
 
-def dpo_config(tiny, **overrides):
-    return dict(tiny, algo="dpo", **overrides)
+VARIANTS = dict(dpo=dpo, ipo=ipo, kto=kto, simpo=simpo, orpo=orpo)  # --algo: its module
+
+
+def dpo_config(tiny, algo="dpo", **overrides):
+    return dict(tiny, algo=algo, **overrides)
 
 
 def write_jsonl(path, rows):
@@ -63,17 +68,17 @@ def test_five_losses_gradients_match_finite_differences():
     desirable = torch.tensor([True, False, True, True, False, False])
     cases = {
         "dpo": (lambda a, b: dpo.dpo_loss(a, b, rw, rl, 0.3)[0], (pw, pl)),
-        "ipo": (lambda a, b: dpo.ipo_loss(a, b, rw, rl, 0.3), (pw, pl)),
-        "kto": (lambda a: dpo.kto_loss(a, rw, desirable, 0.2, 0.7, 1.0, 1.5), (pw,)),
-        "simpo": (lambda a, b: dpo.simpo_loss(a / 3, b / 5, 2.0, 0.5), (pw, pl)),
-        "orpo": (lambda a, b: dpo.orpo_loss(a / 3, b / 5, 0.4), (pw, pl)),
+        "ipo": (lambda a, b: ipo.ipo_loss(a, b, rw, rl, 0.3), (pw, pl)),
+        "kto": (lambda a: kto.kto_loss(a, rw, desirable, 0.2, 0.7, 1.0, 1.5), (pw,)),
+        "simpo": (lambda a, b: simpo.simpo_loss(a / 3, b / 5, 2.0, 0.5), (pw, pl)),
+        "orpo": (lambda a, b: orpo.orpo_loss(a / 3, b / 5, 0.4), (pw, pl)),
     }
     for name, (fn, inputs) in cases.items():
         assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7), name
 
 
 def test_sequence_logprob_counts_response_tokens_only(tiny):
-    run = T.train(dpo_config(tiny, max_iters=0, loss="simpo", pairs="style", train_prompts=4, heldout_prompts=2,
+    run = T.train(dpo_config(tiny, "simpo", max_iters=0, pairs="style", train_prompts=4, heldout_prompts=2,
                              block_size=128))
     model = run.raw_model
     examples = run.state.train_examples[:3]
@@ -98,12 +103,12 @@ def test_sequence_logprob_counts_response_tokens_only(tiny):
     assert torch.equal(touched, batch["mask"] > 0)
 
 
-@pytest.mark.parametrize("loss", ["dpo", "kto"])
-def test_shared_prompts_give_the_same_loss_and_gradients(tiny, loss, monkeypatch):
+@pytest.mark.parametrize("algo", ["dpo", "kto"])
+def test_shared_prompts_give_the_same_loss_and_gradients(tiny, algo, monkeypatch):
     """share_prompt runs each example's prompt once for its two rows: the same loss, metrics and
     gradient of every parameter as one full row each, on ragged prompts with padding (the policy
     moved off the reference first, so that the loss has a gradient beyond its value at z = 0)."""
-    run = T.train(dpo_config(tiny, max_iters=0, loss=loss, pairs="style", train_prompts=8, heldout_prompts=2))
+    run = T.train(dpo_config(tiny, algo, max_iters=0, pairs="style", train_prompts=8, heldout_prompts=2))
     batch = pairs.collate(run, run.state.train_examples[:6])
     monkeypatch.setattr(SharedPrompts, "saves_work", staticmethod(lambda *a: True))  # the shared layout, whatever it costs
     assert len(set(batch["prompt_lens"].tolist())) > 1 and (batch["ids"] == run.tok.pad).any()
@@ -114,7 +119,7 @@ def test_shared_prompts_give_the_same_loss_and_gradients(tiny, loss, monkeypatch
     results = []
     for share in (False, True):
         run.cfg = dict(run.cfg, share_prompt=share)
-        loss_sum, count, metrics = dpo.loss(run, run.state, run.raw_model, batch)
+        loss_sum, count, metrics = VARIANTS[algo].loss(run, run.state, run.raw_model, batch)
         results.append((float(loss_sum.detach()), count, {k: float(v) for k, v in metrics.items()},
                         torch.autograd.grad(loss_sum, params)))
     (full, n_full, m_full, g_full), (shared, n_shared, m_shared, g_shared) = results
@@ -142,10 +147,10 @@ def test_prompts_are_shared_only_where_that_runs_fewer_positions(tiny):
 
 
 def test_reference_cache_equals_recomputed_and_key_tracks_the_reference(tiny):
-    overrides = dpo_config(tiny, max_iters=0, loss="dpo", train_prompts=6, heldout_prompts=3)
+    overrides = dpo_config(tiny, max_iters=0, train_prompts=6, heldout_prompts=3)
     run = T.train(overrides)
     reference = load_reference(run)
-    recomputed = dpo.reference_logprobs(run, reference, run.state.train_examples)
+    recomputed = dpo.reference_sums(run, reference, run.state.train_examples)
     cached = torch.tensor([ex["ref"] for ex in run.state.train_examples])
     assert torch.allclose(cached, recomputed, atol=1e-6) and cached.shape == (len(run.state.train_examples), 2)
     assert os.path.isfile(run.state.ref_cache_path)
@@ -179,39 +184,64 @@ def toy_rows():
                         {"prompt": "Also held out", "chosen": "u", "rejected": "v"}]
 
 
-@pytest.mark.parametrize("loss", dpo.LOSSES)
-def test_each_loss_orders_a_toy_pair(tiny, tmp_path, loss):
+@pytest.mark.parametrize("algo", list(VARIANTS))
+def test_each_variant_orders_a_toy_pair(tiny, tmp_path, algo):
     path = write_jsonl(tmp_path / "toy.jsonl", toy_rows())
-    run = T.train(dpo_config(tiny, data=path, loss=loss, max_iters=12, batch_size=2, learning_rate=3e-3))
+    run = T.train(dpo_config(tiny, algo, data=path, max_iters=12, batch_size=2, learning_rate=3e-3))
     batch = pairs.collate(run, run.state.train_examples[:4])  # (both toy pairs, or KTO: their four answers)
     with torch.no_grad():
         sums, lengths = dpo.sequence_sums(run, run.raw_model, batch)
-        z_ref = max(dpo.mismatched_kl(batch, sums)[0] / len(sums[0]), 0.0) if loss == "kto" else None
-        _, reward_a, reward_b = dpo.preference_terms(run, batch, sums, lengths, z_ref)
-    if loss == "kto":  # desirable examples rise above the reference, undesirable ones fall below it
-        desirable = batch["label"] > 0
-        assert reward_a[desirable].min() > 0 > reward_a[~desirable].max()
-    else:
-        assert (reward_a > reward_b).all(), (reward_a, reward_b)
+    if algo == "kto":  # desirable examples rise above the reference, undesirable ones fall below it
+        reward, desirable = sums[0] - batch["ref"][:, 0], batch["label"] > 0
+        assert reward[desirable].min() > 0 > reward[~desirable].max()
+    else:  # the chosen answer's reward (in the variant's own units) above the rejected one's
+        with torch.no_grad():
+            figures = VARIANTS[algo].pair_losses(run, run.raw_model, batch)[1]
+        assert figures["pref_acc"] == len(batch["label"]), figures
+
+
+def test_old_loss_spellings_run_their_variant(tiny, capsys):
+    """--loss=X (the old way) is --algo X of the lab, with a note; --pairs=online is --algo online_dpo; the
+    plain value --loss=dpo is dropped; two variants at once, or a variant of DPO asked of the RM, are errors."""
+    assert options.renamed(dict(algo="dpo", loss="ipo", beta=0.2)) == dict(algo="ipo", beta=0.2)
+    assert "--loss='ipo' is now --algo ipo (lab/ipo.py)" in capsys.readouterr().out
+    assert options.renamed(dict(algo="dpo", loss="dpo")) == dict(algo="dpo")
+    assert options.renamed(dict(pairs="online", algo="dpo", loss="dpo")) == dict(algo="online_dpo")
+    with pytest.raises(ValueError, match=r"--loss='kto' and --pairs='online' are now --algo kto and --algo "
+                                         r"online_dpo, two variants of the lab: a run is one --algo"):
+        options.renamed(dict(algo="dpo", loss="kto", pairs="online"))
+    with pytest.raises(ValueError, match=r"--loss='simpo' is now --algo simpo \(a variant of dpo\), not an option of "
+                                         r"--algo rm"):
+        options.renamed(dict(algo="rm", loss="simpo"))
+    cfg = options.make_config(dpo_config(tiny, loss="orpo", orpo_lambda=0.2))
+    assert cfg["algo"] == "orpo" and cfg["orpo_lambda"] == 0.2 and "loss" not in cfg
+
+
+def test_plain_dpo_lists_only_its_own_keys():
+    """--algo dpo's options are the loop's and plain DPO's: the variants' keys appear with their --algo only."""
+    own = set(dpo.defaults) - set(options.DEFAULTS)
+    assert own == {"beta", "share_prompt", "pairs", "train_prompts", "heldout_prompts", "group_size", "pair_temperature"}
+    assert {"simpo_beta", "simpo_gamma"} <= set(simpo.defaults) and "orpo_lambda" in orpo.defaults
+    assert {"kto_desirable_weight", "kto_undesirable_weight"} <= set(kto.defaults) and "beta" not in simpo.defaults
 
 
 def test_kto_rows_and_their_errors(tiny, tmp_path):
     tiny = dict(tiny, overwrite=True)  # every run below writes to one out_dir
     good = [{"prompt": f"Q{i}", "completion": f"A{i}", "label": i % 2 == 0} for i in range(12)]
-    run = T.train(dpo_config(tiny, data=write_jsonl(tmp_path / "kto.jsonl", good), loss="kto", max_iters=1))
+    run = T.train(dpo_config(tiny, "kto", data=write_jsonl(tmp_path / "kto.jsonl", good), max_iters=1))
     assert {ex["label"] for ex in run.state.train_examples} == {0.0, 1.0}
     for ex in run.state.train_examples:  # the mismatched completion comes from another prompt
         assert ex["responses"][1] != ex["responses"][0]
     bad_label = write_jsonl(tmp_path / "bad.jsonl", good[:3] + [{"prompt": "Q", "completion": "A", "label": "yes"}])
     with pytest.raises(ValueError, match=r"bad.jsonl: row 4: field 'label': expected bool"):
-        T.train(dpo_config(tiny, data=bad_label, loss="kto", max_iters=1))
+        T.train(dpo_config(tiny, "kto", data=bad_label, max_iters=1))
     with pytest.raises(ValueError, match=r"row 4: field 'completion': missing"):
-        T.train(dpo_config(tiny, data=write_jsonl(tmp_path / "b2.jsonl", good[:3] + [{"prompt": "Q", "label": True}]),
-                           loss="kto", max_iters=1))
-    with pytest.raises(ValueError, match="only with --loss=kto"):
-        T.train(dpo_config(tiny, data=write_jsonl(tmp_path / "k.jsonl", good), loss="dpo", max_iters=1))
-    run = T.train(dpo_config(tiny, data=write_jsonl(tmp_path / "k2.jsonl", good + [good[0] | {"completion": " "}]),
-                             loss="kto", max_iters=1, skip_bad_rows=True))
+        T.train(dpo_config(tiny, "kto", data=write_jsonl(tmp_path / "b2.jsonl", good[:3] + [{"prompt": "Q", "label": True}]),
+                           max_iters=1))
+    with pytest.raises(ValueError, match="only with --algo kto"):
+        T.train(dpo_config(tiny, data=write_jsonl(tmp_path / "k.jsonl", good), max_iters=1))
+    run = T.train(dpo_config(tiny, "kto", data=write_jsonl(tmp_path / "k2.jsonl", good + [good[0] | {"completion": " "}]),
+                             max_iters=1, skip_bad_rows=True))
     assert run.state.skipped_rows == 1
 
 

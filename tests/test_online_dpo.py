@@ -1,5 +1,5 @@
-"""Online DPO (dpo_online.py, --algo dpo --pairs=online): the pairs a round makes from labelled answers, by
-hand (which, how many, the no-pair share), the labeler's agreement with the verifier by hand; a round's pairs
+"""Online DPO (lab/online_dpo.py, --algo online_dpo; the old spelling --algo dpo --pairs=online): the pairs
+a round makes from labelled answers, by hand (which, how many, the no-pair share), the labeler's agreement with the verifier by hand; a round's pairs
 are the current policy's (the same seed: the same pairs; changed weights: other pairs); each labeler (the
 verifier, a reward model, a judge) ranks as it says; resume equals an uninterrupted run; two processes make
 the pairs one does; the config errors; and experiments/online_dpo.py at toy size."""
@@ -13,18 +13,19 @@ import zlib
 import pytest
 import torch
 
-import dpo_online
 import envs
+from nanopost import options
 import train as T
 from nanopost.checkpoints import frozen, load_model
 from conftest import TINY, run_ddp
 from nanopost.judge import judge_scores, rollout_seed
+from lab import online_dpo
 from nanopost.rollouts import score_responses
 from test_judge import write_scalar_checkpoint
 from test_opd import write_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ONLINE = dict(TINY, algo="dpo", pairs="online", online_prompts=8, online_every=2, group_size=3, heldout_prompts=4,
+ONLINE = dict(TINY, algo="online_dpo", online_prompts=8, online_every=2, group_size=3, heldout_prompts=4,
               max_new_tokens=10, batch_size=2)
 
 
@@ -45,15 +46,15 @@ def online_run(start, tmp_path, **overrides):
 
 
 def captured_rollouts(monkeypatch):
-    """A list that gets (the model, the Rollout) of every rollouts() call dpo_online makes."""
+    """A list that gets (the model, the Rollout) of every rollouts() call lab/online_dpo.py makes."""
     calls = []
 
     def recorded(run, model, *args, **kwargs):
         roll = rollouts(run, model, *args, **kwargs)
         calls.append((model, roll))
         return roll
-    rollouts = dpo_online.rollouts
-    monkeypatch.setattr(dpo_online, "rollouts", recorded)
+    rollouts = online_dpo.rollouts
+    monkeypatch.setattr(online_dpo, "rollouts", recorded)
     return calls
 
 
@@ -65,7 +66,7 @@ def test_pairs_from_verifier_labels_by_hand():
     first wrong one (1); prompt 1 (all right) and prompt 2 (all wrong) make none; prompt 3 (0 0 1 0) pairs
     answer 14 with answer 12. Two pairs, the no-pair share 2/4."""
     scores = [1, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0]
-    made = dpo_online.best_and_worst(scores, 4)
+    made = online_dpo.best_and_worst(scores, 4)
     assert made == [(0, 0, 1), (3, 14, 12)]
     assert 1 - len(made) / 4 == 0.5
 
@@ -73,9 +74,9 @@ def test_pairs_from_verifier_labels_by_hand():
 def test_pairs_from_scores_take_the_highest_and_the_lowest():
     """Scores (a reward model's, a judge's P): prompt 0 (0.9 0.2 0.7) pairs 0 over 1; prompt 1 (0.5 0.5 0.5)
     none; prompt 2 (0.3 0.8 0.8) pairs the first of its two highest, 7, over 6."""
-    assert dpo_online.best_and_worst([0.9, 0.2, 0.7, 0.5, 0.5, 0.5, 0.3, 0.8, 0.8], 3) == [(0, 0, 1), (2, 7, 6)]
-    assert dpo_online.best_and_worst([-1.0, 2.5], 2) == [(0, 1, 0)]  # a Bradley–Terry score may be negative
-    assert dpo_online.best_and_worst([0.4] * 6, 2) == []
+    assert online_dpo.best_and_worst([0.9, 0.2, 0.7, 0.5, 0.5, 0.5, 0.3, 0.8, 0.8], 3) == [(0, 0, 1), (2, 7, 6)]
+    assert online_dpo.best_and_worst([-1.0, 2.5], 2) == [(0, 1, 0)]  # a Bradley–Terry score may be negative
+    assert online_dpo.best_and_worst([0.4] * 6, 2) == []
 
 
 def test_the_labelers_agreement_with_the_verifier_by_hand():
@@ -83,9 +84,9 @@ def test_the_labelers_agreement_with_the_verifier_by_hand():
     1/1 (alike): 1/3 agrees, 1/3 reverses."""
     verified = [1, 0, 0, 1, 1, 1]
     made = [(0, 0, 1), (1, 2, 3), (2, 4, 5)]
-    assert dpo_online.verifier_agreement(verified, made) == dict(online_label_agrees=1 / 3,
+    assert online_dpo.verifier_agreement(verified, made) == dict(online_label_agrees=1 / 3,
                                                                  online_label_reverses=1 / 3)
-    assert dpo_online.verifier_agreement(verified, []) == dict(online_label_agrees=0.0, online_label_reverses=0.0)
+    assert online_dpo.verifier_agreement(verified, []) == dict(online_label_agrees=0.0, online_label_reverses=0.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -97,11 +98,11 @@ def test_a_rounds_pairs_are_the_current_policys(start, tmp_path, monkeypatch):
     policy's weights change, other pairs; round 1 draws other prompts."""
     run = online_run(start, tmp_path, max_iters=0)
     calls = captured_rollouts(monkeypatch)
-    examples, figures = dpo_online.sample_round(run, run.state, 0)
+    examples, figures = online_dpo.sample_round(run, run.state, 0)
     (model, roll), = calls
     assert model is run.raw_model
     G, by_response = 3, {tuple(r): i for i, r in enumerate(roll.responses)}
-    made = dpo_online.best_and_worst(roll.verified.tolist(), G)
+    made = online_dpo.best_and_worst(roll.verified.tolist(), G)
     assert len(examples) == len(made) == figures["online_pairs"] > 0
     for ex, (prompt, chosen, rejected) in zip(examples, made):
         assert tuple(ex["responses"][0]) == tuple(roll.responses[chosen]) and roll.verified[chosen] == 1
@@ -110,15 +111,15 @@ def test_a_rounds_pairs_are_the_current_policys(start, tmp_path, monkeypatch):
         assert ex["prompt"] == run.tok.prompt_ids(roll.problems[chosen]["prompt"]) and len(ex["ref"]) == 2
     assert figures["online_pair_share"] == len(made) / 8 and figures["answers_sampled"] == 8 * G
     assert figures["online_sampled_acc"] == pytest.approx(float(roll.verified.mean()))
-    again, _ = dpo_online.sample_round(run, run.state, 0)
+    again, _ = online_dpo.sample_round(run, run.state, 0)
     assert [ex["responses"] for ex in again] == [ex["responses"] for ex in examples]
     with torch.no_grad():
         for p in run.raw_model.parameters():
             p.add_(0.5 * torch.randn_like(p))
-    changed, _ = dpo_online.sample_round(run, run.state, 0)
+    changed, _ = online_dpo.sample_round(run, run.state, 0)
     assert [ex["responses"] for ex in changed] != [ex["responses"] for ex in examples]
     assert calls[2][1].problems == calls[0][1].problems  # (the same prompts: the answers changed with the policy)
-    dpo_online.sample_round(run, run.state, 1)
+    online_dpo.sample_round(run, run.state, 1)
     assert calls[3][1].problems != calls[0][1].problems
 
 
@@ -139,29 +140,30 @@ def test_each_labeler_ranks_by_its_own_score(start, tmp_path, monkeypatch, label
             dict(online_labeler="judge", judge=write_checkpoint(tmp_path / "judge", seed=3, n_layer=1)))
     run = online_run(start, tmp_path, max_iters=0, **keys)
     calls = captured_rollouts(monkeypatch)
-    examples, figures = dpo_online.sample_round(run, run.state, 0)
+    examples, figures = online_dpo.sample_round(run, run.state, 0)
     roll = calls[0][1]
     if labeler == "rm":
         scores = score_responses(frozen(load_model(keys["reward_model"])), roll.ids, roll.mask)
     else:
         judge = frozen(load_model(keys["judge"]))
         scores = judge_scores(run, judge, roll.problems, roll.texts, seed=rollout_seed(roll.ids))[0].mean(1)
-    made = dpo_online.best_and_worst(scores.tolist(), 3)
+    made = online_dpo.best_and_worst(scores.tolist(), 3)
     assert [ex["responses"] for ex in examples] == [(roll.responses[i], roll.responses[j]) for _, i, j in made]
     assert all(scores[i] > scores[j] for _, i, j in made)
-    assert figures == pytest.approx(dict(figures, **dpo_online.verifier_agreement(roll.verified.tolist(), made)))
+    assert figures == pytest.approx(dict(figures, **online_dpo.verifier_agreement(roll.verified.tolist(), made)))
     if labeler == "judge":
         assert 0 <= figures["online_judge_agree"] <= 1
     passport = open(tmp_path / "run" / "passport.md").read()
     assert ("reward model" if labeler == "rm" else "the judge") in passport
 
 
-def test_kto_learns_from_a_rounds_pairs_as_single_examples(start, tmp_path):
-    run = online_run(start, tmp_path, max_iters=2, loss="kto")
-    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl") if '"loss"' in line]
-    assert len(rows) == 2 and all("reward_desirable" in r and r["online_pairs"] > 0 for r in rows)
-    labels = [ex["label"] for ex in run.state.round_examples]
-    assert labels == [1.0, 0.0] * (len(labels) // 2)  # each pair: its chosen answer desirable, its rejected one not
+def test_the_old_spelling_runs_online_dpo_and_one_variant_at_a_time():
+    """--algo dpo --pairs=online is --algo online_dpo (with a note); online DPO trains DPO's loss: the old
+    combination with another loss is two variants of the lab, a one-line error."""
+    assert options.make_config(dict(algo="dpo", pairs="online", online_every=3)) == options.make_config(
+        dict(algo="online_dpo", online_every=3))
+    with pytest.raises(ValueError, match=r"--pairs='online' and --loss='kto' are now --algo online_dpo and --algo kto"):
+        options.make_config(dict(algo="dpo", pairs="online", loss="kto"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -181,7 +183,7 @@ def test_resume_equals_an_uninterrupted_run(start, tmp_path, stop):
     # that moves enough within a round that a round sampled a step late would hold other answers)
     straight = online_run(start, tmp_path / "straight", **common)
     online_run(start, tmp_path / "resumed", **dict(common, max_iters=stop))
-    resumed = T.train(dict(algo="dpo", init_from="resume", out_dir=str(tmp_path / "resumed" / "run"), max_iters=5))
+    resumed = T.train(dict(algo="online_dpo", init_from="resume", out_dir=str(tmp_path / "resumed" / "run"), max_iters=5))
     for k, v in straight.raw_model.state_dict().items():
         torch.testing.assert_close(resumed.raw_model.state_dict()[k], v, rtol=0, atol=0)
     assert train_rows(tmp_path / "resumed" / "run") == train_rows(tmp_path / "straight" / "run")
@@ -215,7 +217,7 @@ def test_two_processes_make_the_pairs_one_does(start, tmp_path):
     (dict(online_labeler="judge"), r"online_labeler=judge needs --judge=DIR.*experiments/judge_agreement.py"),
     (dict(reward_model="somewhere"), "--reward_model=somewhere is read only with online_labeler=rm"),
     (dict(group_size=1), "group_size=1 answer per prompt makes no pair: at least 2"),
-    (dict(pairs="verifier", online_every=3), r"--online_every=3 is read only with pairs=online \(now pairs='verifier'\)"),
+    (dict(pairs="style"), r"unknown config key 'pairs' for --algo online_dpo"),  # (its train pairs are the rounds')
     (dict(online_every=0), "--online_every=0 is out of range: it must be >= 1"),
 ])
 def test_config_errors(start, tmp_path, overrides, error):
@@ -224,8 +226,8 @@ def test_config_errors(start, tmp_path, overrides, error):
 
 
 def test_online_pairs_are_dpos_alone(start, tmp_path):
-    with pytest.raises(ValueError, match="pairs=online samples each round's pairs from the policy being trained: "
-                                         "--algo dpo's; --algo rm trains on fixed pairs"):
+    with pytest.raises(ValueError, match=r"--pairs='online' is now --algo online_dpo \(a variant of dpo\), not an "
+                                         r"option of --algo rm"):
         T.train(dict(TINY, algo="rm", pairs="online", init_from=start, out_dir=str(tmp_path / "rm")))
 
 
