@@ -84,7 +84,14 @@ ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo"
 LAB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lab")
 # Options that became a variant of the lab: (key, value) -> the --algo that now is that choice. The old
 # spelling still runs for one release (it switches --algo and says so); the plain value is dropped.
-MOVED_TO_LAB = {}
+MOVED_TO_LAB = {
+    # ppo: a reward model (RLHF) and the k3 estimator; k1 is plain PPO's own
+    ("reward", "rm"): "ppo_rm", ("kl_estimator", "k3"): "ppo_k3", ("kl_estimator", "k1"): "ppo",
+    # opd: the estimators, the teacher's own samples (off-policy), OPSD (the student as its own teacher)
+    ("kl_estimator", "sampled"): "opd_sampled", ("kl_estimator", "topk"): "opd_topk",
+    ("kl_estimator", "teacher_samples"): "opd_teacher_samples", ("kl_estimator", "full"): "opd",
+    ("teacher", "self"): "opsd", ("privileged", "answer"): "opsd",
+}
 
 # The valid range of every numeric option, checked where the configuration is read (check_values):
 # "[a, b]", "[a, b)", ">= a" or "> a", then why in parentheses where it is not plain. 0 stays valid where
@@ -104,9 +111,9 @@ RANGES = dict(
     train_prompts=">= 1", heldout_prompts=">= 1", group_size=">= 1", pair_temperature=SCORED,  # pairs (rm, dpo)
     beta="> 0", simpo_beta="> 0", simpo_gamma=">= 0", orpo_lambda=">= 0", kto_desirable_weight=">= 0",
     kto_undesirable_weight=">= 0", online_every=">= 1", online_prompts=">= 1",  # dpo
-    temperature=SCORED, prompt_pool=">= 1", minibatches=">= 1", ppo_epochs=">= 1", clip_eps=">= 0",
-    value_clip=">= 0", vf_coef=">= 0", gamma="[0, 1]", lam="[0, 1]", kl_coef=">= 0", kl_target=">= 0",
-    kl_adapt_rate=">= 0", early_stop_kl=">= 0", rlvp_beta=">= 0", rlvp_penalty=">= 0", rlvp_bonus=">= 0",  # ppo
+    temperature=SCORED, prompt_pool=">= 1", minibatches=">= 1", clip_eps=">= 0",
+    value_clip=">= 0", vf_coef=">= 0", gamma="[0, 1]", lam="[0, 1]", kl_coef=">= 0", kl_target="> 0",
+    kl_adapt_rate=">= 0", early_stop_kl="> 0", rlvp_beta=">= 0", rlvp_penalty=">= 0", rlvp_bonus=">= 0",  # ppo
     prompts_per_iter=">= 1", rollout_prompts=">= 0", eps_low="[0, 1]", eps_high=">= 0", inner_epochs=">= 1",
     dynamic_sampling_rounds=">= 0", overlong_cache=">= 0", tis_cap=">= 0", edge_low="[0, 1]",
     edge_high="[0, 1]", staleness="[0, 1]", top_k=">= 0", top_p="(0, 1]", clip_cov="[0, 1)",
@@ -136,7 +143,8 @@ ALIASES = dict(lr="learning_rate", bs="batch_size", batch="batch_size", micro_ba
 # saved config too; where two old names meet, the later one counts)
 RENAMED = dict(eval_pass_k="eval_samples", eval_best_of_n="eval_samples", best_of_n="eval_samples",
                # one name per idea: responses sampled per prompt in training, a pool of train prompts
-               samples_per_prompt="group_size", candidates="group_size", prompts_pool="prompt_pool")
+               samples_per_prompt="group_size", candidates="group_size", prompts_pool="prompt_pool",
+               ppo_epochs="inner_epochs")  # passes over a rollout batch: one name in ppo and grpo
 # Keys removed in this version: ignored, with a note saying why
 REMOVED = dict(eval_best_of_n_problems="Best-of-N by the verifier is pass@k, on the eval_problems held-out problems "
                                        "that every sampled figure uses")

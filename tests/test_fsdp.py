@@ -22,7 +22,7 @@ ALGOS = {
     "dpo": dict(train_prompts=8, heldout_prompts=4, group_size=2, max_new_tokens=8, eval_batch_size=4),
     "rm": dict(train_prompts=8, heldout_prompts=4, group_size=2, max_new_tokens=8, eval_batch_size=4),
     "opd": dict(prompts_per_iter=4, rollout_prompts=2, group_size=2, batch_size=4, max_new_tokens=8, teacher="self"),
-    "ppo": dict(prompt_pool=64, batch_size=2, minibatches=2, ppo_epochs=2, max_new_tokens=8, learning_rate=1e-3,
+    "ppo": dict(prompt_pool=64, batch_size=2, minibatches=2, inner_epochs=2, max_new_tokens=8, learning_rate=1e-3,
                 eval_problems=2, eval_batch_size=4),  # (policy and critic: two sharded roots)
     "rft": dict(rounds=4, round_prompts=8, group_size=8, max_new_tokens=64, eval_batch_size=4),  # (a round per iteration
     # whatever max_iters, so the stopped run draws the same pools; room for an end token)

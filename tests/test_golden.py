@@ -35,7 +35,7 @@ RUNS = {  # name: the run's overrides on top of TINY (3 iterations, one evaluati
     "sft": dict(algo="sft", **SFT_DATA),
     "rm": dict(algo="rm", train_prompts=16, heldout_prompts=8, warmup_iters=0),
     "dpo": dict(algo="dpo", train_prompts=16, heldout_prompts=8, warmup_iters=0),
-    "ppo": dict(algo="ppo", batch_size=4, minibatches=2, ppo_epochs=2, max_new_tokens=12, prompt_pool=64,
+    "ppo": dict(algo="ppo", batch_size=4, minibatches=2, inner_epochs=2, max_new_tokens=12, prompt_pool=64,
                 learning_rate=1e-3, min_lr=1e-3, warmup_iters=0, eval_samples=2),
     "grpo": dict(algo="grpo", group_size=4, learning_rate=1e-3, min_lr=1e-3, **RL),
     "grpo_rloo": dict(algo="grpo", estimator="rloo", loss_agg="token_mean", group_size=4, minibatches=2,

@@ -147,7 +147,7 @@ def assert_forced_weightless(loss_fn, model, modules, forced):
 def tool_run(tmp_path, **cfg):
     run = T.train(dict(TINY, env="calculator", max_iters=0, checkpoint=False, max_new_tokens=96,
                        out_dir=str(tmp_path / cfg["algo"]), **cfg))
-    policy = run.raw_model.policy if cfg["algo"] == "ppo" else run.raw_model
+    policy = run.raw_model.policy if cfg["algo"].startswith("ppo") else run.raw_model
     policy.lm_head = calling_model(policy).lm_head
     return run, policy
 
@@ -174,8 +174,8 @@ def test_grpo_rollouts_mask_tool_tokens_and_they_carry_no_weight(tmp_path):
 
 
 def test_ppo_and_sft_and_opd_give_tool_tokens_no_weight(tmp_path):
-    run, policy = tool_run(tmp_path, algo="ppo", batch_size=4, minibatches=1, reward_mode="rlvp")
-    mb = ppo.batches(run, run.state, 0)[0][0][0]
+    run, policy = tool_run(tmp_path, algo="ppo_rlvp", batch_size=4, minibatches=1)
+    mb = run.algo.batches(run, run.state, 0)[0][0][0]
     forced = (mb.mask == 0) & (mb.ids[:, 1:] != run.tok.pad)
     forced &= torch.arange(mb.mask.size(1)) >= (mb.mask > 0).float().argmax(1, keepdim=True)
     assert forced.any()
