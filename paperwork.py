@@ -216,25 +216,24 @@ def opd_passport(run, verifier_check, teacher, privileged):
         t = teacher.config
         teacher = (f"`{c['teacher']}`, frozen, {t.n_layer} layers × {t.n_embd} "
                    f"({count_parameters(teacher)[1]:,} parameters)" + reads)
-    signal = ("cross-entropy on the teacher's own samples (off-policy distillation)" if c["kl_estimator"] == "teacher_samples"
+    signal = ("cross-entropy on the teacher's own samples (off-policy distillation)" if c["algo"] == "opd_teacher_samples"
               else "per-token reverse KL(π_student ‖ π_teacher) on the student's sampled positions")
     anchor = (f"anchor: + {c['anchor_coef']} · KL(π_student ‖ π_init) on the same positions, π_init = `{c['init_from']}` "
-              f"frozen" if c["anchor_coef"] else "no reward model, no critic, no KL to a reference beyond the teacher itself")
+              f"frozen" if c.get("anchor_coef") else "no reward model, no critic, no KL to a reference beyond the teacher itself")
     return f"""# Post-training passport: {c['out_dir']}
 
-algorithm: `--algo opd`, on-policy distillation, started from `{c['init_from']}`
+algorithm: `--algo {c['algo']}`, on-policy distillation, started from `{c['init_from']}`
 
 ## Data and mode
 - online: {c['prompts_per_iter']} prompts × {c['group_size']} answers per iteration sampled by the current student
   at temperature {c['temperature']}, {c['max_iters']} iterations, one optimizer step per batch
 - prompts: the `{c['env']}` environment's *train* split; evaluation on *heldout* and *ood*
-- the verifier's reward is logged, never trained on; {verification_text(verifier_check)};
+- the verifier's accuracy is logged (verifier_acc), never trained on; {verification_text(verifier_check)};
   parse_error_rate logged every iteration
 
 ## Optimisation
 - teacher: {teacher}
-- loss: {signal}, estimator
-  **{c['kl_estimator']}**{f" (k = {c['kl_topk']})" if c['kl_estimator'] == 'topk' else ''}; both at temperature {c['temperature']}
+- loss: {signal}{f", on the teacher's top k = {c['kl_topk']} tokens" if 'kl_topk' in c else ''}; both at temperature {c['temperature']}
 - {anchor}
 
 ## Infrastructure

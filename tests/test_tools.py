@@ -191,14 +191,15 @@ def test_ppo_and_sft_and_opd_give_tool_tokens_no_weight(tmp_path):
                              [sft.raw_model.lm_head], results)
 
     # OPD: the teacher reads the tool's tokens but grades only sampled ones
-    run, policy = tool_run(tmp_path, algo="opd", teacher="self")
+    run, policy = tool_run(tmp_path, algo="opsd")
     roll = rollouts(run, policy, run.env.problems("train", 4), 1, seed=0)
-    logprobs, graded = opd.teacher_logprobs(run, run.state, roll)
+    prompts = [envs.privileged_prompt(run.env, problem, run.cfg["privileged"]) for problem in roll.problems]
+    logprobs, graded = opd.teacher_logprobs(run, run.state.teacher, roll, prompts)
     assert bool((graded <= roll.mask).all())
     tool_before = roll.forced.cumsum(1) > 0  # a graded token with tool tokens before it
     i, col = (graded.bool() & tool_before).nonzero()[-1].tolist()
     k = col - (int(roll.prompt_lens[i]) - 1)  # its index in the response
-    seq = run.tok.prompt_ids(run.state.teacher_prompt(roll.problems[i])) + roll.responses[i][:k + 1]
+    seq = run.tok.prompt_ids(prompts[i]) + roll.responses[i][:k + 1]
     expected = torch.log_softmax(run.state.teacher(torch.tensor([seq[:-1]]))[0, -1], -1)
     torch.testing.assert_close(logprobs[i, col], expected, atol=1e-5, rtol=0)
 
