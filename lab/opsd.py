@@ -103,8 +103,9 @@ def anchor_logprobs(run, state, ro):
 def loss(run, state, model, batch):
     """opd's reverse KL to the privileged teacher, + β·KL(π_s‖π_init) with the anchor."""
     logprobs = opd.student_logprobs(run, model, batch)
-    kl = opd.reverse_kl(logprobs, batch.teacher_logprobs)
+    p = logprobs.exp()  # one p for both terms (the gradient's rounding as the ladder's opsd stage was measured)
+    kl = (p * (logprobs - batch.teacher_logprobs)).sum(-1)  # KL_t = Σ_v p(v)(log p(v) − log q(v)), opd.reverse_kl
     if not run.cfg["anchor_coef"]:
         return opd.masked_sums(kl, kl, logprobs, batch.mask, anchor_kl=torch.zeros_like(kl))
-    anchor = opd.reverse_kl(logprobs, batch.ref_logprobs)  # Σ_v p(v)(log p(v) − log r(v))
+    anchor = (p * (logprobs - batch.ref_logprobs)).sum(-1)  # Σ_v p(v)(log p(v) − log r(v))
     return opd.masked_sums(kl + run.cfg["anchor_coef"] * anchor, kl, logprobs, batch.mask, anchor_kl=anchor)
