@@ -194,11 +194,9 @@ def score_micro_batch(run, state, problems, seed):
 
 
 def old_logprobs_and_values(run, roll):
-    """(π_old, V_old). π_old is the sampler's own log-probs, which equal a training forward's in fp32,
-    and V_old one forward of the critic alone; under a GPU's autocast (old_logprobs=recompute, auto
-    there) the bf16 sampler rounds differently, so both come from one forward of policy and critic,
-    the forward the loss makes (the difference is logged as sampler_logprob_gap): ρ = 1 before the
-    first update either way."""
+    """(π_old, V_old): the sampler's own log-probs (a training forward's, in fp32) and one critic
+    forward; with old_logprobs=recompute (auto: under a GPU's autocast, whose bf16 sampler rounds
+    differently) one forward of policy and critic, the loss's (the gap: sampler_logprob_gap)."""
     if old_logprobs_mode(run) == "recompute":
         logits, values = run.raw_model(roll.ids[:, :-1])
         return token_logprobs(logits, roll.ids[:, 1:], run.cfg["temperature"]) * roll.mask, values
@@ -210,7 +208,7 @@ def k1(mb):
     everywhere when β = 0 left π_ref unread."""
     if mb.ref_logprobs is None:
         return torch.zeros_like(mb.mask)
-    return kl_estimate(mb.old_logprobs, mb.ref_logprobs, "k1") * mb.mask
+    return (mb.old_logprobs - mb.ref_logprobs) * mb.mask
 
 
 def shaped_rewards(reward, kl, mask, kl_coef):
