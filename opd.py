@@ -93,13 +93,17 @@ def my_shards(run):
 
 
 def rollout_shard(run, state, it, shard):
-    """Shard `shard` of iteration `it`: fresh train problems, the student's answers, the teacher's
-    grades. Returns (the Rollout, its response tokens left ungraded)."""
-    cfg = run.cfg
-    problems, seed = shard_problems(run, it, shard)
-    ro = rollouts(run, run.raw_model, problems, cfg["group_size"], temperature=cfg["temperature"],
-                  max_new_tokens=cfg["max_new_tokens"], seed=seed)                     # 1. the student writes
+    """Shard `shard` of iteration `it`: the student's answers, the teacher's grades. Returns (the
+    Rollout, its response tokens left ungraded)."""
+    ro = sample(run, run.raw_model, it, shard)                                             # 1. the student writes
     return graded(run, state.teacher, ro, [problem["prompt"] for problem in ro.problems])  # 2. the teacher grades
+
+
+def sample(run, writer, it, shard):
+    """group_size answers by `writer` at τ to each of the shard's fresh train problems, seeded by (seed, it, shard)."""
+    problems, seed = shard_problems(run, it, shard)
+    return rollouts(run, writer, problems, run.cfg["group_size"], temperature=run.cfg["temperature"],
+                    max_new_tokens=run.cfg["max_new_tokens"], seed=seed)
 
 
 def graded(run, teacher, ro, prompts):

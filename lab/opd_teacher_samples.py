@@ -15,7 +15,6 @@ describe them; reverse_kl logs the exact KL_t on the teacher's answers.
 
 import opd
 from opd import evaluate, on_policy, setup, starts_from  # noqa: F401  (what it does not change)
-from rollouts import rollouts, shard_problems
 
 base = "opd"
 defaults = dict(opd.defaults)
@@ -28,10 +27,7 @@ def batches(run, state, it):
 
 def rollout_shard(run, state, it, shard):
     """opd.rollout_shard with the teacher writing the answers (and grading them, for the log)."""
-    cfg = run.cfg
-    problems, seed = shard_problems(run, it, shard)
-    ro = rollouts(run, state.teacher, problems, cfg["group_size"], temperature=cfg["temperature"],
-                  max_new_tokens=cfg["max_new_tokens"], seed=seed)
+    ro = opd.sample(run, state.teacher, it, shard)
     return opd.graded(run, state.teacher, ro, [problem["prompt"] for problem in ro.problems])
 
 

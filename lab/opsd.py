@@ -46,7 +46,6 @@ from distributed import chunks
 from envs import PRIVILEGED, privileged_prompt
 from opd import evaluate, on_policy  # noqa: F401  (what it does not change)
 from paperwork import opd_passport, verifier_check, write_passport
-from rollouts import rollouts, shard_problems
 
 base = "opd"
 starts_from = {"init_from": "sft"}  # its own teacher
@@ -79,9 +78,7 @@ def batches(run, state, it):
 def rollout_shard(run, state, it, shard):
     """opd.rollout_shard with the teacher reading the privileged prompt; π_init's log-probs for the anchor."""
     cfg = run.cfg
-    problems, seed = shard_problems(run, it, shard)
-    ro = rollouts(run, run.raw_model, problems, cfg["group_size"], temperature=cfg["temperature"],
-                  max_new_tokens=cfg["max_new_tokens"], seed=seed)
+    ro = opd.sample(run, run.raw_model, it, shard)
     prompts = [privileged_prompt(run.env, problem, cfg["privileged"]) for problem in ro.problems]
     ro, ungraded = opd.graded(run, state.teacher, ro, prompts)
     ro.ref_logprobs = anchor_logprobs(run, state, ro) if cfg["anchor_coef"] else None

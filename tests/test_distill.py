@@ -121,12 +121,12 @@ def test_opsd_quick_runs_every_arm_and_grades_every_solution_position(tmp_path):
 def test_the_sft_control_trains_on_the_problems_opsd_draws(tmp_path, monkeypatch):
     """solution_rows: the problems an OPSD run of the same seed samples, in its order, each -> its
     verified worked solution; then held-out rows, exactly the ones sft.py keeps for validation."""
-    from lab import opsd as opsd_algo
+    import opd
     student = write_checkpoint(tmp_path / "s", seed=0)
     keys = dict(algo="opsd", privileged="solution", init_from=student, prompts_per_iter=4, rollout_prompts=2,
                 max_new_tokens=8, batch_size=4, eval_interval=0, checkpoint=False, plot=False, seed=5)
-    drawn, sample = [], opsd_algo.rollouts
-    monkeypatch.setattr(opsd_algo, "rollouts", lambda run, model, problems, *a, **k: drawn.extend(problems) or sample(run, model, problems, *a, **k))
+    drawn, sample = [], opd.rollouts
+    monkeypatch.setattr(opd, "rollouts", lambda run, model, problems, *a, **k: drawn.extend(problems) or sample(run, model, problems, *a, **k))
     T.train(dict(keys, max_iters=3, out_dir=str(tmp_path / "opsd")))
     run = T.train(dict(keys, max_iters=0, out_dir=str(tmp_path / "start")))
     path = str(tmp_path / "rows.jsonl")
