@@ -153,13 +153,16 @@ REMOVED = dict(eval_best_of_n_problems="Best-of-N by the verifier is pass@k, on 
 def renamed(overrides):
     """overrides with renamed keys under their new name and removed ones dropped, a note for each; an
     option that became a variant of the lab (MOVED_TO_LAB) switches --algo to it."""
-    out = {}
+    out, given, switched = {}, overrides.get("algo", DEFAULTS["algo"]), None
     for key, value in overrides.items():
         moved = MOVED_TO_LAB.get((key, value)) if isinstance(value, (str, int, float, bool)) else None
         if moved is not None:
-            if moved != overrides.get("algo", DEFAULTS["algo"]):
+            if moved != given:
+                if switched not in (None, moved) or given not in ALGOS:  # two variants: no one file runs both
+                    raise ValueError(f"--{key}={value!r} is now --algo {moved}, which does not run with --algo "
+                                     f"{switched or given}: each variant is one file of the lab; choose one --algo")
                 print(f"note: --{key}={value!r} is now --algo {moved} (lab/{moved}.py); running that")
-                out["algo"] = moved
+                switched = out["algo"] = moved
         elif key in REMOVED:
             print(f"note: config key {key!r} is gone ({REMOVED[key]}); ignored")
         elif key in RENAMED:
@@ -167,6 +170,8 @@ def renamed(overrides):
             out[RENAMED[key]] = value
         else:
             out[key] = value
+    if switched:  # (whatever the order of the keys)
+        out["algo"] = switched
     return out
 
 # Optional packages: the features that need them import them lazily, and the scripts turn their
@@ -213,6 +218,12 @@ def available_algos():
     return sorted(name for name, module in ALGOS.items() if importlib.util.find_spec(module) is not None) + lab_variants()
 
 
+def variants_with(key, base):
+    """The lab's variants of the algorithm `base` that take the option `key`."""
+    return [name for name in lab_variants() if getattr(algo_module(name), "base", None) == base
+            and key in algo_module(name).defaults]
+
+
 def algo_module(name):
     """The module of --algo NAME: a textbook algorithm (ALGOS), or a variant of the lab (lab/NAME.py)."""
     choices = available_algos()
@@ -241,10 +252,12 @@ def make_config(overrides):
     cfg = dict(defaults)
     for key, value in overrides.items():
         if key not in defaults:
+            homes = variants_with(key, getattr(module, "base", algo))  # an option that became a variant's
             close = [ALIASES[key]] if ALIASES.get(key) in defaults else []
             close += [k for k in difflib.get_close_matches(key, defaults, n=3) if k not in close]
-            raise ValueError(f"unknown config key {key!r} for --algo {algo}"
-                             + (f"; did you mean {', '.join(close)}?" if close else ""))
+            raise ValueError(f"unknown config key {key!r} for --algo {algo}" + (
+                f"; it is an option of {' or '.join(f'--algo {v} (lab/{v}.py)' for v in homes)}" if homes else
+                f"; did you mean {', '.join(close)}?" if close else ""))
         cfg[key] = coerce(key, value, defaults[key])
     cfg["out_dir"] = fill_out_dir(cfg["out_dir"], algo)
     if cfg["data"] and algo not in READS_DATA:  # never ignored silently
