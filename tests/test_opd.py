@@ -368,3 +368,16 @@ def test_reader_rows_read_the_solution_and_write_it_out(tmp_path):
     data.write_text('{"prompt": "2+2?", "completion": "4"}\n' * 40)
     with pytest.raises(ValueError, match="reader_frac"):
         T.train(dict(base, reader_frac=0.5, data=str(data), out_dir=str(tmp_path / "data")))
+
+
+def test_old_opd_options_name_their_variant():
+    import options
+    assert options.make_config(dict(algo="opd", teacher="self"))["algo"] == "opsd"
+    assert options.make_config(dict(algo="opd", teacher="self", privileged="solution"))["privileged"] == "solution"
+    for estimator in ("sampled", "topk", "teacher_samples"):
+        assert options.make_config(dict(algo="opd", kl_estimator=estimator))["algo"] == f"opd_{estimator}"
+    with pytest.raises(ValueError, match="'anchor_coef' for --algo opd; it is an option of --algo opsd"):
+        options.make_config(dict(algo="opd", anchor_coef=1.0))
+    with pytest.raises(ValueError, match="is now --algo opd_sampled, which does not run with --algo opsd"):
+        options.make_config(dict(algo="opd", teacher="self", kl_estimator="sampled"))
+    assert not {"kl_estimator", "kl_topk", "anchor_coef", "privileged"} & set(options.make_config(dict(algo="opd")))

@@ -389,3 +389,21 @@ def test_two_processes_equal_one_process_and_stay_identical(tiny, monkeypatch):
     for name, value in single["state"].items():
         assert np.array_equal(ranks[0]["state"][name], ranks[1]["state"][name]), name
         assert np.allclose(ranks[0]["state"][name], value, atol=1e-5), name
+
+
+# ----------------------------------------------------------------------------------------------
+# Old spellings: each option that became a variant of the lab runs it, with a note
+
+def test_old_ppo_options_name_their_variant(capsys):
+    import options
+    assert options.make_config(dict(algo="ppo", reward="rm", reward_model="out/rm"))["algo"] == "ppo_rm"
+    assert options.make_config(dict(algo="ppo", kl_estimator="k3"))["algo"] == "ppo_k3"
+    assert options.make_config(dict(algo="ppo", kl_estimator="k1"))["algo"] == "ppo"
+    assert options.make_config(dict(algo="ppo", ppo_epochs=3))["inner_epochs"] == 3
+    assert "--reward='rm' is now --algo ppo_rm" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="'kl_target' for --algo ppo; it is an option of --algo ppo_adaptive_kl"):
+        options.make_config(dict(algo="ppo", kl_target=0.5))
+    with pytest.raises(ValueError, match="is now --algo ppo_k3, which does not run with --algo ppo_rm"):
+        options.make_config(dict(algo="ppo", reward="rm", kl_estimator="k3"))
+    plain = set(options.make_config(dict(algo="ppo")))  # the variants' keys are theirs alone
+    assert not {"reward_model", "critic_init", "kl_target", "early_stop_kl", "rlvp_beta", "kl_estimator"} & plain
