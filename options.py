@@ -156,7 +156,7 @@ def renamed(overrides):
     out, given, switched = {}, overrides.get("algo", DEFAULTS["algo"]), None
     for key, value in overrides.items():
         moved = MOVED_TO_LAB.get((key, value)) if isinstance(value, (str, int, float, bool)) else None
-        if moved is not None:
+        if moved is not None and base_of(moved) == base_of(given):  # (another algorithm's value is its own)
             if moved != given:
                 if switched not in (None, moved) or given not in ALGOS:  # two variants: no one file runs both
                     raise ValueError(f"--{key}={value!r} is now --algo {moved}, which does not run with --algo "
@@ -216,6 +216,11 @@ def lab_variants():
 def available_algos():
     """The --algo names whose module exists (ALGOS may name one that is still to be written), then the lab's."""
     return sorted(name for name, module in ALGOS.items() if importlib.util.find_spec(module) is not None) + lab_variants()
+
+
+def base_of(name):
+    """The plain algorithm a variant of the lab changes; an algorithm's own name otherwise."""
+    return getattr(algo_module(name), "base", name) if name in available_algos() else name
 
 
 def variants_with(key, base):
