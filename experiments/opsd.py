@@ -218,7 +218,7 @@ def main(argv=None):
             out_dir = os.path.join(out, name)
             points, _ = train_arm(arm, start_from, out_dir, schedule(args.iters), args.eval_problems, starts[start_from])
             results[name].append(dict(seed=seed, points=points, anchor_coef=arm.get("anchor_coef", 0.0),
-                                      ungraded_frac=mean_ungraded(out_dir) if arm["algo"] == "opd" else None))
+                                      ungraded_frac=mean_ungraded(out_dir) if arm["algo"] == "opsd" else None))
             report({k: v for k, v in results.items() if v}, dict(
                 args=vars(args), student=student, privileged_greedy=contexts, readers=readers, arms=results,
                 wall_seconds=time.time() - t0), args)
