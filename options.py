@@ -153,16 +153,14 @@ REMOVED = dict(eval_best_of_n_problems="Best-of-N by the verifier is pass@k, on 
 def renamed(overrides):
     """overrides with renamed keys under their new name and removed ones dropped, a note for each; an
     option that became a variant of the lab (MOVED_TO_LAB) switches --algo to it."""
-    out, given, switched = {}, overrides.get("algo", DEFAULTS["algo"]), None
+    given = overrides.get("algo", DEFAULTS["algo"])
+    out = {"algo": given} if "algo" in overrides else {}  # (first: a switch below replaces it, whatever the order)
     for key, value in overrides.items():
         moved = MOVED_TO_LAB.get((key, value)) if isinstance(value, (str, int, float, bool)) else None
+        if key == "algo":
+            continue
         if moved is not None and base_of(moved) == base_of(given):  # (another algorithm's value is its own)
-            if moved != given:
-                if switched not in (None, moved) or given not in ALGOS:  # two variants: no one file runs both
-                    raise ValueError(f"--{key}={value!r} is now --algo {moved}, which does not run with --algo "
-                                     f"{switched or given}: each variant is one file of the lab; choose one --algo")
-                print(f"note: --{key}={value!r} is now --algo {moved} (lab/{moved}.py); running that")
-                switched = out["algo"] = moved
+            out["algo"] = switched_algo(key, value, moved, given, out.get("algo", given))
         elif key in REMOVED:
             print(f"note: config key {key!r} is gone ({REMOVED[key]}); ignored")
         elif key in RENAMED:
@@ -170,9 +168,20 @@ def renamed(overrides):
             out[RENAMED[key]] = value
         else:
             out[key] = value
-    if switched:  # (whatever the order of the keys)
-        out["algo"] = switched
     return out
+
+
+def switched_algo(key, value, moved, given, algo):
+    """The --algo that runs once the old option key=value, now the variant `moved`, meets --algo
+    `given` (`algo`: what earlier keys made of it): moved itself, said in a note; an error where two
+    variants meet (no one file runs both)."""
+    if moved == algo:
+        return algo
+    if algo != given or given not in ALGOS:
+        raise ValueError(f"--{key}={value!r} is now --algo {moved}, which does not run with --algo {algo}: "
+                         f"each variant is one file of the lab; choose one --algo")
+    print(f"note: --{key}={value!r} is now --algo {moved} (lab/{moved}.py); running that")
+    return moved
 
 # Optional packages: the features that need them import them lazily, and the scripts turn their
 # absence into one line naming the install command
