@@ -62,7 +62,7 @@ STAGES = [
     ("sft", dict(algo="sft", eval_interval=250), "pretrain"),  # fewer in-run evals: the ladder evaluates at the end
     ("rm", dict(algo="rm"), "sft"),
     ("dpo", dict(algo="dpo"), "sft"),
-    ("ppo", dict(algo="ppo", reward="verifier"), "sft"),
+    ("ppo", dict(algo="ppo"), "sft"),
     ("grpo", dict(algo="grpo", eval_interval=10), "sft"),
     ("rft", dict(algo="rft"), "sft"),
     # the GRPO stage as the teacher: how fast a dense per-token signal gets the SFT model there
@@ -72,7 +72,7 @@ STAGES = [
     # question), then distils it from its own weights shown that solution, anchored to where it started
     ("reader", dict(algo="sft", reader_frac=0.5, max_iters=300, learning_rate=3e-4, min_lr=3e-5, warmup_iters=10,
                     eval_interval=300), "sft"),
-    ("opsd", dict(algo="opd", teacher="self", privileged="solution", anchor_coef=1.0, max_iters=40, eval_interval=20),
+    ("opsd", dict(algo="opsd", privileged="solution", anchor_coef=1.0, max_iters=40, eval_interval=20),
      "reader"),
     # the agentic branch: the calculator task (numbers too large to add in the head) with tool calls
     # 2,000 iterations: at 1,000 one CPU class (AVX2 kernels and MKL) ended with a model that miscopied the

@@ -18,8 +18,8 @@ Each of `rounds` rounds, at the first iteration of its share of max_iters:
 The next round samples from the updated policy, so the pool follows the policy. The cap keeps easy
 prompts, where every candidate is right, from crowding out the hard ones in the pool.
 
-Logged per round: cand_acc (the candidates' verifier accuracy, a sample of the policy at the
-temperature), unique_frac (distinct verified responses / verified ones), kept_frac (kept / all
+Logged per round: verifier_acc (the share of candidates the verifier accepts, a sample of the
+policy at the temperature; one cut off by the length limit counts as rejected, as in the filter), unique_frac (distinct verified responses / verified ones), kept_frac (kept / all
 candidates), prompt_cover (prompts with at least one kept answer) and pool (examples kept); per
 iteration the policy's token entropy on the pool's answers.
 Evaluation (evaluation.evaluate_policy): greedy held-out and OOD accuracy, and on eval_samples = N
@@ -93,7 +93,7 @@ def sample_pool(run, state, round_):
     verified = sum(r > 0 for r in rewards)
     distinct = len({(g, tuple(t)) for g, t, r in zip(groups, tokens, rewards) if r > 0})
     n_unparsed = sum(unparsed(run.env, response_text(run, t)) for t in tokens)
-    figures = dict(cand_acc=verified / len(tokens), unique_frac=distinct / max(verified, 1),
+    figures = dict(verifier_acc=verified / len(tokens), unique_frac=distinct / max(verified, 1),
                    kept_frac=len(kept) / len(tokens), prompt_cover=len({groups[i] for i in kept}) / len(problems),
                    pool=len(pool), parse_error_rate=n_unparsed / len(tokens),
                    verifier_error_rate=state.verifier_check["verifier_error_rate"])

@@ -8,7 +8,6 @@ init_from = "Qwen/Qwen2.5-0.5B-Instruct"
 tokenizer = "Qwen/Qwen2.5-0.5B-Instruct"
 block_size = 1024
 max_new_tokens = 512
-reward = "verifier"
 prompt_pool = 7473
 batch_size = 4
 gradient_accumulation_steps = 8

@@ -8,7 +8,7 @@ per iteration and the same learning rate (1e-4, constant after 5 warm-up iterati
     opd_full     OPD, 128 prompts × 1, exact per-token reverse KL to the teacher on the student's samples
     opd_sampled  OPD, the one-sample reverse-KL estimator (one teacher log-prob per token)
     offpolicy    off-policy distillation: the teacher answers the same 128 prompts, the student is
-                 trained by cross-entropy on those answers (opd.py, kl_estimator=teacher_samples)
+                 trained by cross-entropy on those answers (lab/opd_teacher_samples.py)
     opd_topk     (not a default arm) OPD with the teacher's top 16 tokens, renormalised
 
 Each arm runs --cap iterations, or, with --min_iters M < cap, until it has plateaued: none of its
@@ -69,10 +69,10 @@ from nanopost.rollouts import rollouts  # noqa: E402
 
 ARMS = dict(
     grpo=dict(options.parse_args([os.path.join(ROOT, "config", "grpo.py")]), algo="grpo", group_size=8),  # 16 × 8 = 128
-    opd_full=dict(algo="opd", kl_estimator="full"),
-    opd_sampled=dict(algo="opd", kl_estimator="sampled"),
-    offpolicy=dict(algo="opd", kl_estimator="teacher_samples"),
-    opd_topk=dict(algo="opd", kl_estimator="topk"),  # not a default arm: the teacher's top 16, renormalised
+    opd_full=dict(algo="opd"),
+    opd_sampled=dict(algo="opd_sampled"),
+    offpolicy=dict(algo="opd_teacher_samples"),
+    opd_topk=dict(algo="opd_topk"),  # not a default arm: the teacher's top 16, renormalised
 )
 DEFAULT_ARMS = ("grpo", "opd_full", "opd_sampled", "offpolicy")
 FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9)  # of the way from the student's start to the teacher
@@ -431,7 +431,7 @@ def main(argv=None):
     for k, seed in enumerate(int(s) for s in args.seeds.split(",")):  # every arm of a seed, then the next seed
         for name in results:
             arm = ARMS[name] | common | (QUICK_GRPO if args.quick and name == "grpo" else {})
-            if arm["algo"] == "opd":
+            if arm["algo"].startswith("opd"):  # opd and its lab variants read the teacher
                 arm["teacher"] = args.teacher
             points, run = train_arm(dict(arm, seed=seed), args.student, os.path.join(args.out, f"{name}_{seed}"),
                                     schedule(args.cap), args.eval_problems, start, args.min_iters)

@@ -6,7 +6,7 @@ SFT checkpoint, at equal sampled answers per iteration, each arm with each of --
     grpo_verifier   grpo.py, rewarded by the environment's verifier (the gold)
     grpo_judge      grpo.py --reward=judge --judge=DIR --judge_samples=k: the judge's P(Verdict: correct),
                     the mean over k sampled judgements (judge.py)
-    ppo_rm          ppo.py --reward=rm --reward_model=DIR: the Bradley–Terry reward model's score (RLHF)
+    ppo_rm          lab/ppo_rm.py, --algo ppo_rm --reward_model=DIR: the Bradley–Terry reward model's score (RLHF)
 
 Equal rollouts: --answers (128) answers sampled per iteration in every arm. GRPO: --answers / --group_size
 prompts × --group_size (16 × 8), one optimizer step, its defaults otherwise (lr 1e-4, k3 KL β = 0.04).
@@ -56,9 +56,10 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
-from nanopost import bands  # noqa: E402
+from nanopost import bands# noqa: E402
 import grpo  # noqa: E402
 import ppo  # noqa: E402
+from lab import ppo_rm  # noqa: E402
 from nanopost.checkpoints import frozen, load_model  # noqa: E402
 from nanopost.judge import judge_scores  # noqa: E402
 from model import GPT, ScalarHeadGPT  # noqa: E402
@@ -81,7 +82,7 @@ def arms(args):
     grpo_keys = dict(algo="grpo", prompts_per_iter=A // G, group_size=G)
     return dict(grpo_verifier=(grpo, grpo_keys),
                 grpo_judge=(grpo, dict(grpo_keys, reward="judge", judge=args.judge, judge_samples=args.judge_samples)),
-                ppo_rm=(ppo, dict(algo="ppo", reward="rm", reward_model=args.reward_model, group_size=1, minibatches=2,
+                ppo_rm=(ppo_rm, dict(algo="ppo_rm", reward_model=args.reward_model, group_size=1, minibatches=2,
                                   batch_size=A // 2, gradient_accumulation_steps=1)))
 
 

@@ -1,6 +1,6 @@
 """
 OPSD that can work (SPEC §3 OPSD): self-distillation where the teacher is the student's own current
-weights given privileged context, the student sees only the problem (opd.py, --teacher=self). Seven
+weights given privileged context, the student sees only the problem (lab/opsd.py, --algo opsd). Seven
 OPSD arms and two controls, 128 sampled answers (SFT: rows) per update, learning rate 1e-4
 (constant after 5 warm-up iterations), the first four from the SFT student:
 
@@ -123,13 +123,13 @@ def arm_config(name, args, common, student, out):
         _, n_val = solution_rows(start, args.iters, path)
         return dict({k: v for k, v in common.items() if k in options.DEFAULTS}, **SOLUTION_SFT, data=path,
                     val_examples=n_val, batch_size=start.cfg["prompts_per_iter"])
-    return dict(common, algo="opd", teacher=student if spec.get("frozen") else "self", privileged=spec["privileged"],
+    return dict(common, algo="opsd", teacher=student if spec.get("frozen") else "self", privileged=spec["privileged"],
                 anchor_coef=args.anchor_coef if spec["anchor"] else 0.0)
 
 
 def start_run(common, checkpoint, out_dir):
     """An OPSD run of 0 iterations: the checkpoint loaded with the task, to evaluate a start."""
-    return T.train(dict(common, algo="opd", init_from=checkpoint, teacher="self", max_iters=0, eval_interval=0,
+    return T.train(dict(common, algo="opsd", init_from=checkpoint, max_iters=0, eval_interval=0,
                         checkpoint=False, plot=False, out_dir=out_dir))
 
 
@@ -182,7 +182,7 @@ def plot(results, n, path):
 def main(argv=None):
     parser = study_parser(__doc__, ARMS, "out/opsd")
     parser.add_argument("--iters", type=int, default=40, help="iterations per arm")
-    parser.add_argument("--anchor_coef", type=float, default=1.0, help="β of the anchor arms (opd.py anchor_coef)")
+    parser.add_argument("--anchor_coef", type=float, default=1.0, help="β of the anchor arms (lab/opsd.py anchor_coef)")
     parser.add_argument("--reader_iters", type=int, default=300, help="SFT iterations that teach the reader arms' "
                         "student to read a reference solution")
     parser.add_argument("--seeds", default="1337,1338,1339", help="comma-separated training seeds (each makes its "
@@ -218,7 +218,7 @@ def main(argv=None):
             out_dir = os.path.join(out, name)
             points, _ = train_arm(arm, start_from, out_dir, schedule(args.iters), args.eval_problems, starts[start_from])
             results[name].append(dict(seed=seed, points=points, anchor_coef=arm.get("anchor_coef", 0.0),
-                                      ungraded_frac=mean_ungraded(out_dir) if arm["algo"] == "opd" else None))
+                                      ungraded_frac=mean_ungraded(out_dir) if arm["algo"] == "opsd" else None))
             report({k: v for k, v in results.items() if v}, dict(
                 args=vars(args), student=student, privileged_greedy=contexts, readers=readers, arms=results,
                 wall_seconds=time.time() - t0), args)

@@ -9,7 +9,7 @@ against the KL to the SFT model:
                 for N = 1, 2, 4, ..., --bon_max the proxy's top answer of each of the --bon_max/N
                 disjoint blocks of N is kept, and a prompt's figure is the mean over its blocks;
                 KL(π_BoN ‖ π_SFT) = log N − (N − 1)/N (the analytic value for distinct samples).
-    PPO         ppo.py --reward=rm against the proxy, one run per seed (--seeds, 3: 1337, 1338, 1339),
+    PPO         lab/ppo_rm.py (--algo ppo_rm) against the proxy, one run per seed (--seeds, 3: 1337, 1338, 1339),
                 a small KL coefficient so that the policy can travel; per iteration its rollouts'
                 proxy score, their verifier accuracy (gold on the same answers), their KL to the
                 SFT model (Σ_t log π/π_ref, k1, per answer), length and worked share, binned over
@@ -82,7 +82,7 @@ def sample_answers(args, common, reward_model):
     """--bon_max answers per one of --bon_problems held-out prompts from the SFT model at T = 1, scored:
     (problems, texts in prompt-major order, and (prompts, bon_max) tensors of proxy, gold, length in
     tokens and worked (1.0 where the answer shows its work, env.shows_work))."""
-    r = run(dict(common, algo="ppo", init_from=args.init_from, reward="rm", reward_model=reward_model, max_iters=0,
+    r = run(dict(common, algo="ppo_rm", init_from=args.init_from, reward_model=reward_model, max_iters=0,
                  eval_interval=0, out_dir=os.path.join(args.out, "bon")))
     policy, size = r.raw_model.policy.eval(), r.cfg["eval_batch_size"]
     problems = r.env.problems("heldout", args.bon_problems, seed=3)
@@ -182,7 +182,7 @@ def ppo_runs(args, common, reward_model):
     runs = []
     for seed in args.seeds:
         out_dir = os.path.join(args.out, f"ppo_{seed}")
-        overrides = dict(common, algo="ppo", init_from=args.init_from, reward="rm", reward_model=reward_model,
+        overrides = dict(common, algo="ppo_rm", init_from=args.init_from, reward_model=reward_model,
                          kl_coef=args.kl_coef, max_iters=args.ppo_iters, eval_samples=0, seed=seed, out_dir=out_dir,
                          eval_interval=max(1, args.ppo_iters // args.ppo_evals))
         if not finished(out_dir, overrides, "rm_score"):

@@ -153,7 +153,7 @@ def commands(a):
         "sft": ["--algo=sft", f"--max_iters={a.sft_iters}", f"--out_dir={a.out}/sft"],
         "dpo": ["--algo=dpo", f"--init_from={a.sft}", f"--out_dir={a.out}/dpo"],
         "grpo": ["--algo=grpo", f"--init_from={a.sft}", f"--out_dir={a.out}/grpo"],
-        "ppo": ["--algo=ppo", f"--init_from={a.sft}", "--reward=verifier", f"--out_dir={a.out}/ppo"],
+        "ppo": ["--algo=ppo", f"--init_from={a.sft}", f"--out_dir={a.out}/ppo"],
     }
 
 

@@ -87,6 +87,12 @@ LAB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 MOVED_TO_LAB = {
     ("loss", "dpo"): "dpo", ("loss", "ipo"): "ipo", ("loss", "kto"): "kto", ("loss", "simpo"): "simpo",  # dpo.py's family
     ("loss", "orpo"): "orpo", ("pairs", "online"): "online_dpo",
+    # ppo: a reward model (RLHF) and the k3 estimator; k1 is plain PPO's own
+    ("reward", "rm"): "ppo_rm", ("kl_estimator", "k3"): "ppo_k3", ("kl_estimator", "k1"): "ppo",
+    # opd: the estimators, the teacher's own samples (off-policy), OPSD (the student as its own teacher)
+    ("kl_estimator", "sampled"): "opd_sampled", ("kl_estimator", "topk"): "opd_topk",
+    ("kl_estimator", "teacher_samples"): "opd_teacher_samples", ("kl_estimator", "full"): "opd",
+    ("teacher", "self"): "opsd", ("privileged", "answer"): "opsd",
 }
 
 # The valid range of every numeric option, checked where the configuration is read (check_values):
@@ -106,10 +112,10 @@ RANGES = dict(
     train_problems=">= 1", corpus_docs=">= 1", val_examples=">= 1", reader_frac="[0, 1]",  # sft
     train_prompts=">= 1", heldout_prompts=">= 1", group_size=">= 1", pair_temperature=SCORED,  # pairs (rm, dpo)
     beta="> 0", simpo_beta="> 0", simpo_gamma=">= 0", orpo_lambda=">= 0", kto_desirable_weight=">= 0",
-    kto_undesirable_weight=">= 0", online_every=">= 1", online_prompts=">= 1",  # dpo and its lab variants
-    temperature=SCORED, prompt_pool=">= 1", minibatches=">= 1", ppo_epochs=">= 1", clip_eps=">= 0",
-    value_clip=">= 0", vf_coef=">= 0", gamma="[0, 1]", lam="[0, 1]", kl_coef=">= 0", kl_target=">= 0",
-    kl_adapt_rate=">= 0", early_stop_kl=">= 0", rlvp_beta=">= 0", rlvp_penalty=">= 0", rlvp_bonus=">= 0",  # ppo
+    kto_undesirable_weight=">= 0", online_every=">= 1", online_prompts=">= 1",  # dpo
+    temperature=SCORED, prompt_pool=">= 1", minibatches=">= 1", clip_eps=">= 0",
+    value_clip=">= 0", vf_coef=">= 0", gamma="[0, 1]", lam="[0, 1]", kl_coef=">= 0", kl_target="> 0",
+    kl_adapt_rate=">= 0", early_stop_kl="> 0", rlvp_beta=">= 0", rlvp_penalty=">= 0", rlvp_bonus=">= 0",  # ppo
     prompts_per_iter=">= 1", rollout_prompts=">= 0", eps_low="[0, 1]", eps_high=">= 0", inner_epochs=">= 1",
     dynamic_sampling_rounds=">= 0", overlong_cache=">= 0", tis_cap=">= 0", edge_low="[0, 1]",
     edge_high="[0, 1]", staleness="[0, 1]", top_k=">= 0", top_p="(0, 1]", clip_cov="[0, 1)",
@@ -139,7 +145,8 @@ ALIASES = dict(lr="learning_rate", bs="batch_size", batch="batch_size", micro_ba
 # saved config too; where two old names meet, the later one counts)
 RENAMED = dict(eval_pass_k="eval_samples", eval_best_of_n="eval_samples", best_of_n="eval_samples",
                # one name per idea: responses sampled per prompt in training, a pool of train prompts
-               samples_per_prompt="group_size", candidates="group_size", prompts_pool="prompt_pool")
+               samples_per_prompt="group_size", candidates="group_size", prompts_pool="prompt_pool",
+               ppo_epochs="inner_epochs")  # passes over a rollout batch: one name in ppo and grpo
 # Keys removed in this version: ignored, with a note saying why
 REMOVED = dict(eval_best_of_n_problems="Best-of-N by the verifier is pass@k, on the eval_problems held-out problems "
                                        "that every sampled figure uses")
@@ -147,20 +154,15 @@ REMOVED = dict(eval_best_of_n_problems="Best-of-N by the verifier is pass@k, on 
 
 def renamed(overrides):
     """overrides with renamed keys under their new name and removed ones dropped, a note for each; an
-    option that became a variant of the lab (MOVED_TO_LAB) switches --algo to it (two such options that
-    name different variants, or a variant of another algorithm than the --algo given, are an error)."""
-    out, switched = {}, {}
+    option that became a variant of the lab (MOVED_TO_LAB) switches --algo to it."""
+    given = overrides.get("algo", DEFAULTS["algo"])
+    out = {"algo": given} if "algo" in overrides else {}  # (first: a switch below replaces it, whatever the order)
     for key, value in overrides.items():
         moved = MOVED_TO_LAB.get((key, value)) if isinstance(value, (str, int, float, bool)) else None
-        if moved is not None:
-            algo = overrides.get("algo", DEFAULTS["algo"])
-            if moved != algo:
-                base = getattr(algo_module(moved), "base", moved)
-                if "algo" in overrides and algo != base:
-                    raise ValueError(f"--{key}={value!r} is now --algo {moved} (a variant of {base}), not an option "
-                                     f"of --algo {algo}")
-                print(f"note: --{key}={value!r} is now --algo {moved} (lab/{moved}.py); running that")
-                switched[f"--{key}={value!r}"] = moved
+        if key == "algo":
+            continue
+        if moved is not None and base_of(moved) == base_of(given):  # (another algorithm's value is its own)
+            out["algo"] = switched_algo(key, value, moved, given, out.get("algo", given))
         elif key in REMOVED:
             print(f"note: config key {key!r} is gone ({REMOVED[key]}); ignored")
         elif key in RENAMED:
@@ -168,12 +170,20 @@ def renamed(overrides):
             out[RENAMED[key]] = value
         else:
             out[key] = value
-    if len(set(switched.values())) > 1:
-        raise ValueError(f"{' and '.join(switched)} are now {' and '.join('--algo ' + a for a in switched.values())}, "
-                         f"two variants of the lab: a run is one --algo")
-    if switched:
-        out["algo"] = next(iter(switched.values()))
     return out
+
+
+def switched_algo(key, value, moved, given, algo):
+    """The --algo that runs once the old option key=value, now the variant `moved`, meets --algo
+    `given` (`algo`: what earlier keys made of it): moved itself, said in a note; an error where two
+    variants meet (no one file runs both)."""
+    if moved == algo:
+        return algo
+    if algo != given or given not in ALGOS:
+        raise ValueError(f"--{key}={value!r} is now --algo {moved}, which does not run with --algo {algo}: "
+                         f"each variant is one file of the lab; choose one --algo")
+    print(f"note: --{key}={value!r} is now --algo {moved} (lab/{moved}.py); running that")
+    return moved
 
 # Optional packages: the features that need them import them lazily, and the scripts turn their
 # absence into one line naming the install command
@@ -219,6 +229,17 @@ def available_algos():
     return sorted(name for name, module in ALGOS.items() if importlib.util.find_spec(module) is not None) + lab_variants()
 
 
+def base_of(name):
+    """The plain algorithm a variant of the lab changes; an algorithm's own name otherwise."""
+    return getattr(algo_module(name), "base", name) if name in available_algos() else name
+
+
+def variants_with(key, base):
+    """The lab's variants of the algorithm `base` that take the option `key`."""
+    return [name for name in lab_variants() if getattr(algo_module(name), "base", None) == base
+            and key in algo_module(name).defaults]
+
+
 def algo_module(name):
     """The module of --algo NAME: a textbook algorithm (ALGOS), or a variant of the lab (lab/NAME.py)."""
     choices = available_algos()
@@ -247,10 +268,12 @@ def make_config(overrides):
     cfg = dict(defaults)
     for key, value in overrides.items():
         if key not in defaults:
+            homes = variants_with(key, getattr(module, "base", algo))  # an option that became a variant's
             close = [ALIASES[key]] if ALIASES.get(key) in defaults else []
             close += [k for k in difflib.get_close_matches(key, defaults, n=3) if k not in close]
-            raise ValueError(f"unknown config key {key!r} for --algo {algo}"
-                             + (f"; did you mean {', '.join(close)}?" if close else ""))
+            raise ValueError(f"unknown config key {key!r} for --algo {algo}" + (
+                f"; it is an option of {' or '.join(f'--algo {v} (lab/{v}.py)' for v in homes)}" if homes else
+                f"; did you mean {', '.join(close)}?" if close else ""))
         cfg[key] = coerce(key, value, defaults[key])
     cfg["out_dir"] = fill_out_dir(cfg["out_dir"], algo)
     if cfg["data"] and algo not in READS_DATA:  # never ignored silently

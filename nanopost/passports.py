@@ -150,30 +150,31 @@ algorithm: `--algo rft` (rejection-sampling fine-tuning), started from `{c['init
 
 
 def ppo_passport(run, verifier_check, old_logprobs):
-    """PPO's passport; old_logprobs: where π_old comes from (sampler or recompute)."""
+    """PPO's passport, and its lab variants' (their keys, where they have them); old_logprobs: where
+    π_old comes from (sampler or recompute)."""
     c = run.cfg
-    reward = ("the environment's rule verifier, 1 or 0 per response (RLVR)" if c["reward"] == "verifier" else
+    reward = ("the environment's rule verifier, 1 or 0 per response (RLVR)" if not c.get("reward_model") else
               f"the reward model `{c['reward_model']}` at the last response token (RLHF); the verifier is logged")
-    beta = f"adaptive towards {c['kl_target']} nats per response" if c["kl_target"] > 0 else "fixed"
+    beta = f"adaptive towards {c['kl_target']} nats per response" if c.get("kl_target") else "fixed"
     return f"""# Post-training passport: {c['out_dir']}
 
-algorithm: `--algo ppo`, started from `{c['init_from']}`
+algorithm: `--algo {c['algo']}`, started from `{c['init_from']}`
 
 ## Data and mode
 - online: prompts from a pool of {c['prompt_pool']} `{c['env']}` *train* problems, {c['group_size']} answer(s)
   each, written by the current policy at temperature {c['temperature']}; evaluation on *heldout* and *ood*
-- reuse: each rollout batch serves {c['ppo_epochs']} epochs × {c['minibatches']} minibatches, then is dropped
+- reuse: each rollout batch serves {c['inner_epochs']} epochs × {c['minibatches']} minibatches, then is dropped
 
 ## Reward and verification
-- {reward}; reward_mode {c['reward_mode']}; a truncated answer gets what the reward gives it
+- {reward}; a truncated answer gets what the reward gives it
 - {verification_text(verifier_check)}; parse_error_rate logged every iteration
 
 ## Optimisation
 - on-policy clipped surrogate (ε = {c['clip_eps']}) and clipped value loss (ε_v = {c['value_clip']}, c_v = {c['vf_coef']}),
   GAE γ = {c['gamma']}, λ = {c['lam']}, advantages whitened over the global batch; token-level loss
-- roles: policy (trained), critic (trained, from `{c['critic_init']}`), reference (frozen), π_old
-  ({c['old_logprobs']} → {old_logprobs}){", reward model (frozen)" if c['reward'] == 'rm' else ""}
-- KL to π_ref: {c['kl_estimator']} per token folded into the reward, β = {c['kl_coef']} ({beta})
+- roles: policy (trained), critic (trained, from `{c.get('critic_init', 'policy')}`), reference (frozen), π_old
+  ({c['old_logprobs']} → {old_logprobs}){", reward model (frozen)" if c.get('reward_model') else ""}
+- KL to π_ref: {'k3' if c['algo'] == 'ppo_k3' else 'k1'} per token folded into the reward, β = {c['kl_coef']} ({beta})
 - no groups, so no degenerate-group rule
 
 ## Infrastructure
@@ -192,25 +193,24 @@ def opd_passport(run, verifier_check, teacher, privileged):
         t = teacher.config
         teacher = (f"`{c['teacher']}`, frozen, {t.n_layer} layers × {t.n_embd} "
                    f"({count_parameters(teacher)[1]:,} parameters)" + reads)
-    signal = ("cross-entropy on the teacher's own samples (off-policy distillation)" if c["kl_estimator"] == "teacher_samples"
+    signal = ("cross-entropy on the teacher's own samples (off-policy distillation)" if c["algo"] == "opd_teacher_samples"
               else "per-token reverse KL(π_student ‖ π_teacher) on the student's sampled positions")
     anchor = (f"anchor: + {c['anchor_coef']} · KL(π_student ‖ π_init) on the same positions, π_init = `{c['init_from']}` "
-              f"frozen" if c["anchor_coef"] else "no reward model, no critic, no KL to a reference beyond the teacher itself")
+              f"frozen" if c.get("anchor_coef") else "no reward model, no critic, no KL to a reference beyond the teacher itself")
     return f"""# Post-training passport: {c['out_dir']}
 
-algorithm: `--algo opd`, on-policy distillation, started from `{c['init_from']}`
+algorithm: `--algo {c['algo']}`, on-policy distillation, started from `{c['init_from']}`
 
 ## Data and mode
 - online: {c['prompts_per_iter']} prompts × {c['group_size']} answers per iteration sampled by the current student
   at temperature {c['temperature']}, {c['max_iters']} iterations, one optimizer step per batch
 - prompts: the `{c['env']}` environment's *train* split; evaluation on *heldout* and *ood*
-- the verifier's reward is logged, never trained on; {verification_text(verifier_check)};
+- the verifier's accuracy is logged (verifier_acc), never trained on; {verification_text(verifier_check)};
   parse_error_rate logged every iteration
 
 ## Optimisation
 - teacher: {teacher}
-- loss: {signal}, estimator
-  **{c['kl_estimator']}**{f" (k = {c['kl_topk']})" if c['kl_estimator'] == 'topk' else ''}; both at temperature {c['temperature']}
+- loss: {signal}{f", on the teacher's top k = {c['kl_topk']} tokens" if 'kl_topk' in c else ''}; both at temperature {c['temperature']}
 - {anchor}
 
 ## Infrastructure

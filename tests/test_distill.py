@@ -123,7 +123,7 @@ def test_the_sft_control_trains_on_the_problems_opsd_draws(tmp_path, monkeypatch
     verified worked solution; then held-out rows, exactly the ones sft.py keeps for validation."""
     import opd
     student = write_checkpoint(tmp_path / "s", seed=0)
-    keys = dict(algo="opd", teacher="self", privileged="solution", init_from=student, prompts_per_iter=4, rollout_prompts=2,
+    keys = dict(algo="opsd", privileged="solution", init_from=student, prompts_per_iter=4, rollout_prompts=2,
                 max_new_tokens=8, batch_size=4, eval_interval=0, checkpoint=False, plot=False, seed=5)
     drawn, sample = [], opd.rollouts
     monkeypatch.setattr(opd, "rollouts", lambda run, model, problems, *a, **k: drawn.extend(problems) or sample(run, model, problems, *a, **k))
@@ -141,7 +141,7 @@ def test_the_sft_control_trains_on_the_problems_opsd_draws(tmp_path, monkeypatch
 
 
 def test_reader_rows_alternate_the_sft_task_and_the_solution_context(tmp_path):
-    run = T.train(dict(algo="opd", teacher="self", init_from=write_checkpoint(tmp_path / "s", seed=0), max_iters=0,
+    run = T.train(dict(algo="opsd", init_from=write_checkpoint(tmp_path / "s", seed=0), max_iters=0,
                        eval_interval=0, checkpoint=False, plot=False, out_dir=str(tmp_path / "run")))
     rows = opsd.reader_rows(run, 40)
     problems = run.env.problems("train", 40, seed=7)

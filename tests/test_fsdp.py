@@ -21,8 +21,8 @@ ALGOS = {
     "grpo": dict(SMALL_RL, learning_rate=1e-3, share_prompt=False),
     "dpo": dict(train_prompts=8, heldout_prompts=4, group_size=2, max_new_tokens=8, eval_batch_size=4),
     "rm": dict(train_prompts=8, heldout_prompts=4, group_size=2, max_new_tokens=8, eval_batch_size=4),
-    "opd": dict(prompts_per_iter=4, rollout_prompts=2, group_size=2, batch_size=4, max_new_tokens=8, teacher="self"),
-    "ppo": dict(prompt_pool=64, batch_size=2, minibatches=2, ppo_epochs=2, max_new_tokens=8, learning_rate=1e-3,
+    "opsd": dict(prompts_per_iter=4, rollout_prompts=2, group_size=2, batch_size=4, max_new_tokens=8),  # OPD, its own teacher
+    "ppo": dict(prompt_pool=64, batch_size=2, minibatches=2, inner_epochs=2, max_new_tokens=8, learning_rate=1e-3,
                 eval_problems=2, eval_batch_size=4),  # (policy and critic: two sharded roots)
     "rft": dict(rounds=4, round_prompts=8, group_size=8, max_new_tokens=64, eval_batch_size=4),  # (a round per iteration
     # whatever max_iters, so the stopped run draws the same pools; room for an end token)
@@ -112,13 +112,13 @@ def test_fsdp_grpo_matches_and_resumes_exactly(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["dpo", "rm", "opd", "rft", "ppo"])
+@pytest.mark.parametrize("algo", ["dpo", "rm", "opsd", "rft", "ppo"])
 def test_fsdp_other_algorithms(tmp_path, monkeypatch, algo):
     check_fsdp(tmp_path, monkeypatch, algo)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["grpo", "ppo", "opd"])
+@pytest.mark.parametrize("algo", ["grpo", "ppo", "opsd"])
 def test_fsdp_sharded_rollouts_match_gathered(tmp_path, monkeypatch, algo):
     """--fsdp_rollouts=sharded (every sampling and scoring forward a collective, ranks in lockstep)
     samples the same tokens and trains the same as gathered weights: 2 iterations with evaluations
@@ -131,7 +131,7 @@ def test_fsdp_sharded_rollouts_match_gathered(tmp_path, monkeypatch, algo):
     assert open(os.path.join(sharded, "samples.txt")).read() == open(os.path.join(gathered, "samples.txt")).read()
     rows, expected = _rows(sharded), _rows(gathered)
     assert [sorted(r) for r in rows] == [sorted(r) for r in expected]
-    assert "heldout_kl_ref" in rows[-1] or algo == "opd"  # (OPD's evaluation has no reference to measure)
+    assert "heldout_kl_ref" in rows[-1] or algo == "opsd"  # (OPD's evaluation has no reference to measure)
     for row, want in zip(rows, expected):
         assert row == pytest.approx(want, rel=1e-5, abs=1e-6)
     for k, v in _weights(gathered).items():

@@ -375,7 +375,7 @@ def test_gsm8k_recipes_sft_then_grpo(chat_model_dir, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, merged(ids), atol=1e-4, rtol=0)
     ppo = T.train(recipe("gsm8k_ppo", sft_dir, chat_model_dir, tmp_path / "ppo", env_data=data, prompt_pool=8,
-                         minibatches=1, ppo_epochs=1))
+                         minibatches=1, inner_epochs=1))
     assert "heldout_acc" in ppo.metrics
     # OPD (the SFT model as its teacher) takes the dataset's prompts through the same environment
     opd = T.train(dict(algo="opd", env="gsm8k", env_data=data, init_from=sft_dir, tokenizer=chat_model_dir, teacher=sft_dir,

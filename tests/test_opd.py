@@ -1,10 +1,12 @@
-"""opd.py: the reverse-KL estimators on numbers (zero at student = teacher, finite differences,
-expectations on an enumerated vocabulary, masking, temperature), the teacher's scores and gradients,
-the vocabulary check, OPSD, and the shared loop (metrics, resume, LoRA, DDP)."""
+"""opd.py and its lab (opd_sampled, opd_topk, opd_teacher_samples, opsd): the reverse-KL estimators on
+numbers (zero at student = teacher, finite differences, expectations on an enumerated vocabulary,
+masking, temperature), the teacher's scores and gradients, the vocabulary check, OPSD, and the
+shared loop (metrics, resume, LoRA, DDP)."""
 
 import dataclasses
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,8 +14,8 @@ import torch.nn.functional as F
 
 import envs
 import opd
-import opd_family as family
 import train as T
+from lab import opd_sampled, opd_teacher_samples, opd_topk, opsd
 from conftest import TINY, run_ddp
 from model import GPT, GPTConfig
 from nanopost.tokenizer import Tokenizer
@@ -45,9 +47,18 @@ def opd_run(models, tmp_path, **overrides):
     return T.train(dict(TINY, **SMALL, init_from=student, teacher=teacher, out_dir=str(tmp_path / "run")) | overrides)
 
 
-def losses(student_logits, targets, teacher_logprobs, mask, **kw):
-    return {e: opd.distillation_loss(student_logits, targets, teacher_logprobs, mask, opd.ESTIMATORS[e], **kw)
-            for e in opd.ESTIMATORS}
+LOSSES = dict(full=opd, sampled=opd_sampled, topk=opd_topk, teacher_samples=opd_teacher_samples, opsd=opsd)
+
+
+def distillation_loss(logits, targets, teacher_logprobs, mask, estimator, temperature=1.0, topk=16, anchor=None,
+                      anchor_coef=0.0):
+    """(loss_sum, count, metrics) of the loss of opd (estimator "full") or of its lab variant on these
+    student logits (B, T, V), the sampled tokens targets (B, T) and the teacher's log-probs: its own
+    loss(), the model a stand-in that returns the logits."""
+    run = SimpleNamespace(cfg=dict(temperature=temperature, kl_topk=topk, anchor_coef=anchor_coef))
+    batch = SimpleNamespace(ids=torch.cat([targets[:, :1], targets], 1), mask=mask, teacher_logprobs=teacher_logprobs,
+                            ref_logprobs=anchor)
+    return LOSSES[estimator].loss(run, None, lambda ids: logits, batch)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,7 +70,8 @@ def test_kl_and_its_gradient_are_zero_when_student_equals_teacher():
     teacher = F.log_softmax(logits.detach() / 0.7, dim=-1)
     targets, mask = torch.randint(7, (2, 3)), torch.ones(2, 3)
     for estimator in ("full", "sampled", "topk"):  # teacher_samples is a cross-entropy: the teacher's entropy
-        loss_sum, count, reverse_kl, _, _ = opd.distillation_loss(logits, targets, teacher, mask, opd.ESTIMATORS[estimator], 0.7, topk=3)
+        loss_sum, count, metrics = distillation_loss(logits, targets, teacher, mask, estimator, 0.7, topk=3)
+        reverse_kl = metrics["reverse_kl"]
         grad, = torch.autograd.grad(loss_sum, logits)
         assert abs(float(loss_sum.detach())) < 1e-6 and abs(float(reverse_kl)) < 1e-6 and int(count) == 6, estimator
         assert grad.abs().max() < 1e-6, estimator
@@ -70,7 +82,7 @@ def test_full_kl_gradient_matches_finite_differences():
     logits = torch.randn(1, 2, 5, requires_grad=True)
     teacher = F.log_softmax(torch.randn(1, 2, 5), dim=-1)
     targets, mask = torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2)
-    kl = lambda x: opd.distillation_loss(x, targets, teacher, mask, opd.ESTIMATORS["full"], temperature=1.3)[0]
+    kl = lambda x: distillation_loss(x, targets, teacher, mask, "full", temperature=1.3)[0]
     grad, = torch.autograd.grad(kl(logits), logits)
     eps, numeric = 1e-2, torch.zeros_like(grad)
     for index in range(logits.numel()):
@@ -90,25 +102,26 @@ def test_sampled_and_topk_agree_with_full_in_expectation():
     teacher = F.log_softmax(torch.randn(1, 1, V) / tau, dim=-1)
     mask = torch.ones(1, 1)
     p = F.softmax(logits.detach() / tau, dim=-1).flatten()
-    full, _, exact, _, _ = opd.distillation_loss(logits, torch.zeros(1, 1, dtype=torch.long), teacher, mask, opd.ESTIMATORS["full"], tau)
+    full, _, metrics = distillation_loss(logits, torch.zeros(1, 1, dtype=torch.long), teacher, mask, "full", tau)
+    exact = metrics["reverse_kl"]
     full_grad, = torch.autograd.grad(full, logits)
 
     expected_grad, expected_k1 = torch.zeros_like(full_grad), 0.0
     for y in range(V):
         y_tensor = torch.full((1, 1), y)
-        sampled = opd.distillation_loss(logits, y_tensor, teacher, mask, opd.ESTIMATORS["sampled"], tau)[0]
+        sampled = distillation_loss(logits, y_tensor, teacher, mask, "sampled", tau)[0]
         expected_grad += p[y] * torch.autograd.grad(sampled, logits)[0]
         expected_k1 += float(p[y] * (torch.log(p[y]) - teacher.flatten()[y]))
     torch.testing.assert_close(expected_grad, full_grad, atol=1e-6, rtol=1e-5)
     assert expected_k1 == pytest.approx(float(exact), abs=1e-6) and float(full.detach()) == pytest.approx(float(exact))
 
-    topk_all = opd.distillation_loss(logits, y_tensor, teacher, mask, opd.ESTIMATORS["topk"], tau, topk=V)[0]
+    topk_all = distillation_loss(logits, y_tensor, teacher, mask, "topk", tau, topk=V)[0]
     torch.testing.assert_close(topk_all, full)
     torch.testing.assert_close(torch.autograd.grad(topk_all, logits)[0], full_grad)
     k = 3
     top = teacher.flatten().topk(k).indices
     p_k, q_k = p[top] / p[top].sum(), teacher.flatten()[top].exp() / teacher.flatten()[top].exp().sum()
-    topk = opd.distillation_loss(logits, y_tensor, teacher, mask, opd.ESTIMATORS["topk"], tau, topk=k)[0]
+    topk = distillation_loss(logits, y_tensor, teacher, mask, "topk", tau, topk=k)[0]
     assert float(topk.detach()) == pytest.approx(float((p_k * (p_k / q_k).log()).sum()), abs=1e-6)
 
 
@@ -118,31 +131,30 @@ def test_teacher_samples_is_the_cross_entropy_and_follows_the_forward_kl():
     logits = torch.tensor([[[1.0, 0.0, -1.0]]], requires_grad=True)
     q = torch.tensor([0.2, 0.5, 0.3])
     teacher, mask = q.log().view(1, 1, 3), torch.ones(1, 1)
-    loss = opd.distillation_loss(logits, torch.tensor([[1]]), teacher, mask, opd.ESTIMATORS["teacher_samples"])[0]
+    loss = distillation_loss(logits, torch.tensor([[1]]), teacher, mask, "teacher_samples")[0]
     assert round(float(loss.detach()), 4) == 1.4076  # −log softmax([1, 0, −1])[1] = log(e + 1 + 1/e)
-    expected = sum(q[y] * torch.autograd.grad(opd.distillation_loss(logits, torch.tensor([[y]]), teacher, mask,
-                                                                     opd.ESTIMATORS["teacher_samples"])[0], logits)[0]
+    expected = sum(q[y] * torch.autograd.grad(distillation_loss(logits, torch.tensor([[y]]), teacher, mask,
+                                                                 "teacher_samples")[0], logits)[0]
                    for y in range(3))
     forward_kl = (q * (q.log() - F.log_softmax(logits[0, 0], -1))).sum()
     torch.testing.assert_close(expected, torch.autograd.grad(forward_kl, logits)[0])
 
 
 def test_anchor_pulls_to_the_geometric_mixture_of_teacher_and_start():
-    """full + β·KL(p‖r) has the gradient of (1 + β)·KL(p ‖ m), m ∝ q^(1/(1+β)) r^(β/(1+β)); the
-    anchor's own sum is KL(p‖r); β = 0 is the plain loss."""
+    """OPSD's full + β·KL(p‖r) has the gradient of (1 + β)·KL(p ‖ m), m ∝ q^(1/(1+β)) r^(β/(1+β)); the
+    anchor's own figure is KL(p‖r), token mean; β = 0 is opd's loss."""
     torch.manual_seed(3)
     logits = torch.randn(1, 2, 5, requires_grad=True)
     q, r = F.log_softmax(torch.randn(1, 2, 5), -1), F.log_softmax(torch.randn(1, 2, 5), -1)
     targets, mask, beta = torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), 0.5
-    loss, _, _, _, anchor_kl = opd.distillation_loss(logits, targets, q, mask, opd.ESTIMATORS["full"], anchor_logprobs=r,
-                                                     anchor_coef=beta)
+    loss, _, metrics = distillation_loss(logits, targets, q, mask, "opsd", anchor=r, anchor_coef=beta)
     m = F.log_softmax((q + beta * r) / (1 + beta), -1)
     p = F.log_softmax(logits, -1)
     mixture = (1 + beta) * (p.exp() * (p - m)).sum()
     torch.testing.assert_close(torch.autograd.grad(loss, logits)[0], torch.autograd.grad(mixture, logits)[0])
-    torch.testing.assert_close(anchor_kl, (p.exp() * (p - r)).sum().detach())
-    plain = opd.distillation_loss(logits, targets, q, mask, opd.ESTIMATORS["full"], anchor_logprobs=r, anchor_coef=0.0)[0]
-    torch.testing.assert_close(plain, opd.distillation_loss(logits, targets, q, mask, opd.ESTIMATORS["full"])[0])
+    torch.testing.assert_close(metrics["anchor_kl"], (p.exp() * (p - r)).sum().detach() / 2)
+    plain = distillation_loss(logits, targets, q, mask, "opsd", anchor=r, anchor_coef=0.0)[0]
+    torch.testing.assert_close(plain, distillation_loss(logits, targets, q, mask, "full")[0])
 
 
 def test_prompt_and_padding_positions_contribute_nothing():
@@ -156,12 +168,13 @@ def test_prompt_and_padding_positions_contribute_nothing():
     garbage_logits = torch.where(off, 1e4 * torch.randn(2, 4, V), logits)
     garbage_teacher = torch.where(off, -1e4 * torch.rand(2, 4, V), teacher)
     garbage_targets = torch.where(mask == 0, (targets + 1) % V, targets)
-    for estimator in opd.ESTIMATORS:
+    for estimator in LOSSES:
         results = []
         for x, t, y in ((logits, teacher, targets), (garbage_logits, garbage_teacher, garbage_targets)):
             x = x.clone().requires_grad_(True)
-            loss_sum, count, reverse_kl, _, _ = opd.distillation_loss(x, y, t, mask, opd.ESTIMATORS[estimator], topk=3)
-            results.append((loss_sum.detach(), reverse_kl, torch.autograd.grad(loss_sum, x)[0]))
+            loss_sum, count, metrics = distillation_loss(x, y, t, mask, estimator, topk=3, anchor=t.roll(1, -1),
+                                                         anchor_coef=0.5)
+            results.append((loss_sum.detach(), metrics["reverse_kl"], torch.autograd.grad(loss_sum, x)[0]))
             assert int(count) == 4
         (a, kl_a, grad_a), (b, kl_b, grad_b) = results
         torch.testing.assert_close(a, b)
@@ -191,8 +204,8 @@ def test_temperature_reaches_teacher_and_student(models, tmp_path, teacher):
     """Row by row, against a plain forward: the teacher's log-probs at τ on its own prompt (under
     OPSD the privileged one) + the student's answer, and the student's KL at τ."""
     tau = 2.0
-    run = opd_run(models, tmp_path, max_iters=0, temperature=tau, **({"teacher": "self"} if teacher == "self" else {}))
-    ro, ungraded = opd.rollout_shard(run, run.state, 0, 0)
+    run = opd_run(models, tmp_path, max_iters=0, temperature=tau, **({"algo": "opsd", "teacher": "self"} if teacher == "self" else {}))
+    ro, ungraded = run.algo.rollout_shard(run, run.state, 0, 0)
     for i in range(len(ro.ids)):
         problem = ro.problems[i]
         prompt_text = problem["prompt"] + (f"\n(Reference answer: {problem['answer']})" if teacher == "self" else "")
@@ -206,18 +219,17 @@ def test_temperature_reaches_teacher_and_student(models, tmp_path, teacher):
         logits = run.raw_model(ro.ids[:, :-1])
     p = F.log_softmax(logits / tau, dim=-1)
     manual = ((p.exp() * (p - ro.teacher_logprobs)).sum(-1) * ro.mask).sum()
-    got = opd.distillation_loss(logits, ro.ids[:, 1:], ro.teacher_logprobs, ro.mask, opd.ESTIMATORS["full"], tau)[0]
+    got = distillation_loss(logits, ro.ids[:, 1:], ro.teacher_logprobs, ro.mask, "full", tau)[0]
     torch.testing.assert_close(got, manual)
-    assert not torch.allclose(got, opd.distillation_loss(logits, ro.ids[:, 1:], ro.teacher_logprobs,
-                                                         ro.mask, opd.ESTIMATORS["full"], 1.0)[0])
+    assert not torch.allclose(got, distillation_loss(logits, ro.ids[:, 1:], ro.teacher_logprobs, ro.mask, "full", 1.0)[0])
 
 
 def test_opsd_grades_only_what_fits_the_teachers_context(models, tmp_path):
     """A context of 96 positions: the privileged prompt (problem + reference answer) leaves less room
     than some answers take, and they are graded only as far as the teacher sees (96 + 1 with the target)."""
     student = write_checkpoint(tmp_path / "short", seed=0, block_size=96)
-    run = opd_run((student, models[1]), tmp_path, max_iters=0, teacher="self", prompts_per_iter=8)
-    ro, ungraded = opd.rollout_shard(run, run.state, 0, 0)
+    run = opd_run((student, models[1]), tmp_path, max_iters=0, algo="opsd", teacher="self", prompts_per_iter=8)
+    ro, ungraded = run.algo.rollout_shard(run, run.state, 0, 0)
     for i, problem in enumerate(ro.problems):
         prompt = run.tok.prompt_ids(f"{problem['prompt']}\n(Reference answer: {problem['answer']})")
         assert int(ro.mask[i].sum()) == max(0, min(int(ro.lengths[i]), 97 - len(prompt)))
@@ -228,57 +240,53 @@ def test_opsd_solution_grades_every_answer_position_at_the_default_context(model
     """At block_size 128 the solution's privileged prompt leaves room for a full max_new_tokens = 64
     answer on every train problem, and a run's answers are graded at every position; the answer's
     prompt (problem + answer) leaves room for every worked demonstration, not for 64 tokens."""
-    run = opd_run(models, tmp_path, max_iters=0, teacher="self", privileged="solution", max_new_tokens=64)
+    run = opd_run(models, tmp_path, max_iters=0, algo="opsd", teacher="self", privileged="solution", max_new_tokens=64)
     problems = run.env.problems("train", 2000)
-    longest = max(len(run.tok.prompt_ids(run.state.teacher_prompt(p))) for p in problems)
+    solution = lambda p: envs.privileged_prompt(run.env, p, "solution")
+    longest = max(len(run.tok.prompt_ids(solution(p))) for p in problems)
     assert longest + 64 <= 128 + 1, longest
-    ro, ungraded = opd.rollout_shard(run, run.state, 0, 0)
+    ro, ungraded = run.algo.rollout_shard(run, run.state, 0, 0)
     assert ungraded == 0 and float(ro.mask.sum()) == float(ro.lengths.sum())
-    assert run.state.teacher_prompt(problems[0]) == f"(Reference solution: {run.env.solve(problems[0])})"
+    assert solution(problems[0]) == f"(Reference solution: {run.env.solve(problems[0])})"
     answer = lambda p: envs.privileged_prompt(run.env, p, "answer")
     needed = [len(run.tok.prompt_ids(answer(p))) + len(run.tok.response_ids(run.env.solve(p))) for p in problems]
     assert max(needed) <= 128 + 1 < max(len(run.tok.prompt_ids(answer(p))) for p in problems) + 64
 
 
 def test_a_checkpoint_teacher_reads_the_privileged_prompt_when_asked(models, tmp_path):
-    """privileged=auto: OPD's checkpoint teacher reads the student's prompt, OPSD's the answer; a
-    checkpoint given privileged=solution (a frozen snapshot) grades the same tokens the snapshot
-    would write after the solution, and OPSD without a privileged context is refused."""
-    problem = opd_run(models, tmp_path, max_iters=0).env.problems("train", 1)[0]
-    plain = opd_run(models, tmp_path, max_iters=0)
-    assert plain.state.teacher_prompt(problem) == problem["prompt"]
-    frozen = opd_run(models, tmp_path, max_iters=0, privileged="solution")
-    assert frozen.state.teacher_prompt(problem) == f"(Reference solution: {frozen.env.solve(problem)})"
-    ro, _ = opd.rollout_shard(frozen, frozen.state, 0, 0)
+    """opsd with --teacher=DIR (a frozen snapshot) given privileged=solution grades the same tokens the
+    snapshot would write after the solution; opsd reads the answer by default, and a privileged
+    context that is none is refused (that is opd)."""
+    frozen = opd_run(models, tmp_path, max_iters=0, algo="opsd", privileged="solution")
+    assert frozen.state.teacher is not frozen.raw_model
+    ro, _ = frozen.algo.rollout_shard(frozen, frozen.state, 0, 0)
     i = 0
-    prompt = frozen.tok.prompt_ids(frozen.state.teacher_prompt(ro.problems[i]))
+    prompt = frozen.tok.prompt_ids(f"(Reference solution: {frozen.env.solve(ro.problems[i])})")
     answer = ro.ids[i, 1:][ro.mask[i] > 0]
     with torch.no_grad():
         direct = F.log_softmax(frozen.state.teacher(torch.tensor([prompt + answer.tolist()])).float(), -1)[0]
     torch.testing.assert_close(ro.teacher_logprobs[i][ro.mask[i] > 0], direct[len(prompt) - 1:-1])
-    assert opd_run(models, tmp_path, max_iters=0, teacher="self").state.teacher_prompt(problem).endswith(
-        f"(Reference answer: {problem['answer']})")
-    with pytest.raises(ValueError, match="privileged=none"):
-        opd_run(models, tmp_path, max_iters=0, teacher="self", privileged="none")
+    assert opd_run(models, tmp_path, max_iters=0, algo="opsd", teacher="self").cfg["privileged"] == "answer"
+    with pytest.raises(ValueError, match="privileged='none'"):
+        opd_run(models, tmp_path, max_iters=0, algo="opsd", teacher="self", privileged="none")
 
 
 def test_offpolicy_rollouts_are_the_teachers_and_the_anchor_starts_at_zero(models, tmp_path):
-    """kl_estimator=teacher_samples: the sampler's log-probs are the teacher's on its own prompt, not
-    the student's. anchor_coef: π_init is a frozen copy, so before any step the anchor KL is 0."""
-    run = opd_run(models, tmp_path, max_iters=0, kl_estimator="teacher_samples", anchor_coef=0.5)
-    ro, _ = opd.rollout_shard(run, run.state, 0, 0)
+    """opd_teacher_samples: the sampler's log-probs are the teacher's on its own prompt, not the
+    student's. opsd's anchor_coef: π_init is a frozen copy, so before any step the anchor KL is 0."""
+    run = opd_run(models, tmp_path, max_iters=0, algo="opd_teacher_samples")
+    ro, _ = run.algo.rollout_shard(run, run.state, 0, 0)
     with torch.no_grad():
         scored = {name: F.log_softmax(m(ro.ids[:, :-1]), -1).gather(-1, ro.ids[:, 1:, None])[..., 0]
                   for name, m in (("teacher", run.state.teacher), ("student", run.raw_model))}
     on = ro.mask > 0
     torch.testing.assert_close(ro.old_logprobs[on], scored["teacher"][on], atol=1e-4, rtol=1e-4)
     assert not torch.allclose(ro.old_logprobs[on], scored["student"][on], atol=1e-2)
+    run = opd_run(models, tmp_path, max_iters=0, algo="opsd", teacher="self", anchor_coef=0.5)
     assert not any(p.requires_grad for p in run.state.reference.parameters())
-    batch = opd.batches(run, run.state, 0)[0][0][0]
-    _, _, metrics = opd.loss(run, run.state, run.model, batch)
+    batch = run.algo.batches(run, run.state, 0)[0][0][0]
+    _, _, metrics = run.algo.loss(run, run.state, run.model, batch)
     assert abs(metrics["anchor_kl"]) < 1e-6
-    with pytest.raises(ValueError, match="teacher_samples"):
-        opd_run(models, tmp_path, max_iters=0, teacher="self", kl_estimator="teacher_samples")
 
 
 def test_vocabulary_mismatch_is_refused_naming_both_sizes(models, tmp_path):
@@ -290,28 +298,28 @@ def test_vocabulary_mismatch_is_refused_naming_both_sizes(models, tmp_path):
     with pytest.raises(ValueError, match="kl_estimator"):
         opd_run(models, tmp_path, max_iters=0, kl_estimator="forward")
     with pytest.raises(ValueError, match="anchor_coef"):
-        opd_run(models, tmp_path, max_iters=0, anchor_coef=-1.0)
+        opd_run(models, tmp_path, max_iters=0, algo="opsd", anchor_coef=-1.0)
 
 
 # ---------------------------------------------------------------------------------------------
 # The shared loop: metrics, resume, LoRA, DDP
 
-@pytest.mark.parametrize("estimator,extra", [("full", {}), ("sampled", {}), ("topk", {"kl_topk": 4}),
-                                             ("teacher_samples", {"anchor_coef": 0.5}),
-                                             ("full", {"teacher": "self", "lora_rank": 2})])
-def test_trains_logs_and_evaluates(models, tmp_path, estimator, extra):
-    run = opd_run(models, tmp_path, kl_estimator=estimator, max_iters=2, eval_interval=2, **extra)
+@pytest.mark.parametrize("algo,extra", [("opd", {}), ("opd_sampled", {}), ("opd_topk", {"kl_topk": 4}),
+                                        ("opd_teacher_samples", {}), ("opsd", {"teacher": "self", "lora_rank": 2}),
+                                        ("opsd", {"teacher": "self", "anchor_coef": 0.5})])
+def test_trains_logs_and_evaluates(models, tmp_path, algo, extra):
+    run = opd_run(models, tmp_path, algo=algo, max_iters=2, eval_interval=2, **extra)
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     train_rows = [r for r in rows if "loss" in r]
     assert [r["iter"] for r in train_rows] == [1, 2]
-    for key in ("reverse_kl", "anchor_kl", "entropy", "tokens", "reward", "len_mean", "work_frac", "rollout_tokens", "ungraded_frac",
-                "time_decode", "time_teacher", "time_update"):
+    for key in ("reverse_kl", "entropy", "tokens", "verifier_acc", "len_mean", "work_frac", "rollout_tokens",
+                "ungraded_frac", "time_decode", "time_teacher", "time_update") + (("anchor_kl",) if algo == "opsd" else ()):
         assert all(key in r for r in train_rows), key
     assert train_rows[0]["reverse_kl"] > 0
     assert {"heldout_acc", "heldout_sampled_acc", "heldout_pass@2", "ood_acc"} <= set(run.metrics)
     passport = open(tmp_path / "run" / "passport.md").read()  # what the ladder's report links
-    assert f"**{estimator}**" in passport
-    assert ("OPSD" in passport) == (extra.get("teacher") == "self")
+    assert f"`--algo {algo}`" in passport
+    assert ("OPSD" in passport) == (algo == "opsd")
 
 
 def test_resume_continues_exactly(models, tmp_path):
@@ -330,7 +338,7 @@ def final_weights(overrides):
 def test_ddp_two_ranks_equal_one_process(models, tmp_path):
     """Shards of 2 prompts × 2 answers: each rank samples one, one process both; micro-batches of 3
     rows (3 + 1 per rank, 3 + 1 + 3 + 1 alone) make the same global step. OPSD, the subtle teacher."""
-    base = dict(TINY, **SMALL, init_from=models[0], teacher="self", rollout_prompts=2, batch_size=3, max_iters=2)
+    base = dict(TINY, **dict(SMALL, algo="opsd"), init_from=models[0], rollout_prompts=2, batch_size=3, max_iters=2)
     w0, w1 = run_ddp(final_weights, dict(base, out_dir=str(tmp_path / "ddp")))
     single = final_weights(dict(base, out_dir=str(tmp_path / "one")))
     start = torch.load(os.path.join(models[0], "ckpt.pt"))["model"]
@@ -360,3 +368,16 @@ def test_reader_rows_read_the_solution_and_write_it_out(tmp_path):
     data.write_text('{"prompt": "2+2?", "completion": "4"}\n' * 40)
     with pytest.raises(ValueError, match="reader_frac"):
         T.train(dict(base, reader_frac=0.5, data=str(data), out_dir=str(tmp_path / "data")))
+
+
+def test_old_opd_options_name_their_variant():
+    from nanopost import options
+    assert options.make_config(dict(algo="opd", teacher="self"))["algo"] == "opsd"
+    assert options.make_config(dict(algo="opd", teacher="self", privileged="solution"))["privileged"] == "solution"
+    for estimator in ("sampled", "topk", "teacher_samples"):
+        assert options.make_config(dict(algo="opd", kl_estimator=estimator))["algo"] == f"opd_{estimator}"
+    with pytest.raises(ValueError, match="'anchor_coef' for --algo opd; it is an option of --algo opsd"):
+        options.make_config(dict(algo="opd", anchor_coef=1.0))
+    with pytest.raises(ValueError, match="is now --algo opd_sampled, which does not run with --algo opsd"):
+        options.make_config(dict(algo="opd", teacher="self", kl_estimator="sampled"))
+    assert not {"kl_estimator", "kl_topk", "anchor_coef", "privileged"} & set(options.make_config(dict(algo="opd")))

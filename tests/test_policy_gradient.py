@@ -204,13 +204,13 @@ PAIRS_TINY = dict(pairs="style", train_prompts=4, heldout_prompts=2)
 
 @pytest.mark.parametrize("algo,extra", [("sft", SFT_TINY), ("rm", PAIRS_TINY), ("dpo", PAIRS_TINY),
                                         ("ppo", dict(prompt_pool=16)), ("rft", dict(round_prompts=2, group_size=2)),
-                                        ("opd", dict(teacher="self")), ("grpo", {})])
+                                        ("opsd", {}), ("grpo", {})])
 def test_every_algorithm_writes_its_passport(tmp_path, algo, extra):
     """SPEC §6: the four parts of the passport, and in every RL and OPD run the verifier's own error rate."""
     T.train(dict(TINY, algo=algo, max_iters=0, out_dir=str(tmp_path / algo), **extra))
     text = open(tmp_path / algo / "passport.md").read()
     assert all(part in text for part in ("## Data and mode", "## Optimisation", "## Infrastructure", f"--algo {algo}"))
-    assert ("verifier's own error rate against the solver: 0.000" in text) == (algo in ("ppo", "rft", "opd", "grpo"))
+    assert ("verifier's own error rate against the solver: 0.000" in text) == (algo in ("ppo", "rft", "opsd", "grpo"))
 
 
 @pytest.mark.parametrize("estimator", ["reinforce", "rloo"])

@@ -1,6 +1,7 @@
-"""PPO (ppo.py): memory anatomy, GAE, KL shaping, the clipped losses, masking, end-to-end runs (a toy
-reward through the verifier hook, and a reward-model checkpoint), LoRA, resume of the adaptive β, and
-DDP lockstep."""
+"""PPO (ppo.py) and its lab (lab/ppo_*.py): memory anatomy, GAE, KL shaping, the clipped losses,
+masking, end-to-end runs (a toy reward through the verifier hook, and a reward-model checkpoint:
+ppo_rm), LoRA, resume of the adaptive β (ppo_adaptive_kl), and DDP lockstep with the early stop
+(ppo_early_stop)."""
 
 import dataclasses
 import json
@@ -15,18 +16,18 @@ import torch
 from nanopost import checkpoints
 import envs
 import ppo
-import ppo_family as family
 import train as T
+from lab import ppo_process, ppo_rlvp, ppo_rm
 from nanopost.checkpoints import load_model
 from conftest import forward_calls, run_ddp
 from nanopost.distributed import stage_memory_gib
-from model import GPT, GPTConfig, ScalarHeadGPT, kl_estimate, token_logprobs
+from model import GPT, GPTConfig, ScalarHeadGPT, kl_estimate, sequence_logprobs, token_logprobs
 from nanopost.rollouts import old_logprobs_mode, score_responses
 
 
 def ppo_config(tiny, **overrides):
     """TINY plus small PPO settings: two minibatches × two epochs per rollout batch of 8."""
-    return {**tiny, **dict(algo="ppo", batch_size=4, minibatches=2, ppo_epochs=2, max_new_tokens=8,
+    return {**tiny, **dict(algo="ppo", batch_size=4, minibatches=2, inner_epochs=2, max_new_tokens=8,
                            prompt_pool=64, learning_rate=1e-3, min_lr=1e-3, warmup_iters=0), **overrides}
 
 
@@ -111,24 +112,32 @@ def test_kl_penalty_sits_on_response_tokens_and_the_score_on_the_last():
     assert torch.allclose(rewards, expected, atol=1e-7)
 
 
-def test_every_reward_mode_carries_one_kl_penalty():
-    """mode_rewards: −β·k_t once on every response token in every mode, plus the mode's own channel."""
+def test_every_reward_variant_carries_one_kl_penalty(monkeypatch):
+    """ppo, ppo_process and ppo_rlvp (and its Φ alone): −β·k_t once on every response token, plus
+    the variant's own channel; the rewards are read where batches() hands them to GAE."""
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.float32)
     kl = torch.tensor([[0.0, 0.5, -1.0, 2.0], [1.0, 0.25, 0.0, 0.0]]) * mask
     steps = torch.tensor([[0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]])
     path = torch.tensor([[0.0, -1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
     penalty = -0.1 * kl
     outcome = torch.tensor([[0, 0, 0, 1.0], [0, 0, 0, 0]])
-
-    def token_rewards(mode, signals):  # what ppo.setup chooses for the mode
-        mb = SimpleNamespace(kl=kl, mask=mask, reward=torch.tensor([1.0, 0.0]), signals=signals)
-        run = SimpleNamespace(cfg=dict(rlvp_beta=0.5, reward_mode=mode))
-        rewards = ppo.shaped_rewards_of if mode == "outcome" else family.mode_rewards(run, ppo.shaped_rewards)[0]
-        return rewards(mb, 0.1)
-    for mode, channel, signals in (("outcome", outcome, None), ("process", steps, steps), ("path", path, path),
-                                   ("rlvp", outcome + 0.5 * path, path)):
-        assert torch.allclose(token_rewards(mode, signals), penalty + channel, atol=1e-7), mode
-    assert float(token_rewards("path", path)[0, 2]) == pytest.approx(0.1 + 1.0)
+    given = []
+    monkeypatch.setattr(ppo, "gae", lambda rewards, *rest: given.append(rewards) or (rewards, rewards))
+    monkeypatch.setattr(ppo, "whitened_steps", lambda *args: ([], {}))
+    monkeypatch.setattr(ppo, "sample_and_score", lambda run, state, it: [ppo.Batch(
+        ids=None, mask=mask, old_logprobs=kl, old_values=torch.zeros_like(mask), reward=torch.tensor([1.0, 0.0]),
+        ref_logprobs=torch.zeros_like(mask))])
+    monkeypatch.setattr(ppo_process, "token_rewards", lambda run, roll, signals: (steps, None))
+    monkeypatch.setattr(ppo_rlvp, "token_rewards", lambda run, roll, signals: (path, None))
+    run, state = SimpleNamespace(cfg=dict(gamma=1.0, lam=1.0, rlvp_beta=0.5, rlvp_penalty=1.0, rlvp_bonus=1.0),
+                                 env=SimpleNamespace(step_rewards=None)), \
+        SimpleNamespace(kl_coef=0.1)
+    for module, outcome_kept, channel in ((ppo, True, outcome), (ppo_process, True, steps), (ppo_rlvp, True, outcome + 0.5 * path),
+                                          (ppo_rlvp, False, path)):
+        run.cfg["rlvp_outcome"] = outcome_kept
+        module.batches(run, state, 0)
+        assert torch.allclose(given[-1], penalty + channel, atol=1e-7), module.__name__
+    assert float(given[-1][0, 2]) == pytest.approx(0.1 + 1.0)
 
 
 def test_kl_estimators_worked_value_and_exact_expectation():
@@ -261,7 +270,14 @@ def test_beta_zero_trains_exactly_as_when_the_reference_is_scored(tiny, monkeypa
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(ascii_share))
     cfg = ppo_config(tiny, max_iters=2, kl_coef=0.0, checkpoint=False)
     skipped = T.train(dict(cfg, out_dir=tiny["out_dir"] + "_skipped"))
-    monkeypatch.setattr(ppo, "scores_reference", lambda state: True)
+    unscored = ppo.score_micro_batch
+
+    def scored_micro_batch(run, state, problems, seed):  # π_ref read although β = 0
+        mb = unscored(run, state, problems, seed)
+        with torch.no_grad():
+            mb.ref_logprobs = sequence_logprobs(state.reference, mb.ids, run.cfg["temperature"]) * mb.mask
+        return mb
+    monkeypatch.setattr(ppo, "score_micro_batch", scored_micro_batch)
     scored = T.train(cfg)
     assert "kl_ref" in metrics_rows(scored.cfg["out_dir"])[-1]
     assert "kl_ref" not in metrics_rows(skipped.cfg["out_dir"])[-1]
@@ -282,10 +298,10 @@ def test_reward_model_path_scores_rollouts_with_rm_score(tiny, monkeypatch, caps
         calls.append((reward_model, ids.clone(), mask.clone(), out.clone()))
         return out
 
-    monkeypatch.setattr(family, "score_responses", recording_score)
+    monkeypatch.setattr(ppo_rm, "score_responses", recording_score)
     real_load, loaded = load_model, []
     monkeypatch.setattr(checkpoints, "load_model", lambda ckpt_dir, *a: loaded.append(ckpt_dir) or real_load(ckpt_dir, *a))
-    run = T.train(ppo_config(tiny, max_iters=1, reward="rm", reward_model=rm_dir, critic_init="reward_model"))
+    run = T.train(ppo_config(tiny, algo="ppo_rm", max_iters=1, reward_model=rm_dir, critic_init="reward_model"))
     assert loaded.count(rm_dir) == 2  # the frozen reward, and the critic's start
     reward_model = real_load(rm_dir)
     assert len(calls) == 2  # one per micro-batch of the rollout batch
@@ -309,10 +325,10 @@ def test_reward_model_path_scores_rollouts_with_rm_score(tiny, monkeypatch, caps
 
 
 def test_bad_reward_settings_are_clear_errors(tiny):
-    with pytest.raises(ValueError, match="reward='human'"):
+    with pytest.raises(ValueError, match="unknown config key 'reward' for --algo ppo"):
         T.train(ppo_config(tiny, reward="human"))
     with pytest.raises(ValueError, match="--reward_model"):
-        T.train(ppo_config(tiny, reward="rm"))
+        T.train(ppo_config(tiny, reward="rm"))  # the old spelling of --algo ppo_rm
     sft_dir = os.path.join(tiny["out_dir"], "sft")
     T.train(dict(tiny, algo="sft", out_dir=sft_dir, max_iters=1))
     with pytest.raises(ValueError, match="not a reward model"):
@@ -334,15 +350,16 @@ def test_lora_trains_policy_and_critic_adapters_and_the_critic_head(tiny):
 
 def test_adaptive_kl_coef_moves_and_resumes_exactly(tiny, monkeypatch):
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(ascii_share))  # a reward with a gradient
-    # k3 is never negative, so once π_θ ≠ π_ref the measured KL is above a target this small
-    cfg = ppo_config(tiny, max_iters=3, kl_target=1e-4, kl_coef=0.1, kl_estimator="k3")
+    cfg = ppo_config(tiny, algo="ppo_adaptive_kl", max_iters=3, kl_target=1e-4, kl_coef=0.1)
     straight = T.train(dict(cfg, out_dir=tiny["out_dir"] + "_straight"))
     T.train(dict(cfg, max_iters=2))
-    resumed = T.train(dict(algo="ppo", out_dir=tiny["out_dir"], init_from="resume", max_iters=3))
-    # iteration 1: π_θ = π_ref, KL 0 < target, β × (1 − 0.1·0.2); then KL ≫ target, β × (1 + 0.1·0.2)
-    betas = [r["kl_coef"] for r in metrics_rows(straight.cfg["out_dir"]) if "kl_coef" in r]
-    assert betas == pytest.approx([0.1, 0.098, 0.09996])
-    assert straight.state.kl_coef == pytest.approx(0.1 * 0.98 * 1.02 * 1.02)
+    resumed = T.train(dict(algo="ppo_adaptive_kl", out_dir=tiny["out_dir"], init_from="resume", max_iters=3))
+    # β ← β·(1 + 0.1·clip(KL/target − 1, ±0.2)) after each iteration, from the batch's KL per response
+    rows = [r for r in metrics_rows(straight.cfg["out_dir"]) if "kl_coef" in r]
+    betas = [r["kl_coef"] for r in rows] + [straight.state.kl_coef]
+    for beta, kl, after in zip(betas, [r["kl_ref"] for r in rows], betas[1:]):
+        assert after == pytest.approx(beta * (1 + 0.1 * float(np.clip(kl / 1e-4 - 1, -0.2, 0.2))), rel=1e-12)
+    assert betas[1] == pytest.approx(0.098) and betas != pytest.approx([0.1] * 4)
     assert resumed.state.kl_coef == pytest.approx(straight.state.kl_coef, rel=1e-12)
     for (name, a), b in zip(straight.raw_model.state_dict().items(), resumed.raw_model.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6), name
@@ -363,7 +380,7 @@ def train_with_ascii_reward(overrides):
 
 def test_two_processes_equal_one_process_and_stay_identical(tiny, monkeypatch):
     # early_stop_kl this small stops every iteration after its second step, on both ranks alike
-    cfg = ppo_config(tiny, max_iters=2, batch_size=2, kl_target=0.01, early_stop_kl=1e-9, checkpoint=False)
+    cfg = ppo_config(tiny, algo="ppo_early_stop", max_iters=2, batch_size=2, early_stop_kl=1e-9, checkpoint=False)
     ranks = run_ddp(train_with_ascii_reward, dict(cfg, out_dir=tiny["out_dir"] + "_ddp", gradient_accumulation_steps=1))
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(ascii_share))
     single = report(T.train(dict(cfg, gradient_accumulation_steps=2)))
@@ -372,3 +389,21 @@ def test_two_processes_equal_one_process_and_stay_identical(tiny, monkeypatch):
     for name, value in single["state"].items():
         assert np.array_equal(ranks[0]["state"][name], ranks[1]["state"][name]), name
         assert np.allclose(ranks[0]["state"][name], value, atol=1e-5), name
+
+
+# ----------------------------------------------------------------------------------------------
+# Old spellings: each option that became a variant of the lab runs it, with a note
+
+def test_old_ppo_options_name_their_variant(capsys):
+    from nanopost import options
+    assert options.make_config(dict(algo="ppo", reward="rm", reward_model="out/rm"))["algo"] == "ppo_rm"
+    assert options.make_config(dict(algo="ppo", kl_estimator="k3"))["algo"] == "ppo_k3"
+    assert options.make_config(dict(algo="ppo", kl_estimator="k1"))["algo"] == "ppo"
+    assert options.make_config(dict(algo="ppo", ppo_epochs=3))["inner_epochs"] == 3
+    assert "--reward='rm' is now --algo ppo_rm" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="'kl_target' for --algo ppo; it is an option of --algo ppo_adaptive_kl"):
+        options.make_config(dict(algo="ppo", kl_target=0.5))
+    with pytest.raises(ValueError, match="is now --algo ppo_k3, which does not run with --algo ppo_rm"):
+        options.make_config(dict(algo="ppo", reward="rm", kl_estimator="k3"))
+    plain = set(options.make_config(dict(algo="ppo")))  # the variants' keys are theirs alone
+    assert not {"reward_model", "critic_init", "kl_target", "early_stop_kl", "rlvp_beta", "kl_estimator"} & plain

@@ -134,7 +134,7 @@ def test_the_four_rlvp_rules_of_the_calculator_rule_engine():
 
 
 def small(tmp_path, algo, **cfg):
-    base = dict(grpo=dict(prompts_per_iter=2, group_size=4), ppo=dict(batch_size=4, minibatches=1))[algo]
+    base = dict(prompts_per_iter=2, group_size=4) if algo == "grpo" else dict(batch_size=4, minibatches=1)
     return T.train(dict(TINY, **base, algo=algo, max_iters=1, checkpoint=False, max_new_tokens=24,
                         out_dir=str(tmp_path / f"{algo}-{len(os.listdir(tmp_path))}")) | cfg)
 
@@ -149,8 +149,10 @@ def test_grpo_and_ppo_train_in_every_reward_mode(tmp_path, mode):
         row = logged(small(tmp_path, "grpo", env=env, reward_mode=mode))
         assert row["loss"] == row["loss"] and ("violations_per_episode" in row) == (env == "calculator")
         assert 0 <= row["all_fail_frac"] <= 1
-        assert logged(small(tmp_path, "ppo", env=env, reward_mode=mode))["loss"] == pytest.approx(
-            logged(small(tmp_path, "ppo", env=env, reward_mode=mode))["loss"])  # deterministic
+        variant = dict(process=dict(), rlvp=dict(), path=dict(rlvp_outcome=False))[mode]  # PPO's: lab/ppo_*.py
+        ppo_algo = "ppo_process" if mode == "process" else "ppo_rlvp"
+        assert logged(small(tmp_path, ppo_algo, env=env, **variant))["loss"] == pytest.approx(
+            logged(small(tmp_path, ppo_algo, env=env, **variant))["loss"])  # deterministic
     with pytest.raises(ValueError, match="group estimator"):
         small(tmp_path, "grpo", env="calculator", reward_mode=mode, estimator="reinforce")
 

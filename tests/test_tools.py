@@ -147,7 +147,7 @@ def assert_forced_weightless(loss_fn, model, modules, forced):
 def tool_run(tmp_path, **cfg):
     run = T.train(dict(TINY, env="calculator", max_iters=0, checkpoint=False, max_new_tokens=96,
                        out_dir=str(tmp_path / cfg["algo"]), **cfg))
-    policy = run.raw_model.policy if cfg["algo"] == "ppo" else run.raw_model
+    policy = run.raw_model.policy if cfg["algo"].startswith("ppo") else run.raw_model
     policy.lm_head = calling_model(policy).lm_head
     return run, policy
 
@@ -174,8 +174,8 @@ def test_grpo_rollouts_mask_tool_tokens_and_they_carry_no_weight(tmp_path):
 
 
 def test_ppo_and_sft_and_opd_give_tool_tokens_no_weight(tmp_path):
-    run, policy = tool_run(tmp_path, algo="ppo", batch_size=4, minibatches=1, reward_mode="rlvp")
-    mb = ppo.batches(run, run.state, 0)[0][0][0]
+    run, policy = tool_run(tmp_path, algo="ppo_rlvp", batch_size=4, minibatches=1)
+    mb = run.algo.batches(run, run.state, 0)[0][0][0]
     forced = (mb.mask == 0) & (mb.ids[:, 1:] != run.tok.pad)
     forced &= torch.arange(mb.mask.size(1)) >= (mb.mask > 0).float().argmax(1, keepdim=True)
     assert forced.any()
@@ -191,14 +191,15 @@ def test_ppo_and_sft_and_opd_give_tool_tokens_no_weight(tmp_path):
                              [sft.raw_model.lm_head], results)
 
     # OPD: the teacher reads the tool's tokens but grades only sampled ones
-    run, policy = tool_run(tmp_path, algo="opd", teacher="self")
+    run, policy = tool_run(tmp_path, algo="opsd")
     roll = rollouts(run, policy, run.env.problems("train", 4), 1, seed=0)
-    logprobs, graded = opd.teacher_logprobs(run, run.state, roll)
+    prompts = [envs.privileged_prompt(run.env, problem, run.cfg["privileged"]) for problem in roll.problems]
+    logprobs, graded = opd.teacher_logprobs(run, run.state.teacher, roll, prompts)
     assert bool((graded <= roll.mask).all())
     tool_before = roll.forced.cumsum(1) > 0  # a graded token with tool tokens before it
     i, col = (graded.bool() & tool_before).nonzero()[-1].tolist()
     k = col - (int(roll.prompt_lens[i]) - 1)  # its index in the response
-    seq = run.tok.prompt_ids(run.state.teacher_prompt(roll.problems[i])) + roll.responses[i][:k + 1]
+    seq = run.tok.prompt_ids(prompts[i]) + roll.responses[i][:k + 1]
     expected = torch.log_softmax(run.state.teacher(torch.tensor([seq[:-1]]))[0, -1], -1)
     torch.testing.assert_close(logprobs[i, col], expected, atol=1e-5, rtol=0)
 
