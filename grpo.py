@@ -75,14 +75,12 @@ def setup(run, saved):
 
 
 def check_config(run):
-    """The groups, the shards and the minibatches must divide as the iteration cuts them."""
+    """The shards and the minibatches must divide as the iteration cuts them (a group of one response
+    is degenerate, A = 0: the degenerate_groups monitor says so)."""
     cfg, world_size = run.cfg, run.world_size
     P, G, shard = cfg["prompts_per_iter"], cfg["group_size"], shard_size(run)
     if cfg["old_logprobs"] not in ("auto", "sampler", "recompute"):
         raise ValueError(f"config old_logprobs={cfg['old_logprobs']!r}: choose from auto, sampler, recompute")
-    if G < 2:
-        raise ValueError(f"--algo {cfg['algo']} compares responses within a group: group_size must be >= 2 "
-                         f"(--algo reinforce needs no group)")
     if shard < 1 or P % shard or (P // shard) % world_size:
         raise ValueError(f"prompts_per_iter={P} must split into shards of rollout_prompts={shard} prompts, "
                          f"a whole number of shards per each of {world_size} ranks")

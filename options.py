@@ -84,7 +84,28 @@ ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo"
 LAB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lab")
 # Options that became a variant of the lab: (key, value) -> the --algo that now is that choice. The old
 # spelling still runs for one release (it switches --algo and says so); the plain value is dropped.
-MOVED_TO_LAB = {}
+MOVED_TO_LAB = {
+    # the GRPO family (a value that names a textbook algorithm was its plain choice: dropped)
+    ("estimator", "grpo"): "grpo", ("estimator", "rloo"): "rloo", ("estimator", "reinforce"): "reinforce",
+    ("estimator", "dr_grpo"): "dr_grpo", ("loss_agg", "seq_mean_token_mean"): "grpo", ("loss_agg", "token_mean"): "dapo",
+    ("loss_agg", "seq_mean_token_sum_norm"): "dr_grpo", ("policy_loss", "clip"): "grpo", ("policy_loss", "cispo"): "cispo",
+    ("ratio_level", "token"): "grpo", ("ratio_level", "sequence"): "gspo", ("kl", "k3_loss"): "grpo",
+    ("kl", "k1_reward"): "kl_reward", ("prompt_sampling", "uniform"): "grpo", ("prompt_sampling", "edge"): "edge_prompts",
+    ("staleness", 0): "grpo", ("staleness", 1): "one_step_off", ("on_degenerate", "zeros"): "grpo",
+    ("adv_scale", "auto"): "grpo",
+    ("break_it", "none"): "grpo",
+}
+# Old spellings that no variant is: one line saying what to run instead
+GONE = {("kl", "off"): "--kl=off is now --kl_coef=0 (no KL term)",
+        ("on_degenerate", "drop"): "--on_degenerate=drop is DAPO's dynamic sampling: --algo dapo",
+        ("on_degenerate", "raise"): "--on_degenerate=raise is gone: the degenerate_groups monitor names them",
+        **{("adv_scale", v): f"--adv_scale={v} is gone: --algo grpo divides by the group's std, rloo and dr_grpo by "
+                             f"nothing" for v in ("group", "batch", "none")},
+        **{("break_it", v): f"--break_it={v} is gone: python experiments/failures.py makes each failure by replacing "
+                            f"the function it breaks" for v in ("fp8_sampler", "sampler_temperature", "top_p_uncorrected",
+                                                                "retokenize", "prompt_format", "kl_twice", "nan_logprob",
+                                                                "shifted_advantages", "all_equal", "length_bonus",
+                                                                "format_exploit")}}
 
 # The valid range of every numeric option, checked where the configuration is read (check_values):
 # "[a, b]", "[a, b)", ">= a" or "> a", then why in parentheses where it is not plain. 0 stays valid where
@@ -107,10 +128,10 @@ RANGES = dict(
     temperature=SCORED, prompt_pool=">= 1", minibatches=">= 1", ppo_epochs=">= 1", clip_eps=">= 0",
     value_clip=">= 0", vf_coef=">= 0", gamma="[0, 1]", lam="[0, 1]", kl_coef=">= 0", kl_target=">= 0",
     kl_adapt_rate=">= 0", early_stop_kl=">= 0", rlvp_beta=">= 0", rlvp_penalty=">= 0", rlvp_bonus=">= 0",  # ppo
-    prompts_per_iter=">= 1", rollout_prompts=">= 0", eps_low="[0, 1]", eps_high=">= 0", inner_epochs=">= 1",
-    dynamic_sampling_rounds=">= 0", overlong_cache=">= 0", tis_cap=">= 0", edge_low="[0, 1]",
-    edge_high="[0, 1]", staleness="[0, 1]", top_k=">= 0", top_p="(0, 1]", clip_cov="[0, 1)",
-    top_entropy_quantile="(0, 1]", judge_samples=">= 0", judge_temperature="> 0 (greedy: judge_samples=0)",  # grpo
+    prompts_per_iter=">= 1", rollout_prompts=">= 0", inner_epochs=">= 1", clip_eps_high=">= 0",  # grpo
+    dynamic_sampling_rounds=">= 0", overlong_cache=">= 0", tis_cap=">= 0", edge_low="[0, 1]",  # its lab
+    edge_high="[0, 1]", clip_cov="[0, 1)",
+    top_entropy_quantile="(0, 1]", judge_samples=">= 0", judge_temperature="> 0 (greedy: judge_samples=0)",
     kl_topk=">= 1", anchor_coef=">= 0",  # opd
     rounds=">= 1", round_prompts=">= 1", per_prompt_cap=">= 1",  # rft
 )
@@ -136,7 +157,9 @@ ALIASES = dict(lr="learning_rate", bs="batch_size", batch="batch_size", micro_ba
 # saved config too; where two old names meet, the later one counts)
 RENAMED = dict(eval_pass_k="eval_samples", eval_best_of_n="eval_samples", best_of_n="eval_samples",
                # one name per idea: responses sampled per prompt in training, a pool of train prompts
-               samples_per_prompt="group_size", candidates="group_size", prompts_pool="prompt_pool")
+               samples_per_prompt="group_size", candidates="group_size", prompts_pool="prompt_pool",
+               # GRPO's clip range is PPO's symmetric clip_eps; a variant's upper side (DAPO, CISPO) clip_eps_high
+               eps_low="clip_eps", eps_high="clip_eps_high")
 # Keys removed in this version: ignored, with a note saying why
 REMOVED = dict(eval_best_of_n_problems="Best-of-N by the verifier is pass@k, on the eval_problems held-out problems "
                                        "that every sampled figure uses")
@@ -145,9 +168,17 @@ REMOVED = dict(eval_best_of_n_problems="Best-of-N by the verifier is pass@k, on 
 def renamed(overrides):
     """overrides with renamed keys under their new name and removed ones dropped, a note for each; an
     option that became a variant of the lab (MOVED_TO_LAB) switches --algo to it."""
-    out = {}
+    out, chosen = {}, {}
     for key, value in overrides.items():
         moved = MOVED_TO_LAB.get((key, value)) if isinstance(value, (str, int, float, bool)) else None
+        if isinstance(value, (str, int, float, bool)) and (key, value) in GONE:
+            raise ValueError(GONE[(key, value)])
+        if moved in ALGOS:  # the plain choice: dropped
+            continue
+        if moved is not None and chosen.setdefault("algo", (key, value, moved))[2] != moved:
+            k, v, other = chosen["algo"]
+            raise ValueError(f"--{k}={v!r} is --algo {other} and --{key}={value!r} is --algo {moved}: no one variant "
+                             f"of the lab is both; choose one --algo (lab/)")
         if moved is not None:
             if moved != overrides.get("algo", DEFAULTS["algo"]):
                 print(f"note: --{key}={value!r} is now --algo {moved} (lab/{moved}.py); running that")
@@ -235,8 +266,10 @@ def make_config(overrides):
         if key not in defaults:
             close = [ALIASES[key]] if ALIASES.get(key) in defaults else []
             close += [k for k in difflib.get_close_matches(key, defaults, n=3) if k not in close]
+            owners = [v for v in lab_variants() if key in algo_module(v).defaults]  # a variant's own key
             raise ValueError(f"unknown config key {key!r} for --algo {algo}"
-                             + (f"; did you mean {', '.join(close)}?" if close else ""))
+                             + (f"; did you mean {', '.join(close)}?" if close else "")
+                             + (f" (it is an option of --algo {' | '.join(owners)})" if owners else ""))
         cfg[key] = coerce(key, value, defaults[key])
     cfg["out_dir"] = fill_out_dir(cfg["out_dir"], algo)
     if cfg["data"] and algo not in READS_DATA:  # never ignored silently
