@@ -52,7 +52,8 @@ def batches(run, state, it):
     shards = sample_shards(run, state, it) if state.pending is None else state.pending.result()
     lag = 0 if state.sampler_iter is None else it - state.sampler_iter  # updates behind the trained weights
     if not 0 <= lag <= 1:
-        raise RuntimeError(f"iteration {it} would train on rollouts of the weights of iteration {state.sampler_iter}")
+        raise RuntimeError(f"iteration {it} would train on rollouts of the weights of iteration {state.sampler_iter}: "
+                           f"staleness {lag} > 1")
     figures = dict(staleness=lag, time_wait_rollouts=time.time() - t0)
     state.sampler.load_state_dict(run.raw_model.state_dict())
     state.sampler_iter = it
