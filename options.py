@@ -169,6 +169,8 @@ def renamed(overrides):
     """overrides with renamed keys under their new name and removed ones dropped, a note for each; an
     option that became a variant of the lab (MOVED_TO_LAB) switches --algo to it."""
     out, chosen = {}, {}
+    if overrides.get("algo", DEFAULTS["algo"]) not in ALGOS:  # a variant of the lab chosen by name
+        chosen["algo"] = ("algo", overrides["algo"], overrides["algo"])
     for key, value in overrides.items():
         moved = MOVED_TO_LAB.get((key, value)) if isinstance(value, (str, int, float, bool)) else None
         if isinstance(value, (str, int, float, bool)) and (key, value) in GONE:
@@ -177,8 +179,9 @@ def renamed(overrides):
             continue
         if moved is not None and chosen.setdefault("algo", (key, value, moved))[2] != moved:
             k, v, other = chosen["algo"]
-            raise ValueError(f"--{k}={v!r} is --algo {other} and --{key}={value!r} is --algo {moved}: no one variant "
-                             f"of the lab is both; choose one --algo (lab/)")
+            first = f"--algo {other}" if k == "algo" else f"--{k}={v!r} is --algo {other}"
+            raise ValueError(f"{first} and --{key}={value!r} is --algo {moved}: no one variant of the lab is both; "
+                             f"choose one --algo (lab/)")
         if moved is not None:
             if moved != overrides.get("algo", DEFAULTS["algo"]):
                 print(f"note: --{key}={value!r} is now --algo {moved} (lab/{moved}.py); running that")
