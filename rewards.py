@@ -127,14 +127,17 @@ def reward_weights(text):
 
 
 def judged(run):
-    """reward=judge: a function (rollout) -> (the judge's P(correct) of each answer, its figures); the judge is
-    loaded once, frozen (checkpoints.load_judge)."""
-    cfg, judge = run.cfg, load_judge(run)
+    """A function (rollout) -> judged_reward's, the judge loaded once, frozen (checkpoints.load_judge)."""
+    judge = load_judge(run)
+    return lambda ro: judged_reward(run, judge, ro)
 
-    def correct(ro):
-        p, wrote = judge_scores(run, judge, ro.problems, ro.texts, cfg["judge_samples"], cfg["judge_temperature"],
-                                seed=rollout_seed(ro.ids))
-        value = p.mean(1)  # r = (1/k) Σ_i P(correct | x, y, j_i)
-        agree = ((value > 0.5).float() == ro.verified).float()
-        return value, dict(judge_agree=agree, judge_verdict_written=wrote.float().mean(1))
-    return correct
+
+def judged_reward(run, judge, ro):
+    """The judge's P(Verdict: correct) of each answer of a rollout, the mean over judge_samples judgements
+    (judge.py), and its figures per answer: judge_agree (1 where P > 0.5 agrees with the verifier) and
+    judge_verdict_written (the share of its judgements that wrote "Verdict:")."""
+    p, wrote = judge_scores(run, judge, ro.problems, ro.texts, run.cfg["judge_samples"], run.cfg["judge_temperature"],
+                            seed=rollout_seed(ro.ids))
+    value = p.mean(1)  # r = (1/k) Σ_i P(correct | x, y, j_i)
+    agree = ((value > 0.5).float() == ro.verified).float()
+    return value, dict(judge_agree=agree, judge_verdict_written=wrote.float().mean(1))

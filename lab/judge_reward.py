@@ -14,7 +14,10 @@ import grpo
 from grpo import evaluate, loss, on_policy, starts_from  # noqa: F401  (what the judge does not change)
 from checkpoints import load_judge
 from distributed import all_reduce_sum
-from judge import JUDGE_KEYS, judge_scores, rollout_seed
+from judge import JUDGE_KEYS
+from paperwork import grpo_passport, write_passport
+from rewards import judged_reward
+from rollouts import old_logprobs_mode
 
 base = "grpo"
 defaults = dict(grpo.defaults, **JUDGE_KEYS)  # the judge, and how many judgements per answer (judge.py)
@@ -27,22 +30,25 @@ def setup(run, saved):
                          "experiments/judge_agreement.py trains one)")
     state = grpo.setup(run, saved)
     state.judge = load_judge(run)
+    k = run.cfg["judge_samples"]
+    reward = (f"a generative reward model, the judge `{run.cfg['judge']}` (judge.py): P(Verdict: correct) after "
+              + (f"each of {k} judgements sampled at T = {run.cfg['judge_temperature']}, their mean" if k else
+                 "its greedy judgement") + "; the verifier's 0/1 logged beside it (judge_agree)")
+    write_passport(run, grpo_passport(run, state.verifier_check, old_logprobs_mode(run), reward=reward))
     return state
 
 
 def batches(run, state, it):
     """GRPO's groups, rewarded by the judge."""
     shards = [grpo.sample_groups(run, state, run.raw_model, it, shard) for shard in grpo.my_shards(run)]
-    cfg, sums = run.cfg, dict(agree=0.0, written=0.0, n=0)
+    sums = dict(agree=0.0, written=0.0, n=0)
     for ro in shards:
         t0 = time.time()
-        p, wrote = judge_scores(run, state.judge, ro.problems, ro.texts, cfg["judge_samples"], cfg["judge_temperature"],
-                                seed=rollout_seed(ro.ids))
-        ro.reward = p.mean(1)  # r_i = (1/k) Σ_j P(correct | x, y_i, j)
+        ro.reward, figures = judged_reward(run, state.judge, ro)  # r_i = (1/k) Σ_j P(correct | x, y_i, j)
         ro.verify_time += time.time() - t0  # (the judge's judgements: verifying)
-        ro.advantages = grpo.group_advantages(ro.reward, cfg["group_size"])
-        sums = dict(agree=sums["agree"] + float(((ro.reward > 0.5).float() == ro.verified).sum()),
-                    written=sums["written"] + float(wrote.float().mean(1).sum()), n=sums["n"] + len(ro.reward))
+        ro.advantages = grpo.group_advantages(ro.reward, run.cfg["group_size"])
+        sums = dict(agree=sums["agree"] + float(figures["judge_agree"].sum()),
+                    written=sums["written"] + float(figures["judge_verdict_written"].sum()), n=sums["n"] + len(ro.reward))
     sums = all_reduce_sum(sums, run)
     return grpo.minibatches(run, shards), dict(grpo.rollout_figures(run, state, shards),
                                                judge_agree=sums["agree"] / sums["n"],
