@@ -93,7 +93,7 @@ MOVED_TO_LAB = {
     ("kl", "k1_reward"): "kl_reward", ("prompt_sampling", "uniform"): "grpo", ("prompt_sampling", "edge"): "edge_prompts",
     ("staleness", 0): "grpo", ("staleness", 1): "one_step_off", ("on_degenerate", "zeros"): "grpo",
     ("adv_scale", "auto"): "grpo",
-    ("break_it", "none"): "grpo",
+    ("break_it", "none"): "grpo", ("reward", "judge"): "judge_reward",
 }
 # Old spellings that no variant is: one line saying what to run instead
 GONE = {("kl", "off"): "--kl=off is now --kl_coef=0 (no KL term)",

@@ -8,8 +8,10 @@ matter. Everything else is grpo.py's."""
 
 import grpo
 from distributed import all_reduce_sum
-from grpo import evaluate, loss, on_policy, setup, starts_from  # noqa: F401  (what the vector reward does not change)
+from grpo import evaluate, loss, on_policy, starts_from  # noqa: F401  (what the vector reward does not change)
+from paperwork import grpo_passport, write_passport
 from rewards import DIMENSIONS, reward_weights
+from rollouts import old_logprobs_mode
 
 base = "grpo"
 defaults = dict(

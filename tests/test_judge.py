@@ -254,7 +254,7 @@ def test_grpo_reward_config_errors(tmp_path, overrides, error):
 def test_a_reward_model_is_no_judge(tmp_path):
     rm = write_scalar_checkpoint(tmp_path / "rm")
     with pytest.raises(ValueError, match="is a scalar model"):
-        T.train(dict(TINY, algo="grpo", prompts_per_iter=2, group_size=2, max_iters=0, reward="judge", judge=rm,
+        T.train(dict(TINY, algo="grpo", prompts_per_iter=2, group_size=2, max_iters=0, reward="judge", judge=rm,  # (old spelling)
                      out_dir=str(tmp_path / "run")))
 
 

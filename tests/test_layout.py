@@ -7,7 +7,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALGORITHMS = {"sft", "rm", "dpo", "ppo", "grpo", "opd", "rft", "grpo_family", "grpo_estimators", "grpo_rollouts", "grpo_breaks", "ppo_family", "opd_family", "dpo_online", "qlearn"}
+ALGORITHMS = {"sft", "rm", "dpo", "ppo", "grpo", "opd", "rft", "grpo_figures", "ppo_family", "opd_family", "dpo_online", "qlearn"}
 ENTRY_POINTS = {"train", "ladder", "sample", "export"}
 
 
