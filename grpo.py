@@ -94,12 +94,17 @@ def check_config(run):
 def batches(run, state, it):
     """This rank's shards sampled, verified and given their advantages, and the iteration's figures;
     then the optimizer steps: inner_epochs × minibatches, each a list of micro-batches."""
-    shards = [sample_groups(run, state, run.raw_model, it, shard) for shard in my_shards(run)]
+    shards = sample_shards(run, state, run.raw_model, it)
     return minibatches(run, shards), rollout_figures(run, state, shards)
 
 
+def sample_shards(run, state, model, it):
+    """This rank's shards of iteration `it`, sampled by `model`: shards r, r + world_size, ..."""
+    return [sample_groups(run, state, model, it, shard) for shard in my_shards(run)]
+
+
 def my_shards(run):
-    """This rank's shards of the iteration: r, r + world_size, ..."""
+    """This rank's shard indices of an iteration."""
     return range(run.rank, run.cfg["prompts_per_iter"] // shard_size(run), run.world_size)
 
 

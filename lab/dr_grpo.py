@@ -17,7 +17,7 @@ defaults = dict(grpo.defaults, kl_coef=0.0)
 
 def batches(run, state, it):
     """GRPO's groups with the mean-only advantage."""
-    shards = [grpo.sample_groups(run, state, run.raw_model, it, shard) for shard in grpo.my_shards(run)]
+    shards = grpo.sample_shards(run, state, run.raw_model, it)
     for ro in shards:
         ro.advantages = centred_advantages(ro.reward, run.cfg["group_size"])
     return grpo.minibatches(run, shards), grpo.rollout_figures(run, state, shards)

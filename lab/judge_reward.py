@@ -40,7 +40,7 @@ def setup(run, saved):
 
 def batches(run, state, it):
     """GRPO's groups, rewarded by the judge."""
-    shards = [grpo.sample_groups(run, state, run.raw_model, it, shard) for shard in grpo.my_shards(run)]
+    shards = grpo.sample_shards(run, state, run.raw_model, it)
     sums = dict(agree=0.0, written=0.0, n=0)
     for ro in shards:
         t0 = time.time()

@@ -15,7 +15,7 @@ defaults = dict(grpo.defaults, kl_coef=0.01)  # β: the weight of the KL in the 
 
 def batches(run, state, it):
     """GRPO's groups with −β·KL in each response's reward."""
-    shards = [grpo.sample_groups(run, state, run.raw_model, it, shard) for shard in grpo.my_shards(run)]
+    shards = grpo.sample_shards(run, state, run.raw_model, it)
     paid, n = 0.0, 0
     for ro in shards:
         kl = run.cfg["kl_coef"] * ((ro.old_logprobs - ro.ref_logprobs) * ro.mask).sum(1)

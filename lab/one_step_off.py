@@ -49,7 +49,7 @@ def batches(run, state, it):
     """The rollouts of `it`, sampled while the update of it − 1 ran; then start those of it + 1 with the
     weights of it."""
     t0 = time.time()
-    shards = sample_shards(run, state, it) if state.pending is None else state.pending.result()
+    shards = grpo.sample_shards(run, state, state.sampler, it) if state.pending is None else state.pending.result()
     lag = 0 if state.sampler_iter is None else it - state.sampler_iter  # updates behind the trained weights
     if not 0 <= lag <= 1:
         raise RuntimeError(f"iteration {it} would train on rollouts of the weights of iteration {state.sampler_iter}: "
@@ -58,10 +58,5 @@ def batches(run, state, it):
     state.sampler.load_state_dict(run.raw_model.state_dict())
     state.sampler_iter = it
     last = it + 1 >= run.cfg["max_iters"]
-    state.pending = None if last else state.thread.submit(sample_shards, run, state, it + 1)
+    state.pending = None if last else state.thread.submit(grpo.sample_shards, run, state, state.sampler, it + 1)
     return grpo.minibatches(run, shards), dict(figures, **grpo.rollout_figures(run, state, shards))
-
-
-def sample_shards(run, state, it):
-    """This rank's shards of iteration `it`, sampled by the sampler's copy of the weights."""
-    return [grpo.sample_groups(run, state, state.sampler, it, shard) for shard in grpo.my_shards(run)]

@@ -28,7 +28,7 @@ def setup(run, saved):
 
 def batches(run, state, it):
     """GRPO's groups with one advantage per token from the step rewards."""
-    shards = [grpo.sample_groups(run, state, run.raw_model, it, shard) for shard in grpo.my_shards(run)]
+    shards = grpo.sample_shards(run, state, run.raw_model, it)
     for ro in shards:
         steps, ends = token_rewards(run, ro, run.env.step_rewards)
         ro.advantages = process_advantages(steps, ends, ro.mask, run.cfg["group_size"])

@@ -15,7 +15,7 @@ defaults = dict(grpo.defaults)
 
 def batches(run, state, it):
     """GRPO's rollouts, then the batch-mean baseline over every rank's rewards."""
-    shards = [grpo.sample_groups(run, state, run.raw_model, it, shard) for shard in grpo.my_shards(run)]
+    shards = grpo.sample_shards(run, state, run.raw_model, it)
     total, n = all_reduce_sum([float(sum(ro.reward.sum() for ro in shards)), sum(len(ro.reward) for ro in shards)], run)
     for ro in shards:
         ro.advantages = ro.reward - total / n

@@ -16,7 +16,7 @@ defaults = dict(grpo.defaults)
 
 def batches(run, state, it):
     """GRPO's rollouts, then the batch-mean baseline and the batch's std over every rank's rewards."""
-    shards = [grpo.sample_groups(run, state, run.raw_model, it, shard) for shard in grpo.my_shards(run)]
+    shards = grpo.sample_shards(run, state, run.raw_model, it)
     total, n = all_reduce_sum([float(sum(ro.reward.sum() for ro in shards)), sum(len(ro.reward) for ro in shards)], run)
     centred = [ro.reward - total / n for ro in shards]
     for ro, adv in zip(shards, batch_scale(centred, run)):

@@ -15,7 +15,7 @@ defaults = dict(grpo.defaults)
 
 def batches(run, state, it):
     """GRPO's groups, with the leave-one-out advantage in place of the group's z-score."""
-    shards = [grpo.sample_groups(run, state, run.raw_model, it, shard) for shard in grpo.my_shards(run)]
+    shards = grpo.sample_shards(run, state, run.raw_model, it)
     for ro in shards:
         ro.advantages = leave_one_out_advantages(ro.reward, run.cfg["group_size"])
     return grpo.minibatches(run, shards), grpo.rollout_figures(run, state, shards)

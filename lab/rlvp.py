@@ -37,7 +37,7 @@ def setup(run, saved):
 def batches(run, state, it):
     """GRPO's groups with the two channels' advantages combined."""
     G, beta = run.cfg["group_size"], run.cfg["rlvp_beta"]
-    shards = [grpo.sample_groups(run, state, run.raw_model, it, shard) for shard in grpo.my_shards(run)]
+    shards = grpo.sample_shards(run, state, run.raw_model, it)
     for ro in shards:
         path = path_reward(run, ro)
         if run.cfg["path_only"]:

@@ -32,7 +32,7 @@ def setup(run, saved):
 def batches(run, state, it):
     """GRPO's groups, rewarded by the weighted dimensions (each dimension's mean logged)."""
     weights = reward_weights(run.cfg["reward_weights"])
-    shards = [grpo.sample_groups(run, state, run.raw_model, it, shard) for shard in grpo.my_shards(run)]
+    shards = grpo.sample_shards(run, state, run.raw_model, it)
     parts = []
     for ro in shards:
         ro.reward, part = vector_reward(run, ro, weights)
