@@ -125,7 +125,7 @@ RANGES = dict(
     train_prompts=">= 1", heldout_prompts=">= 1", group_size=">= 1", pair_temperature=SCORED,  # pairs (rm, dpo)
     beta="> 0", simpo_beta="> 0", simpo_gamma=">= 0", orpo_lambda=">= 0", kto_desirable_weight=">= 0",
     kto_undesirable_weight=">= 0", online_every=">= 1", online_prompts=">= 1",  # dpo
-    temperature=SCORED, prompt_pool=">= 1", minibatches=">= 1", ppo_epochs=">= 1", clip_eps=">= 0",
+    temperature=SCORED, prompt_pool=">= 1", minibatches=">= 1", ppo_epochs=">= 1", clip_eps="[0, 1]",
     value_clip=">= 0", vf_coef=">= 0", gamma="[0, 1]", lam="[0, 1]", kl_coef=">= 0", kl_target=">= 0",
     kl_adapt_rate=">= 0", early_stop_kl=">= 0", rlvp_beta=">= 0", rlvp_penalty=">= 0", rlvp_bonus=">= 0",  # ppo
     prompts_per_iter=">= 1", rollout_prompts=">= 0", inner_epochs=">= 1", clip_eps_high=">= 0",  # grpo

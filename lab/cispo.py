@@ -16,7 +16,7 @@ defaults = dict(
     grpo.defaults,
     clip_eps=1.0,         # ε: the weight's lower cap 1 − ε (1: none)
     clip_eps_high=0.28,   # ε_high: the weight's upper cap 1 + ε_high
-    kl_coef=0.0,
+    kl_coef=0.0,          # β: no KL term in CISPO's recipe
 )
 
 

@@ -15,7 +15,10 @@ import grpo
 from grpo import batches, evaluate, on_policy, setup, starts_from  # noqa: F401  (what Clip-Cov does not change)
 
 base = "grpo"
-defaults = dict(grpo.defaults, clip_cov=0.2)  # clip_cov: the share of response tokens whose gradient may be cut
+defaults = dict(
+    grpo.defaults,
+    clip_cov=0.2,       # the share of response tokens (those of largest positive covariance) whose gradient is cut
+)
 
 
 def loss(run, state, model, batch):

@@ -26,7 +26,7 @@ defaults = dict(
     dynamic_sampling_rounds=3,  # extra rollouts of fresh prompts per shard to refill dropped groups (0 = none)
     overlong_cache=16,          # the soft length penalty over the last L_cache tokens before the limit (0 = none)
     mask_truncated=False,       # overlong filtering: answers cut by max_new_tokens get no loss term (mask 0)
-    kl_coef=0.0,
+    kl_coef=0.0,                # β: no KL term in DAPO's recipe
 )
 
 

@@ -12,7 +12,10 @@ import grpo
 from grpo import evaluate, on_policy, setup, starts_from  # noqa: F401  (what Dr. GRPO does not change)
 
 base = "grpo"
-defaults = dict(grpo.defaults, kl_coef=0.0)
+defaults = dict(
+    grpo.defaults,
+    kl_coef=0.0,        # β: no KL term in Dr. GRPO's recipe
+)
 
 
 def batches(run, state, it):

@@ -13,7 +13,10 @@ import grpo
 from grpo import batches, evaluate, on_policy, setup, starts_from  # noqa: F401  (what the mask does not change)
 
 base = "grpo"
-defaults = dict(grpo.defaults, top_entropy_quantile=0.2)  # ρ: the top share of tokens by entropy that train
+defaults = dict(
+    grpo.defaults,
+    top_entropy_quantile=0.2,  # ρ: the top share of tokens by entropy whose policy gradient counts
+)
 
 
 def loss(run, state, model, batch):

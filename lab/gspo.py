@@ -13,7 +13,12 @@ import grpo
 from grpo import batches, evaluate, on_policy, setup, starts_from  # noqa: F401  (what GSPO does not change)
 
 base = "grpo"
-defaults = dict(grpo.defaults, clip_eps=3e-4, kl_coef=0.0, minibatches=4)
+defaults = dict(
+    grpo.defaults,
+    clip_eps=3e-4,      # ε: the sequence ratio's band [1 − ε, 1 + ε] (a mean of log-ratios moves little)
+    kl_coef=0.0,        # β: no KL term in GSPO's recipe
+    minibatches=4,      # optimizer steps per rollout batch: at one, s_i = 1 and the ratio does nothing
+)
 
 
 def loss(run, state, model, batch):

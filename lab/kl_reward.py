@@ -10,7 +10,10 @@ from distributed import all_reduce_sum
 from grpo import evaluate, on_policy, setup, starts_from  # noqa: F401  (what the KL in the reward does not change)
 
 base = "grpo"
-defaults = dict(grpo.defaults, kl_coef=0.01)  # β: the weight of the KL in the reward
+defaults = dict(
+    grpo.defaults,
+    kl_coef=0.01,       # β: the weight of the KL in the reward
+)
 
 
 def batches(run, state, it):

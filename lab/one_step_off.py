@@ -22,7 +22,10 @@ from checkpoints import frozen
 from rollouts import old_logprobs_mode
 
 base = "grpo"
-defaults = dict(grpo.defaults, old_logprobs="sampler")  # (π_old is the sampler's weights, which the loop no longer holds)
+defaults = dict(
+    grpo.defaults,
+    old_logprobs="sampler",  # π_old: the sampler's own log-probs (its weights are one update behind the loop's)
+)
 
 
 def setup(run, saved):
