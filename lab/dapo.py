@@ -15,9 +15,9 @@ Logged besides grpo's figures: kept_groups_frac, extra_rollouts, reward_shaped. 
 import torch
 
 import grpo
-from grpo import evaluate, on_policy, setup, starts_from  # noqa: F401  (what DAPO does not change)
-from rollouts import Rollout, shard_problems
 from distributed import all_reduce_sum
+from grpo import evaluate, on_policy, starts_from  # noqa: F401  (what DAPO does not change)
+from rollouts import Rollout, shard_problems
 
 base = "grpo"
 defaults = dict(
@@ -28,6 +28,17 @@ defaults = dict(
     mask_truncated=False,       # overlong filtering: answers cut by max_new_tokens get no loss term (mask 0)
     kl_coef=0.0,                # β: no KL term in DAPO's recipe
 )
+
+
+def setup(run, saved):
+    """GRPO's, with DAPO's checks."""
+    cfg = run.cfg
+    if cfg["overlong_cache"] >= cfg["max_new_tokens"]:
+        raise ValueError(f"overlong_cache={cfg['overlong_cache']} must be below max_new_tokens={cfg['max_new_tokens']}")
+    if cfg["dynamic_sampling_rounds"] and run.lockstep:  # (a rank's extra rounds would be forwards alone)
+        raise ValueError("dynamic_sampling_rounds > 0 samples a different number of rounds on each rank: not with "
+                         "--fsdp_rollouts=sharded (use gathered)")
+    return grpo.setup(run, saved)
 
 
 def batches(run, state, it):
@@ -55,18 +66,24 @@ def sample_informative_groups(run, state, model, it, shard):
     G = run.cfg["group_size"]
     rounds = [sample_groups(run, state, model, it, shard, 0)]
     n = len(rounds[0].reward) // G
-    informative = lambda ro: (~grpo.degenerate_groups(ro.reward.view(-1, G))).nonzero().flatten().tolist()
-    while sum(len(informative(ro)) for ro in rounds) < n and len(rounds) <= run.cfg["dynamic_sampling_rounds"]:
+    while (sum(len(informative_groups(ro, G)) for ro in rounds) < n
+           and len(rounds) <= run.cfg["dynamic_sampling_rounds"]):
         rounds.append(sample_groups(run, state, model, it, shard, len(rounds)))
-    kept = [ro.select([g * G + j for g in informative(ro) for j in range(G)]) for ro in rounds]
+    kept = [ro.select([g * G + j for g in informative_groups(ro, G) for j in range(G)]) for ro in rounds]
     missing = n - sum(len(ro.reward) // G for ro in kept)
     if missing > 0:
-        filler = rounds[0].select([g * G + j for g in range(n) if g not in informative(rounds[0]) for j in range(G)][:missing * G])
+        degenerate = [g for g in range(n) if g not in informative_groups(rounds[0], G)][:missing]
+        filler = rounds[0].select([g * G + j for g in degenerate for j in range(G)])
         filler.mask = filler.mask * 0
         kept.append(filler)
     batch = Rollout.cat([ro for ro in kept if len(ro.reward)], run.tok.pad).select(range(n * G))
     batch.extra_rollouts = (len(rounds) - 1) * n * G
     return batch
+
+
+def informative_groups(ro, G):
+    """The indices of a rollout's groups whose rewards are not all equal."""
+    return (~grpo.degenerate_groups(ro.reward.view(-1, G))).nonzero().flatten().tolist()
 
 
 def overlong_penalty(run, ro):
@@ -83,12 +100,11 @@ def overlong_penalty(run, ro):
 def kept_figures(run, shards):
     """kept_groups_frac (groups trained over groups), extra_rollouts (responses sampled to refill), and
     reward_shaped (the mean trained reward), summed over ranks."""
-    G = run.cfg["group_size"]
     kept = torch.cat([ro.mask.sum(1) > 0 for ro in shards])
     sums = all_reduce_sum(dict(kept=float(kept.sum()), n=len(kept), extra=sum(ro.extra_rollouts for ro in shards),
                                shaped=float(sum((ro.reward * (ro.mask.sum(1) > 0)).sum() for ro in shards))), run)
     return dict(kept_groups_frac=sums["kept"] / sums["n"], extra_rollouts=sums["extra"],
-                reward_shaped=sums["shaped"] / max(sums["kept"], 1) if G else 0.0)
+                reward_shaped=sums["shaped"] / max(sums["kept"], 1))
 
 
 def loss(run, state, model, batch):
