@@ -43,8 +43,9 @@ def setup(run, saved):
 
 def batches(run, state, it):
     """GRPO's iteration with DAPO's shards: shaped rewards, informative groups only."""
-    shards = [sample_informative_groups(run, state, run.raw_model, it, shard) for shard in grpo.my_shards(run)]
-    figures = dict(grpo.rollout_figures(run, state, shards), **kept_figures(run, shards))
+    sampled = [sample_informative_groups(run, state, run.raw_model, it, shard) for shard in grpo.my_shards(run)]
+    shards, extra = [batch for batch, _ in sampled], sum(extra for _, extra in sampled)
+    figures = dict(grpo.rollout_figures(run, state, shards), **kept_figures(run, shards, extra))
     return grpo.minibatches(run, shards), figures
 
 
@@ -62,7 +63,8 @@ def sample_groups(run, state, model, it, shard, round_):
 def sample_informative_groups(run, state, model, it, shard):
     """A shard of informative groups: the first rollout's, then those of up to dynamic_sampling_rounds
     extra rollouts, in sampling order; if the rounds run out, degenerate groups of the first rollout fill
-    the shard with mask 0 (every rank keeps the same number of rows)."""
+    the shard with mask 0 (every rank keeps the same number of rows). -> (the shard's rows, the number of
+    responses sampled in extra rollouts)."""
     G = run.cfg["group_size"]
     rounds = [sample_groups(run, state, model, it, shard, 0)]
     n = len(rounds[0].reward) // G
@@ -76,9 +78,8 @@ def sample_informative_groups(run, state, model, it, shard):
         filler = rounds[0].select([g * G + j for g in degenerate for j in range(G)])
         filler.mask = filler.mask * 0
         kept.append(filler)
-    batch = Rollout.cat([ro for ro in kept if len(ro.reward)], run.tok.pad).select(range(n * G))
-    batch.extra_rollouts = (len(rounds) - 1) * n * G
-    return batch
+    rows = Rollout.cat([ro for ro in kept if len(ro.reward)], run.tok.pad).select(range(n * G))  # (the first n groups)
+    return rows, (len(rounds) - 1) * n * G
 
 
 def informative_groups(ro, G):
@@ -97,11 +98,11 @@ def overlong_penalty(run, ro):
     return -(over / cache).clamp(max=1.0).to(ro.verified)
 
 
-def kept_figures(run, shards):
+def kept_figures(run, shards, extra):
     """kept_groups_frac (groups trained over groups), extra_rollouts (responses sampled to refill), and
     reward_shaped (the mean trained reward), summed over ranks."""
     kept = torch.cat([ro.mask.sum(1) > 0 for ro in shards])
-    sums = all_reduce_sum(dict(kept=float(kept.sum()), n=len(kept), extra=sum(ro.extra_rollouts for ro in shards),
+    sums = all_reduce_sum(dict(kept=float(kept.sum()), n=len(kept), extra=extra,
                                shaped=float(sum((ro.reward * (ro.mask.sum(1) > 0)).sum() for ro in shards))), run)
     return dict(kept_groups_frac=sums["kept"] / sums["n"], extra_rollouts=sums["extra"],
                 reward_shaped=sums["shaped"] / max(sums["kept"], 1))
