@@ -168,22 +168,21 @@ REMOVED = dict(eval_best_of_n_problems="Best-of-N by the verifier is pass@k, on 
 def renamed(overrides):
     """overrides with renamed keys under their new name and removed ones dropped, a note for each; an
     option that became a variant of the lab (MOVED_TO_LAB) switches --algo to it."""
-    out, chosen = {}, {}
-    if overrides.get("algo", DEFAULTS["algo"]) not in ALGOS:  # a variant of the lab chosen by name
-        chosen["algo"] = ("algo", overrides["algo"], overrides["algo"])
+    out, algo = {}, overrides.get("algo", DEFAULTS["algo"])
+    chosen = None if algo in ALGOS else (f"--algo {algo}", algo)  # (what chose a variant of the lab, the variant)
     for key, value in overrides.items():
-        moved = MOVED_TO_LAB.get((key, value)) if isinstance(value, (str, int, float, bool)) else None
-        if isinstance(value, (str, int, float, bool)) and (key, value) in GONE:
-            raise ValueError(GONE[(key, value)])
+        spelling = (key, value) if isinstance(value, (str, int, float, bool)) else None
+        if spelling in GONE:
+            raise ValueError(GONE[spelling])
+        moved = MOVED_TO_LAB.get(spelling)
         if moved in ALGOS:  # the plain choice: dropped
             continue
-        if moved is not None and chosen.setdefault("algo", (key, value, moved))[2] != moved:
-            k, v, other = chosen["algo"]
-            first = f"--algo {other}" if k == "algo" else f"--{k}={v!r} is --algo {other}"
-            raise ValueError(f"{first} and --{key}={value!r} is --algo {moved}: no one variant of the lab is both; "
+        if moved is not None and chosen and chosen[1] != moved:
+            raise ValueError(f"{chosen[0]} and --{key}={value!r} (--algo {moved}) are no one variant of the lab: "
                              f"choose one --algo (lab/)")
         if moved is not None:
-            if moved != overrides.get("algo", DEFAULTS["algo"]):
+            chosen = chosen or (f"--{key}={value!r} (--algo {moved})", moved)
+            if moved != algo:
                 print(f"note: --{key}={value!r} is now --algo {moved} (lab/{moved}.py); running that")
                 out["algo"] = moved
         elif key in REMOVED:
