@@ -44,8 +44,8 @@ def setup(run, saved):
 def batches(run, state, it):
     """GRPO's iteration with DAPO's shards: shaped rewards, informative groups only."""
     sampled = [sample_informative_groups(run, state, run.raw_model, it, shard) for shard in grpo.my_shards(run)]
-    shards, extra = [batch for batch, _ in sampled], sum(extra for _, extra in sampled)
-    figures = dict(grpo.rollout_figures(run, state, shards), **kept_figures(run, shards, extra))
+    shards = [rows for rows, _, _ in sampled]
+    figures = dict(grpo.rollout_figures(run, state, shards), **kept_figures(run, shards, sampled))
     return grpo.minibatches(run, shards), figures
 
 
@@ -64,7 +64,7 @@ def sample_informative_groups(run, state, model, it, shard):
     """A shard of informative groups: the first rollout's, then those of up to dynamic_sampling_rounds
     extra rollouts, in sampling order; if the rounds run out, degenerate groups of the first rollout fill
     the shard with mask 0 (every rank keeps the same number of rows). -> (the shard's rows, the number of
-    responses sampled in extra rollouts)."""
+    responses sampled in extra rollouts, the first rollout's verifier rewards: a fair sample of the policy)."""
     G = run.cfg["group_size"]
     rounds = [sample_groups(run, state, model, it, shard, 0)]
     n = len(rounds[0].reward) // G
@@ -79,7 +79,7 @@ def sample_informative_groups(run, state, model, it, shard):
         filler.mask = filler.mask * 0
         kept.append(filler)
     rows = Rollout.cat([ro for ro in kept if len(ro.reward)], run.tok.pad).select(range(n * G))  # (the first n groups)
-    return rows, (len(rounds) - 1) * n * G
+    return rows, (len(rounds) - 1) * n * G, rounds[0].verified
 
 
 def informative_groups(ro, G):
@@ -98,14 +98,21 @@ def overlong_penalty(run, ro):
     return -(over / cache).clamp(max=1.0).to(ro.verified)
 
 
-def kept_figures(run, shards, extra):
-    """kept_groups_frac (groups trained over groups), extra_rollouts (responses sampled to refill), and
-    reward_shaped (the mean trained reward), summed over ranks."""
+def kept_figures(run, shards, sampled):
+    """Of the first rollouts (a fair sample of the policy): reward (the verifier's), degenerate_frac and
+    all_fail_frac; of the rows trained: reward_shaped, kept_groups_frac; extra_rollouts (responses sampled
+    to refill): summed over ranks. grpo's other figures are those of the rows trained."""
+    G = run.cfg["group_size"]
     kept = torch.cat([ro.mask.sum(1) > 0 for ro in shards])
-    sums = all_reduce_sum(dict(kept=float(kept.sum()), n=len(kept), extra=extra,
-                               shaped=float(sum((ro.reward * (ro.mask.sum(1) > 0)).sum() for ro in shards))), run)
-    return dict(kept_groups_frac=sums["kept"] / sums["n"], extra_rollouts=sums["extra"],
-                reward_shaped=sums["shaped"] / max(sums["kept"], 1))
+    first = torch.cat([verified for _, _, verified in sampled]).view(-1, G)
+    sums = all_reduce_sum(dict(kept=float(kept.sum()), n=len(kept), extra=sum(extra for _, extra, _ in sampled),
+                               shaped=float(sum((ro.reward * (ro.mask.sum(1) > 0)).sum() for ro in shards)),
+                               reward=float(first.sum()), groups=len(first),
+                               degenerate=float(grpo.degenerate_groups(first).sum()),
+                               all_fail=float((first.amax(1) == 0).sum())), run)
+    return dict(reward=sums["reward"] / (sums["groups"] * G), degenerate_frac=sums["degenerate"] / sums["groups"],
+                all_fail_frac=sums["all_fail"] / sums["groups"], reward_shaped=sums["shaped"] / max(sums["kept"], 1),
+                kept_groups_frac=sums["kept"] / sums["n"], extra_rollouts=sums["extra"])
 
 
 def loss(run, state, model, batch):

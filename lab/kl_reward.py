@@ -3,7 +3,8 @@ response's summed log-ratio to π_ref is subtracted from its reward before the g
 
     r'_i = r_i − β · Σ_t log(π_old(y_it)/π_ref(y_it))
 
-kl_reward: β·Σ_t log(π_old/π_ref) per response, the KL the reward paid. Everything else is grpo.py's."""
+Logged: reward (the verifier's, before the KL), reward_shaped (after it) and kl_reward (β·Σ_t log(π_old/π_ref) per
+response, the KL the reward paid). Everything else is grpo.py's."""
 
 import grpo
 from distributed import all_reduce_sum
@@ -26,7 +27,9 @@ def batches(run, state, it):
         ro.advantages = grpo.group_advantages(ro.reward, run.cfg["group_size"])
         paid, n = paid + float(kl.sum()), n + len(kl)
     paid, n = all_reduce_sum([paid, n], run)
-    return grpo.minibatches(run, shards), dict(grpo.rollout_figures(run, state, shards), kl_reward=paid / n)
+    figures = grpo.rollout_figures(run, state, shards)  # (their reward: the shaped one)
+    figures.update(reward_shaped=figures["reward"], reward=figures["reward"] + paid / n, kl_reward=paid / n)
+    return grpo.minibatches(run, shards), figures
 
 
 def loss(run, state, model, batch):

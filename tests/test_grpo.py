@@ -329,7 +329,7 @@ def test_degenerate_groups_drop_or_zeros(run):
     without them); GRPO keeps it in the count with A = 0."""
     with patched(run, some_degenerate_reward, dynamic_sampling_rounds=0, overlong_cache=0, mask_truncated=False,
                  clip_eps_high=0.2) as state:
-        batch, _ = dapo.sample_informative_groups(run, state, run.raw_model, 7, 0)
+        batch, _, _ = dapo.sample_informative_groups(run, state, run.raw_model, 7, 0)
         plain = grpo.sample_groups(run, state, run.raw_model, 7, 0)
     G = run.cfg["group_size"]
     degenerate = grpo.degenerate_groups(plain.reward.view(-1, G)).repeat_interleave(G)
@@ -353,14 +353,14 @@ def test_dynamic_sampling_refills_and_never_trains_on_degenerate_groups(run):
     G, n = run.cfg["group_size"], run.cfg["prompts_per_iter"]
     dapo_keys = dict(overlong_cache=0, mask_truncated=False, clip_eps_high=0.28)
     with patched(run, rare, dynamic_sampling_rounds=6, **dapo_keys) as state:
-        batch, extra = dapo.sample_informative_groups(run, state, run.raw_model, 11, 0)
+        batch, extra, _ = dapo.sample_informative_groups(run, state, run.raw_model, 11, 0)
         steps, figures = dapo.batches(run, state, 11)
     kept = batch.mask.sum(1) > 0
     assert kept.any() and extra > 0 and extra % (n * G) == 0 and len(batch.ids) == n * G
     assert not grpo.degenerate_groups(batch.reward[kept].view(-1, G)).any()
     assert figures["extra_rollouts"] == extra and figures["kept_groups_frac"] == float(kept.sum()) / (n * G)
     with patched(run, lambda p, text: 1.0, dynamic_sampling_rounds=3, **dapo_keys) as state:
-        solved, extra = dapo.sample_informative_groups(run, state, run.raw_model, 11, 0)
+        solved, extra, _ = dapo.sample_informative_groups(run, state, run.raw_model, 11, 0)
         solved_steps, _ = dapo.batches(run, state, 11)
     assert extra == 3 * n * G
     assert float(solved.mask.sum()) == 0.0  # nothing to learn from, and nothing learnt from it
