@@ -70,7 +70,8 @@ def setup(run, saved):
     state = SimpleNamespace(reference=load_reference(run), verifier_check=verifier_check(run.env, run.env.verify))
     if run.master and run.cfg["init_from"] == "scratch":
         print("grpo: init_from=scratch: a random policy rarely earns a reward; start from an SFT checkpoint")
-    write_passport(run, grpo_passport(run, state.verifier_check, old_logprobs_mode(run)))
+    own = [f"`{key}` = {run.cfg[key]!r}" for key in run.algo.defaults if key not in defaults]  # (a variant's keys)
+    write_passport(run, grpo_passport(run, state.verifier_check, old_logprobs_mode(run), changes=own))
     return state
 
 

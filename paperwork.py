@@ -243,13 +243,14 @@ algorithm: `--algo opd`, on-policy distillation, started from `{c['init_from']}`
 def grpo_passport(run, verifier_check, old_logprobs, reward=None, changes=()):
     """GRPO's passport and its variants': old_logprobs: where π_old comes from (sampler or recompute);
     reward: where the reward comes from, in words (the verifier's 0/1 if None); changes: a variant's
-    lines of what it changes (the first line of its docstring is its title)."""
+    own options (the first line of its docstring is its title)."""
     c = run.cfg
     P, G, shard = c["prompts_per_iter"], c["group_size"], shard_size(run)
     steps = c["inner_epochs"] * c["minibatches"]
     mode = "on-policy (ρ = 1)" if steps == 1 else "off-policy after the first step (ρ ≠ 1)"
     reward = reward or f"the environment's rule verifier (`envs/`, `{c['env']}.verify`), 1 or 0 per response"
-    variant = "" if c["algo"] == "grpo" else f"\nvariant: {run.algo.__doc__.strip().splitlines()[0]}\n" + \
+    title = " ".join(run.algo.__doc__.split(")")[0].split()) + ")"  # (a variant's docstring opens "NAME (paper)")
+    variant = "" if c["algo"] == "grpo" else f"\nvariant: {title}\n" + \
         "".join(f"- {line}\n" for line in changes)
     return f"""# Post-training passport: {c['out_dir']}
 
@@ -272,7 +273,8 @@ algorithm: `--algo {c['algo']}`, started from `{c['init_from']}`
 - {mode}, clipped surrogate on token ratios with ε = {c['clip_eps']}; advantages (r − mean) / std of the group
 - models: policy (trained), π_old ({c['old_logprobs']} log-probs → {old_logprobs}), π_ref (frozen `{c['init_from']}`);
   no critic, no reward model
-- KL to π_ref: a separate loss term β·k3 per token, β = {c['kl_coef']}, aggregated like the policy term
+- KL to π_ref: {f"a separate loss term β·k3 per token, β = {c['kl_coef']}, aggregated like the policy term" if c['kl_coef']
+                else "no term in the loss (kl_coef = 0: π_ref runs only at evaluation, for heldout_kl_ref)"}
 - loss aggregation: each response's token mean, over the responses of each optimizer step's global batch
 - degenerate (all-equal-reward) groups: zero advantage, still counted
 
