@@ -130,7 +130,7 @@ RANGES = dict(
     kl_adapt_rate=">= 0", early_stop_kl=">= 0", rlvp_beta=">= 0", rlvp_penalty=">= 0", rlvp_bonus=">= 0",  # ppo
     prompts_per_iter=">= 1", rollout_prompts=">= 0", inner_epochs=">= 1", clip_eps_high=">= 0",  # grpo
     dynamic_sampling_rounds=">= 0", overlong_cache=">= 0", tis_cap=">= 0", edge_low="[0, 1]",  # its lab
-    edge_high="[0, 1]", clip_cov="[0, 1)",
+    edge_high="[0, 1]", top_k=">= 0", top_p="(0, 1]", clip_cov="[0, 1)",
     top_entropy_quantile="(0, 1]", judge_samples=">= 0", judge_temperature="> 0 (greedy: judge_samples=0)",
     kl_topk=">= 1", anchor_coef=">= 0",  # opd
     rounds=">= 1", round_prompts=">= 1", per_prompt_cap=">= 1",  # rft

@@ -101,11 +101,14 @@ def test_each_failure_fires_its_monitor_and_its_control_none(tmp_path, monkeypat
 
 def test_the_figures_of_the_sampler_failures(tmp_path, monkeypatch):
     """The size of each ratio's bias: T = 0.7 in the sampler alone, top-p = 0.9 scored on the whole softmax
-    (every kept token's ρ is the kept mass, ~0.9 for a random model's flat distribution)."""
+    (every kept token's ρ is the kept mass, ~0.9 for a random model's flat distribution), and the same top-p
+    scored on the cut (--algo truncated_sampling: ρ = 1 to float rounding)."""
     _, hot = logged(tmp_path, "hot", monkeypatch, breaks=FAILURES["sampler_temperature"][0])
     _, uncorrected = logged(tmp_path, "uncorrected", monkeypatch, breaks=FAILURES["top_p_uncorrected"][0])
+    _, corrected = logged(tmp_path, "corrected", monkeypatch, algo="truncated_sampling", top_p=0.9)
     assert 0.1 < peak(hot, "ratio_dev") < 0.3
     assert 0.09 < peak(uncorrected, "ratio_dev") < 0.11
+    assert peak(corrected, "ratio_dev") < 1e-5
 
 
 def test_prompt_format_prefills_the_answers_marker(tmp_path):
