@@ -196,7 +196,7 @@ def policy_term(run, batch, logp, eps_high=None):
     the clip cut) and ratio_dev (max |ρ − 1|: 0 on an on-policy step)."""
     on, eps = batch.mask > 0, run.cfg["clip_eps"]
     ratio = token_ratio(logp, batch.old_logprobs, on)
-    per_token, clipped = clipped_surrogate(ratio, per_token_advantages(batch), on, eps, eps_high or eps)
+    per_token, clipped = clipped_surrogate(ratio, per_token_advantages(batch), on, eps, eps if eps_high is None else eps_high)
     return per_token, ratio_figures(ratio, clipped, on)
 
 
