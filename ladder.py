@@ -78,7 +78,7 @@ STAGES = [
     # 2,000 iterations: at 1,000 one CPU class (AVX2 kernels and MKL) ended with a model that miscopied the
     # operators into its calls (sampled accuracy 0.06), and GRPO had little to select (docs/ladder.md)
     ("calc_sft", dict(algo="sft", env="calculator", max_iters=2000, eval_interval=500), "pretrain"),
-    ("calc_grpo", dict(algo="grpo", env="calculator", reward_mode="rlvp", eval_interval=10), "calc_sft"),
+    ("calc_grpo", dict(algo="rlvp", env="calculator", eval_interval=10), "calc_sft"),  # lab/rlvp.py
 ]
 
 # train.py arguments every stage gets (the task, e.g. env_direct_frac=0.5), before the stage's own.

@@ -3,10 +3,10 @@ Reward the outcome, constrain the process (SPEC §3 RLVP, §4): from one SFT
 checkpoint of the calculator environment (--env=calculator), GRPO with four rewards side by side,
 the same iterations each:
 
-    outcome         the verifier's reward alone (reward_mode=outcome)
+    outcome         the verifier's reward alone (--algo grpo)
     penalty         outcome + path penalty: R = O + β·Φ, Φ = −λ per rule broken (rlvp, rlvp_bonus=0)
     partial_credit  outcome + penalty + partial credit: +μ per compliant step too (rlvp)
-    penalty_only    the path penalty without the outcome (reward_mode=path, rlvp_bonus=0): the
+    penalty_only    the path penalty without the outcome (--algo rlvp --path_only=True, rlvp_bonus=0): the
                     inaction trap the chapter warns of, where doing nothing is the safest policy
 
 The rules (envs.Calculator.path_signals): a call that does several operations at once (a shortcut
@@ -36,10 +36,10 @@ import train as T  # noqa: E402
 from experiments.study import pyplot, save_figure  # noqa: E402
 
 ARMS = dict(
-    outcome=dict(reward_mode="outcome"),
-    penalty=dict(reward_mode="rlvp", rlvp_bonus=0.0),
-    partial_credit=dict(reward_mode="rlvp"),
-    penalty_only=dict(reward_mode="path", rlvp_bonus=0.0),
+    outcome=dict(algo="grpo"),
+    penalty=dict(algo="rlvp", rlvp_bonus=0.0),
+    partial_credit=dict(algo="rlvp"),
+    penalty_only=dict(algo="rlvp", path_only=True, rlvp_bonus=0.0),
 )
 FIGURES = ("violations_per_episode", "success", "all_fail_frac", "heldout_acc")
 
@@ -101,7 +101,7 @@ def main():
     results = {"init_from": start, "iters": args.iters, "arms": {}}
     for arm in args.arms.split(","):
         out_dir = os.path.join(args.out, arm)
-        T.train(dict(common, **ARMS[arm], algo="grpo", init_from=start, max_iters=args.iters,  # (a rerun replaces an arm)
+        T.train(dict(common, **ARMS[arm], init_from=start, max_iters=args.iters,  # (a rerun replaces an arm)
                      eval_interval=min(args.eval_every, args.iters), out_dir=out_dir, overwrite=True))
         results["arms"][arm] = {"overrides": ARMS[arm], "curve": curve(out_dir)}
         with open(os.path.join(args.out, "results.json"), "w") as f:

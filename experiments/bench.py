@@ -519,7 +519,7 @@ def rl_rollout(args):
     optimizer = torch.optim.AdamW(run.raw_model.parameters(), lr=run.cfg["learning_rate"])
     in_step, phase, bare, tokens, split = [], [], [], [], []
     cfg = run.cfg
-    for it in range(RL_ITERS):  # one shard, one round: the problems and seed are grpo.sample_round's
+    for it in range(RL_ITERS):  # one shard: the problems and seed are grpo.sample_groups's
         sync(run.device)
         t0 = time.perf_counter()
         steps, figures = grpo.batches(run, run.state, it)  # returns before the update: the rollout phase only
@@ -554,7 +554,7 @@ def rl_rollout(args):
            step_split_pct={k: round(v, 1) for k, v in split_pct.items()})
     return [target(f"rl rollout: decode tokens/s inside the GRPO step vs the bare sampler, batch {len(prompts)}, %",
                    100 * step_tok_s / bare_tok_s, 80)] + \
-        [figure(f"rl step: {k} share of the GRPO step (kl {run.cfg['kl']}), %", v) for k, v in split_pct.items()]
+        [figure(f"rl step: {k} share of the GRPO step (kl_coef {run.cfg['kl_coef']}), %", v) for k, v in split_pct.items()]
 
 
 SHARED_REPEATS, STALE_ITERS, STALE_WARMUP = 5, 5, 1
@@ -576,8 +576,7 @@ def rl_shared_prompt(args):
 
     def iteration(share):
         def fn():
-            run.cfg["share_prompt"] = share  # (π_ref's scoring reads it; the loss, the function setup chose for it)
-            run.state.logprobs = grpo.shared_prompt_logprobs if share else grpo.policy_logprobs
+            run.cfg["share_prompt"] = share  # (π_ref's scoring and the loss's grpo.policy_logprobs read it)
             run.raw_model.load_state_dict(start)
             score_tokens(run, run.state.reference, rows.ids, rows.prompt_lens)
             rl_update(run, optimizer, steps)
@@ -612,17 +611,16 @@ def rl_shared_prompt(args):
 
 @benchmark
 def rl_staleness(args):
-    """The default grpo config through train.train for STALE_ITERS iterations with staleness 0 and 1:
+    """The default grpo config through train.train for STALE_ITERS iterations, synchronous (--algo grpo) and
+    one-step-off (--algo one_step_off, staleness 1):
     median wall time per iteration after the first STALE_WARMUP (the first staleness-1 iteration
     waits for its rollouts). With one torch thread per Python thread, staleness 1 can use a second
     core that the synchronous loop leaves idle: compare with the thread count the real runs use."""
-    import grpo
     seconds = {}
-    for staleness in (0, 1):
+    for staleness, algo in ((0, "grpo"), (1, "one_step_off")):
         out_dir = tempfile.mkdtemp(prefix="bench_stale_")
-        T.train(dict(algo="grpo", max_iters=STALE_ITERS, eval_interval=0, checkpoint=False, plot=False,
-                     device=args["device"], out_dir=out_dir, init_from=args["init_from"], staleness=staleness,
-                     **GRPO_SIZES))
+        T.train(dict(algo=algo, max_iters=STALE_ITERS, eval_interval=0, checkpoint=False, plot=False,
+                     device=args["device"], out_dir=out_dir, init_from=args["init_from"], **GRPO_SIZES))
         rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
         seconds[staleness] = statistics.median(r["iter_time"] for r in rows if "iter_time" in r and r["iter"] > STALE_WARMUP)
     report(bench="rl_staleness", iterations_timed=STALE_ITERS - STALE_WARMUP, threads=torch.get_num_threads(),

@@ -10,8 +10,8 @@ reward is the verifier's 0/1: more a's than b's, then the end token. π_ref has 
 those plus N(0, 1), π_old (the off-policy sampler) π_θ's plus N(0, 0.3).
 
 Estimators of ∇J(θ), J = E_π[r], each from groups of G responses (the batch), repeated --trials times;
-each per-token weight comes from grpo.py's own advantages and loss (grpo_estimators.group_advantages,
-grpo.policy_loss):
+each per-token weight comes from grpo.py's and its lab's own advantages and loss pieces
+(grpo.group_advantages, grpo.clipped_surrogate, lab/rloo, dr_grpo, gspo, cispo, dapo):
     reinforce     r_i · Σ_t ∇log π (no baseline)                      unbiased
     rloo          leave-one-out baseline, Σ_t                           unbiased
     grpo          (r − mean)/std, per-response token mean               std and length normalisation
@@ -46,7 +46,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import grpo  # noqa: E402  (after the path: the script runs from anywhere)
-import grpo_estimators  # noqa: E402
+from lab import cispo, dapo, dr_grpo, gspo, rloo  # noqa: E402
 from experiments.study import pyplot, save_figure  # noqa: E402
 from model import kl_estimate  # noqa: E402
 
@@ -97,22 +97,33 @@ def jacobian(theta):
     return torch.autograd.functional.jacobian(token_logprobs, theta).reshape(Y * L, -1)
 
 
-LOSS = dict(eps_low=0.2, eps_high=0.2, kl="off", kl_coef=0.0, ratio_level="token", policy_loss="clip",
-            loss_agg="seq_mean_token_mean", max_new_tokens=L)
-ESTIMATORS = dict(  # name: (advantages from (K, G) rewards, the loss keys of grpo.policy_loss)
-    reinforce=(lambda r: r, dict(loss_agg="seq_mean_token_sum_norm", max_new_tokens=1)),
-    rloo=(lambda r: grpo_estimators.group_advantages(r, "rloo")[0], dict(loss_agg="seq_mean_token_sum_norm", max_new_tokens=1)),
-    grpo=(lambda r: grpo_estimators.group_advantages(r, "grpo")[0], {}),
-    dr_grpo=(lambda r: grpo_estimators.group_advantages(r, "dr_grpo")[0], dict(loss_agg="seq_mean_token_sum_norm")),
-    gspo=(lambda r: grpo_estimators.group_advantages(r, "grpo")[0], dict(ratio_level="sequence", eps_low=3e-4, eps_high=4e-4)),
-    cispo=(lambda r: grpo_estimators.group_advantages(r, "grpo")[0], dict(policy_loss="cispo", loss_agg="token_mean",
-                                                             eps_low=1.0, eps_high=0.28)),
+def surrogate(ratio=grpo.token_ratio, eps=(0.2, 0.2), capped=False):
+    """The per-token policy term (logp, old_logp, advantages (N,), mask) -> (N, L): the ratio (GRPO's token
+    ratio, GSPO's sequence ratio) in the clipped surrogate, or in CISPO's capped weight."""
+    def per_token(logp, old_logp, adv, mask):
+        on = mask > 0
+        rho = ratio(logp, old_logp, on)
+        if capped:
+            return cispo.cispo_surrogate(rho, adv[:, None], logp, on, *eps)[0]
+        return grpo.clipped_surrogate(rho, adv[:, None], on, *eps)[0]
+    return per_token
+
+
+group = lambda advantages: lambda r: advantages(r.flatten(), r.size(1))  # (K, G) rewards -> (K·G,) advantages
+sum_over = lambda max_len: lambda per_token, mask: dr_grpo.seq_mean_token_sum_norm(per_token, mask, max_len)
+ESTIMATORS = dict(  # name: (advantages from (K, G) rewards, the per-token term, the aggregation) of grpo.py and its lab
+    reinforce=(lambda r: r.flatten(), surrogate(), sum_over(1)),
+    rloo=(group(rloo.leave_one_out_advantages), surrogate(), sum_over(1)),
+    grpo=(group(grpo.group_advantages), surrogate(), grpo.seq_mean_token_mean),
+    dr_grpo=(group(dr_grpo.centred_advantages), surrogate(), sum_over(L)),
+    gspo=(group(grpo.group_advantages), surrogate(gspo.sequence_ratio, (3e-4, 4e-4)), grpo.seq_mean_token_mean),
+    cispo=(group(grpo.group_advantages), surrogate(eps=(1.0, 0.28), capped=True), dapo.token_mean),
 )
 
 
 def batch_gradients(theta, old, draws, name):
     """(K, |θ|) gradient estimates of J, one per batch of G responses (draws: (K, G) response
-    indices sampled from π_old), through grpo.policy_loss's per-token weights."""
+    indices sampled from π_old), through the loss's per-token weights."""
     K, G = draws.shape
     rows = draws.flatten()
     mask = MASK[rows]
@@ -123,11 +134,10 @@ def batch_gradients(theta, old, draws, name):
         weight = ((logp - old_logp) * mask).sum(1).exp().detach() * rewards.flatten()
         coeff, per_batch = weight[:, None] * mask, torch.full((K,), float(G))
     else:
-        advantages, keys = ESTIMATORS[name]
-        cfg = dict(LOSS, **keys)
-        loss_sum, _, _ = grpo.policy_loss(logp, old_logp, advantages(rewards).flatten(), mask, cfg)
+        advantages, per_token, aggregate = ESTIMATORS[name]
+        loss_sum, _ = aggregate(per_token(logp, old_logp, advantages(rewards), mask), mask)
         coeff = -torch.autograd.grad(loss_sum, logp)[0]
-        per_batch = mask.view(K, -1).sum(1) if cfg["loss_agg"] == "token_mean" else torch.full((K,), float(G))
+        per_batch = mask.view(K, -1).sum(1) if aggregate is dapo.token_mean else torch.full((K,), float(G))
     coeff = coeff / per_batch.repeat_interleave(G)[:, None]
     weights = torch.zeros(K, Y, L).index_put_((torch.arange(K).repeat_interleave(G), rows), coeff, accumulate=True)
     return weights.reshape(K, Y * L) @ jacobian(theta)

@@ -1,6 +1,7 @@
 """
 What breaks an RL run, and how you would see it (docs/failures.md): each classic failure caused on
-purpose in a short GRPO run from the SFT checkpoint, beside a control run of the same length in which
+purpose in a short GRPO run from the SFT checkpoint by replacing the one function of grpo.py it breaks
+(FAILURES: the broken function beside the failure's name, as code), beside a control run of the same length in which
 no monitor fires. Per failure: the first iteration its monitor fired, the figure that gave it away
 against the control, and held-out greedy accuracy at the start and at the end.
 
@@ -25,38 +26,156 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
-import grpo_breaks  # noqa: E402
-from nanopost import monitors  # noqa: E402
-from experiments.study import pyplot, rows, run, save_figure, save_study  # noqa: E402  (train.train with the run's keys, ...)
+import dataclasses  # noqa: E402
+import re  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 
-# (name, the switch: train.py keys, the task's SFT start: main or calculator, the figure that gives it away).
-# The collapsing learning rate has no break_it: the learning rate is the switch.
-FAILURES = [
-    ("fp8_sampler", dict(break_it="fp8_sampler"), "main", "ratio_dev"),
-    ("sampler_temperature", dict(break_it="sampler_temperature"), "main", "ratio_dev"),
-    ("top_p_uncorrected", dict(break_it="top_p_uncorrected", top_p=0.9), "main", "ratio_dev"),
-    ("top_p, scored on the cut", dict(top_p=0.9), "main", "ratio_dev"),  # the correct treatment: no monitor
-    ("retokenize", dict(break_it="retokenize"), "calculator", "retokenized_frac"),
-    ("prompt_format", dict(break_it="prompt_format"), "main", "parse_error_rate"),
-    ("kl_twice", dict(break_it="kl_twice"), "main", "kl_reward"),
-    ("learning rate 1.0", dict(learning_rate=1.0, min_lr=1.0), "main", "entropy"),
-    ("nan_logprob", dict(break_it="nan_logprob"), "main", "nonfinite_logprob_frac"),
-    ("shifted_advantages", dict(break_it="shifted_advantages"), "main", "adv_sign_error_frac"),
-    ("all_equal", dict(break_it="all_equal"), "main", "degenerate_frac"),
-    ("length_bonus", dict(break_it="length_bonus"), "main", "reward_len_corr"),
-    ("format_exploit", dict(break_it="format_exploit"), "main", "verifier_error_rate"),
-]
+import torch  # noqa: E402
+
+from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
+import grpo  # noqa: E402
+import lab.kl_reward  # noqa: E402
+from nanopost import monitors  # noqa: E402
+from nanopost.checkpoints import frozen  # noqa: E402
+from experiments.study import pyplot, rows, run, save_figure, save_study  # noqa: E402  (train.train with the run's keys, ...)
+from nanopost.rollouts import layout, rollouts  # noqa: E402
+
+# ----------------------------------------------------------------------------------------------
+# Each failure is the one function of grpo.py it breaks, replaced by the broken one (breaks: a list of
+# (module, the function's name, its broken replacement)); the run is plain GRPO otherwise.
+
+SAMPLER_ONLY_TEMPERATURE = 0.7  # sampler_temperature's
+
+
+def fp8_sampler(run, model, problems, seed):
+    """The rollouts from an FP8 (e4m3) copy of the weights, one scale per tensor (its largest entry maps to
+    e4m3's largest, 448): the sampler's log-probs are π_old, the trainer's π_θ are fp32's."""
+    copy = frozen(model)
+    with torch.no_grad():
+        for p in copy.parameters():
+            scale = p.abs().max().clamp(min=1e-12) / 448
+            p.copy_((p / scale).to(torch.float8_e4m3fn).float() * scale)
+    return SAMPLE(run, copy, problems, seed)
+
+
+def sampler_temperature(run, model, problems, seed):
+    """The sampler's copy has its head divided by T = 0.7: it draws from softmax(z/T) and reports those
+    log-probs, while the trainer scores softmax(z) (a temperature set on the inference engine alone)."""
+    copy = frozen(model)
+    copy.lm_head.weight = torch.nn.Parameter(copy.lm_head.weight / SAMPLER_ONLY_TEMPERATURE, requires_grad=False)
+    return SAMPLE(run, copy, problems, seed)  # (a new head parameter: a tied embedding keeps its own weights)
+
+
+def top_p_uncorrected(run, model, problems, seed):
+    """Nucleus sampling (top_p = 0.9), its log-probs on the renormalised cut, the trainer scoring the whole softmax."""
+    return rollouts(run, model, problems, run.cfg["group_size"], temperature=run.cfg["temperature"],
+                    max_new_tokens=run.cfg["max_new_tokens"], seed=seed, top_p=0.9)
+
+
+def retokenize(run, model, problems, seed):
+    """Each transcript decoded to text and encoded again before training, as a pipeline does that keeps
+    messages rather than token ids. A tool's tags come back as the bytes of their text, so the tool's
+    result is trained on as if the policy wrote it (mask 1), and the sampler's log-probs, laid over the new
+    tokens in order, belong to other tokens. The rows keep the sampled ids in `responses`."""
+    ro = SAMPLE(run, model, problems, seed)
+    prompts = [ids[:n] for ids, n in zip(ro.ids.tolist(), ro.prompt_lens.tolist())]
+    room = [run.raw_model.config.block_size + 1 - len(p) for p in prompts]  # (cut to the context, as a pipeline does)
+    tokens = [(run.tok.encode(text) + ([] if cut else [run.tok.eos]))[:n]
+              for text, cut, n in zip(ro.texts, ro.truncated.tolist(), room)]
+    sampled = [lp[n - 1:n - 1 + len(t)] for lp, n, t in zip(ro.old_logprobs.tolist(), ro.prompt_lens.tolist(), ro.responses)]
+    logprobs = [(lp + [0.0] * len(t))[:len(t)] for lp, t in zip(sampled, tokens)]
+    rows = layout(run, prompts, tokens, logprobs, [[0] * len(t) for t in tokens])
+    return dataclasses.replace(ro, **{**rows, "responses": ro.responses})
+
+
+def prompt_format(run, model, problems, seed):
+    """The RL prompts' template differs from SFT's: it opens the assistant's turn with "Answer:" already
+    written, so the policy, which writes the marker itself, answers without the form the verifier asks for."""
+    marker = run.tok.encode("Answer:")
+    return rollouts(run, model, problems, run.cfg["group_size"], temperature=run.cfg["temperature"],
+                    max_new_tokens=run.cfg["max_new_tokens"], seed=seed,
+                    prompt_ids=lambda problem: run.tok.prompt_ids(problem["prompt"]) + marker)
+
+
+def nan_logprob(run, state, model, ro):
+    """−inf on 1% of the response tokens' π_old (a fixed pattern; an engine's log 0 for a token it should not
+    have drawn), unguarded: ρ = exp(log π_θ + inf) is inf and the loss NaN."""
+    SCORE(run, state, model, ro)
+    hit = torch.rand(ro.mask.shape, generator=torch.Generator().manual_seed(0)).to(ro.mask.device) < 0.01
+    ro.old_logprobs = ro.old_logprobs.masked_fill(hit & (ro.mask > 0), float("-inf"))
+
+
+def shifted_advantages(rewards, G):
+    """An off-by-one in the row -> group index: each group gets the previous group's advantages."""
+    return GROUP_ADVANTAGES(rewards, G).roll(G, 0)
+
+
+def rewarded(reward):
+    """grpo.sample_groups with its reward line replaced by reward(run, ro)."""
+    def sample_groups(run, state, model, it, shard):
+        ro = grpo.sample(run, model, *grpo.shard_problems(run, it, shard, 0))
+        grpo.score(run, state, model, ro)
+        ro.reward = reward(run, ro)  # the broken line (grpo: ro.verified)
+        ro.advantages = grpo.group_advantages(ro.reward, run.cfg["group_size"])
+        return ro
+    return sample_groups
+
+
+def lax_verify(problem, response):
+    """The right number anywhere in the response passes, so listing several guesses earns the reward."""
+    return 1.0 if str(problem["answer"]) in re.findall(r"-?[0-9]+", response) else 0.0
+
+
+SAMPLE, SCORE, GROUP_ADVANTAGES, VERIFIER_CHECK = grpo.sample, grpo.score, grpo.group_advantages, grpo.verifier_check
+# name: (the functions replaced, train.py keys, the task's SFT start: main or calculator, the figure that gives
+# it away, the monitor that must name it). The collapsing learning rate replaces nothing: the learning rate is the switch.
+FAILURES = dict(
+    fp8_sampler=([(grpo, "sample", fp8_sampler)], {}, "main", "ratio_dev", "ratio_drift"),
+    sampler_temperature=([(grpo, "sample", sampler_temperature)], {}, "main", "ratio_dev", "ratio_drift"),
+    top_p_uncorrected=([(grpo, "sample", top_p_uncorrected)], {}, "main", "ratio_dev", "ratio_drift"),
+    retokenize=([(grpo, "sample", retokenize)], {}, "calculator", "retokenized_frac", "retokenized"),
+    prompt_format=([(grpo, "sample", prompt_format)], {}, "main", "parse_error_rate", "parse_errors"),
+    # the KL in the reward (--algo kl_reward) and the k3 term kept in the loss
+    kl_twice=([(lab.kl_reward, "loss", grpo.loss)], dict(algo="kl_reward"), "main", "kl_reward", "kl_twice"),
+    **{"learning rate 1.0": ([], dict(learning_rate=1.0, min_lr=1.0), "main", "entropy", "entropy_collapse")},
+    nan_logprob=([(grpo, "score", nan_logprob)], {}, "main", "nonfinite_logprob_frac", "nonfinite"),
+    shifted_advantages=([(grpo, "group_advantages", shifted_advantages)], {}, "main", "adv_sign_error_frac",
+                        "misaligned_advantages"),
+    all_equal=([(grpo, "sample_groups", rewarded(lambda run, ro: torch.zeros_like(ro.verified)))], {}, "main",
+               "degenerate_frac", "degenerate_groups"),  # a task out of reach
+    length_bonus=([(grpo, "sample_groups", rewarded(lambda run, ro: ro.verified + 0.01 * ro.lengths.to(ro.verified)))],
+                  {}, "main", "reward_len_corr", "length_bias"),  # +0.01 reward per response token
+    format_exploit=([(grpo, "sample_groups", rewarded(lambda run, ro: torch.tensor(
+        [lax_verify(p, t) for p, t in zip(ro.problems, ro.texts)], device=ro.verified.device))),
+        (grpo, "verifier_check", lambda env, verify: VERIFIER_CHECK(env, lax_verify))], {}, "main",
+        "verifier_error_rate", "verifier_errors"),  # the reward's verifier is lax; held-out accuracy is the strict one's
+    stale_rollouts=([], dict(algo="one_step_off"), "main", "staleness", "stale_rollouts"),
+)
+
+
+@contextmanager
+def broken(breaks):
+    """The run with each (module, name, replacement) in place, the originals back after."""
+    originals = [(module, name, getattr(module, name)) for module, name, _ in breaks]
+    try:
+        for module, name, replacement in breaks:
+            setattr(module, name, replacement)
+        yield
+    finally:
+        for module, name, original in originals:
+            setattr(module, name, original)
+
+
 # each figure's alarm region (monitors.ALARMS): (a threshold, "above" or "below"; relative: × the first value)
 REGIONS = dict(ratio_dev=(1e-3, "above"), retokenized_frac=(0.0, "above"), parse_error_rate=(0.2, "above"),
                entropy=(0.25, "below relative"), nonfinite_logprob_frac=(0.0, "above"),
                adv_sign_error_frac=(0.01, "above"), degenerate_frac=(0.75, "above"), reward_len_corr=(0.5, "above"),
                verifier_error_rate=(0.0, "above"))
 # the entropy study: the control, Clip-Cov on it, the collapsing learning rate and the field's two controls on it
-ARMS = [("control (lr 1e-4)", {}), ("Clip-Cov 0.2 (lr 1e-4)", dict(clip_cov=0.2)),
+ARMS = [("control (lr 1e-4)", {}), ("Clip-Cov 0.2 (lr 1e-4)", dict(algo="clip_cov", clip_cov=0.2)),
         ("lr 1.0", dict(learning_rate=1.0, min_lr=1.0)),
-        ("lr 1.0 + Clip-Cov 0.2", dict(learning_rate=1.0, min_lr=1.0, clip_cov=0.2)),
-        ("lr 1.0 + top-entropy 0.2", dict(learning_rate=1.0, min_lr=1.0, top_entropy_quantile=0.2))]
+        ("lr 1.0 + Clip-Cov 0.2", dict(algo="clip_cov", learning_rate=1.0, min_lr=1.0, clip_cov=0.2)),
+        ("lr 1.0 + top-entropy 0.2", dict(algo="entropy_mask", learning_rate=1.0, min_lr=1.0, top_entropy_quantile=0.2))]
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, block_size=128, batch_size=8, eval_batch_size=16, device="cpu",
              init_from="scratch")
 
@@ -94,12 +213,13 @@ def gallery(args):
             continue
         control = os.path.join(args.out, f"control_{task}")
         run(dict(base(args, task), out_dir=control))
-        for name, switch, on, figure in FAILURES:
+        for name, (breaks, switch, on, figure, _) in FAILURES.items():
             if on != task:
                 continue
             out_dir = os.path.join(args.out, name.replace(" ", "_").replace(",", ""))
             try:
-                run(dict(base(args, task), **switch, out_dir=out_dir))
+                with broken(breaks):
+                    run(dict(base(args, task), **switch, out_dir=out_dir))
                 stopped = None
             except ValueError as e:  # the loop's guard stopped it (a non-finite loss): its last row names the cause
                 stopped = str(e).split(":")[0]
@@ -111,9 +231,9 @@ def gallery(args):
 
 
 def threshold_text(name, switch):
-    """The monitor a failure must fire (BREAKS; entropy_collapse for the learning rate) and its threshold."""
-    monitor = grpo_breaks.BREAKS.get(switch.get("break_it"), "entropy_collapse" if "learning_rate" in switch else None)
-    return monitor, monitors.ALARMS[monitor][1].split(":")[0] if monitor else "–"
+    """The monitor a failure must fire and its threshold."""
+    monitor = FAILURES[name][4]
+    return monitor, monitors.ALARMS[monitor][1].split(":")[0]
 
 
 def summary(values, figure):
@@ -129,14 +249,15 @@ def gallery_table(results):
             continue
         monitor, threshold = threshold_text(name, r["switch"])
         others = [f"{m} ({it})" for m, it in r["fired"].items() if m != monitor]
-        when = f"iter {r['fired'][monitor]}" if monitor in r["fired"] else "none" if not monitor else "not fired"
+        when = f"iter {r['fired'][monitor]}" if monitor in r["fired"] else "not fired"
         when += (f"; also {', '.join(others)}" if others else "") + f"; control: {monitors.fired_text(r['control']['fired'])}"
-        switch = " ".join(f"--{k}={v}" for k, v in r["switch"].items())
+        switch = " ".join([f"{m.__name__}.{n} broken" for m, n, _ in FAILURES[name][0]]
+                          + [f"--{k}={v}" for k, v in r["switch"].items()])
         figure = (f"{r['figure']} {summary(r['values'], r['figure']):.3g} vs "
                   f"{summary(r['control']['values'], r['figure']):.3g}")
         acc = lambda h: f"{h[0]:.2f} → {h[-1]:.2f}" if h else f"stopped at {r['stopped']}"
         sampled = " sampled" if r["accuracy"] == "heldout_sampled_acc" else ""
-        lines.append(f"| {name} | `{switch}` | `{monitor or 'none'}`: {threshold} | {when} | {figure} | "
+        lines.append(f"| {name} | `{switch}` | `{monitor}`: {threshold} | {when} | {figure} | "
                      f"{acc(r['heldout'])} ({acc(r['control']['heldout'])}){sampled} |")
     return ("\n".join(lines) + "\n\nHeld-out accuracy: greedy, or for the calculator task sampled (4 answers per "
             f"problem at T = 1). Wall time: {results['wall_s'] / 60:.1f} min.\n")
@@ -153,10 +274,8 @@ def plot_gallery(results, path):
     for ax, name in zip(axes.flat, names):
         r = results[name]
         figure = r["figure"]
-        correct = not threshold_text(name, r["switch"])[0]  # (the correct treatment of a switch: green)
         ax.plot(r["control"]["iters"], r["control"]["values"], color="#1f77b4", marker=".", label="control")
-        ax.plot(r["iters"], r["values"], color="#2ca02c" if correct else "#d62728", marker=".",
-                label="the correct treatment" if correct else "broken")
+        ax.plot(r["iters"], r["values"], color="#d62728", marker=".", label="broken")
         if figure in REGIONS:
             threshold, side = REGIONS[figure]
             if side.endswith("relative"):
@@ -169,16 +288,13 @@ def plot_gallery(results, path):
         if monitor in r["fired"]:
             ax.axvline(r["fired"][monitor], color="#7f7f7f", ls=":", lw=1)
         ax.set_title(f"{name}: {figure}" + (f"\n{monitor} at iter {r['fired'][monitor]}" if monitor in r["fired"]
-                                             else "\nno monitor fires"), fontsize=9)
+                                             else "\nnot fired"), fontsize=9)
         ax.tick_params(labelsize=7)
         ax.set_xlabel("iteration", fontsize=7)
-        if correct:
-            ax.legend(fontsize=7)
     axes.flat[0].legend(fontsize=7)
     ax = axes.flat[len(names)]  # the summary: held-out accuracy at the end of each run against its control
     ends = [results[n]["heldout"][-1] for n in names]
-    ax.barh(range(len(names)), ends, color=["#2ca02c" if not threshold_text(n, results[n]["switch"])[0] else "#d62728"
-                                            for n in names], height=0.6)
+    ax.barh(range(len(names)), ends, color="#d62728", height=0.6)
     for i, n in enumerate(names):
         ax.plot([results[n]["control"]["heldout"][-1]] * 2, [i - 0.4, i + 0.4], color="#1f77b4", lw=2)
     ax.set_yticks(range(len(names)), names, fontsize=6)

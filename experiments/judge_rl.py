@@ -4,7 +4,7 @@ reward paradigms"; SPEC §3 "Reward model", "PPO", "GRPO"; Gao et al. 2023, over
 SFT checkpoint, at equal sampled answers per iteration, each arm with each of --seeds (1337, 1338, 1339):
 
     grpo_verifier   grpo.py, rewarded by the environment's verifier (the gold)
-    grpo_judge      grpo.py --reward=judge --judge=DIR --judge_samples=k: the judge's P(Verdict: correct),
+    grpo_judge      --algo judge_reward --judge=DIR --judge_samples=k (lab/judge_reward.py): the judge's P(Verdict: correct),
                     the mean over k sampled judgements (judge.py)
     ppo_rm          lab/ppo_rm.py, --algo ppo_rm --reward_model=DIR: the Bradley–Terry reward model's score (RLHF)
 
@@ -56,8 +56,9 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402  (after the path: the script runs from anywhere)
 
-from nanopost import bands# noqa: E402
+from nanopost import bands  # noqa: E402
 import grpo  # noqa: E402
+import lab.judge_reward  # noqa: E402
 import ppo  # noqa: E402
 from lab import ppo_rm  # noqa: E402
 from nanopost.checkpoints import frozen, load_model  # noqa: E402
@@ -81,7 +82,8 @@ def arms(args):
     A, G = args.answers, args.group_size
     grpo_keys = dict(algo="grpo", prompts_per_iter=A // G, group_size=G)
     return dict(grpo_verifier=(grpo, grpo_keys),
-                grpo_judge=(grpo, dict(grpo_keys, reward="judge", judge=args.judge, judge_samples=args.judge_samples)),
+                grpo_judge=(lab.judge_reward, dict(grpo_keys, algo="judge_reward", judge=args.judge,
+                                                   judge_samples=args.judge_samples)),
                 ppo_rm=(ppo_rm, dict(algo="ppo_rm", reward_model=args.reward_model, group_size=1, minibatches=2,
                                   batch_size=A // 2, gradient_accumulation_steps=1)))
 

@@ -47,7 +47,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nanopost import bands# noqa: E402  (after the path: the script runs from anywhere)
+from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
 from lab.online_dpo import LABELERS  # noqa: E402
 from experiments.study import (band_line, finished, pyplot, rows, run, save_figure, save_study,  # noqa: E402
                                set_keys, study_flags, train_once)

@@ -1,7 +1,7 @@
 """
 The policy-gradient family side by side (docs/policy-gradient.md): from one SFT checkpoint, on the
 default task, GRPO, Dr. GRPO, DAPO, GSPO and CISPO as their recipes in config/, then edge prompt
-sampling on the recipe that ended best (--edge), every arm with each of --seeds and the same budget
+sampling on GRPO's recipe (--edge: lab/edge_prompts.py, a variant of plain GRPO), every arm with each of --seeds and the same budget
 per iteration (--prompts × --group_size), in an off-policy setting where the ratio and its clip act:
 every rollout batch is split into --minibatches optimizer steps (4: π_θ moves away from π_old after
 the first step; at 1 the ratio is always 1 and the five differ only in their advantages and
@@ -10,7 +10,7 @@ against the rollout tokens decoded so far (DAPO's dynamic sampling decodes extra
 counted). Prints a table, writes results.json and accuracy_vs_rollout_tokens.png into --out.
 
     python experiments/pg_family.py --sft=out/sft
-    python experiments/pg_family.py --sft=out/sft --arms=grpo,cispo --iters=12 --seeds=1337 --edge=
+    python experiments/pg_family.py --sft=out/sft --arms=grpo,cispo --iters=12 --seeds=1337 --edge=""
     python experiments/pg_family.py --sft=out/sft --kl_test --seeds=1337,1338,1339     # the KL term, one factor
 
 An arm's band is the larger of 2 standard errors of its final accuracy across the seeds and the
@@ -40,12 +40,12 @@ def recipe(name, **extra):
 ARMS = {name: recipe(name) for name in ("grpo", "dr_grpo", "dapo", "gspo", "cispo")}
 # the KL claim as a one-factor test (--kl_test): each recipe with and without GRPO's k3 KL term (β = 0.04),
 # nothing else changed; per recipe {arm's name: its keys}, the arm with the KL term first
-KL_PAIRS = dict(grpo=dict(grpo=ARMS["grpo"], grpo_no_kl=dict(ARMS["grpo"], kl="off")),
-                cispo=dict(cispo_kl=dict(ARMS["cispo"], kl="k3_loss", kl_coef=0.04), cispo=ARMS["cispo"]))
+KL_PAIRS = dict(grpo=dict(grpo=ARMS["grpo"], grpo_no_kl=dict(ARMS["grpo"], kl_coef=0.0)),
+                cispo=dict(cispo_kl=dict(ARMS["cispo"], kl_coef=0.04), cispo=ARMS["cispo"]))
 # edge sampling: a pool small enough that prompts come back within a run (at the defaults, 8 prompts ×
 # 30 iterations = 240 draws from 128 prompts: every prompt seen once, then those in the 20-80% band
 # again), large enough not to be learnt by heart (a pool of 32 was, in an earlier run: docs)
-EDGE = dict(prompt_sampling="edge", prompt_pool=128)
+EDGE = dict(algo="edge_prompts", prompt_pool=128)
 
 
 def curve(out_dir):
@@ -148,8 +148,8 @@ def main(argv=None):
     parser.add_argument("--sft", required=True, help="the SFT checkpoint every arm starts from")
     parser.add_argument("--out", default="out/pg_family", help="one directory per arm and seed, results.json and the plot")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {', '.join(ARMS)}")
-    parser.add_argument("--edge", default="best", help="the recipe edge sampling runs on: best (the arm with the "
-                        "highest final mean accuracy), a recipe's name, or empty for none")
+    parser.add_argument("--edge", default="grpo", help="the recipe edge sampling runs on: grpo (lab/edge_prompts.py "
+                        "changes plain GRPO's prompts), or empty for none")
     parser.add_argument("--kl_test", action="store_true", help="the KL claim as a one-factor test: grpo and cispo, "
                         "each with and without the KL term (KL_PAIRS), every seed; kl_test.md and kl_test.png")
     parser.add_argument("--seeds", default="1337,1338", help="comma-separated training seeds of every arm")
@@ -172,8 +172,7 @@ def main(argv=None):
         return kl_test(seeds, common, args.out, n)
     results = {name: run_arm(name, ARMS[name], seeds, common, args.out) for name in args.arms.split(",")}
     if args.edge:
-        base = max(results, key=lambda a: final(results[a], n)[0]) if args.edge == "best" else args.edge
-        results[f"{base}_edge"] = run_arm(f"{base}_edge", dict(ARMS[base], **EDGE), seeds, common, args.out)
+        results["grpo_edge"] = run_arm("grpo_edge", dict(ARMS["grpo"], **EDGE), seeds, common, args.out)
     print(f"| arm | held-out accuracy at {args.iters} it. (mean of {len(seeds)} seeds ± band, {n} problems) | per seed | "
           f"rollout tokens | clip_frac | ratio_dev |")
     print("|---|---|---|---|---|---|")

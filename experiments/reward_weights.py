@@ -47,7 +47,7 @@ def arm(args, common, weights, k):
     out_dir = os.path.join(args.out, f"setting_{k}")
     # every dimension is named (a weight of 0 where the setting has none), so that every one is logged
     named = ",".join(f"{name}={reward_weights(weights).get(name, 0.0):g}" for name in DIMENSIONS)
-    run(dict(common, algo="grpo", init_from=args.init_from, reward_weights=named, max_iters=args.iters,
+    run(dict(common, algo="vector_reward", init_from=args.init_from, reward_weights=named, max_iters=args.iters,
              eval_interval=args.iters, eval_at_start=False, overwrite=True, out_dir=out_dir))
     logged = rows(out_dir)
     keys = [f"reward_{name}" for name in DIMENSIONS] + ["len_mean", "reward"]  # (reward_worked: the worked share)

@@ -3,13 +3,13 @@ RLVP where groups fail (SPEC §3 RLVP, Process vs outcome rewards; Ch7 "RLVP"): 
 (--env=treasure), where most GRPO groups of a short SFT hold no win at all, GRPO with three rewards
 from one SFT checkpoint, the same rollouts each (prompts_per_iter × group_size × iters), three seeds:
 
-    outcome   the verifier alone: 1 for opening the chest, else 0 (reward_mode=outcome); an all-fail
+    outcome   the verifier alone: 1 for opening the chest, else 0 (--algo grpo); an all-fail
               group has zero advantage and teaches nothing
     rlvp      R = O + β·Φ, the outcome and the rule engine's path signal (envs.Treasure.path_signals:
               +μ per step of progress toward the chest, −λ per refused, looping or fatal action)
-              normalised separately over the group, then combined (reward_mode=rlvp, β = rlvp_beta)
+              normalised separately over the group, then combined (--algo rlvp, β = rlvp_beta)
     process   a reward at every call (+1 progress, −1 refused/wasted/fatal, 0 otherwise) and the
-              outcome at the end, normalised over the group's steps (reward_mode=process)
+              outcome at the end, normalised over the group's steps (--algo process_reward)
     frozen    the control: outcome at learning rate 0 (the policy never changes), so its rollout
               figures show how far 32 plays per iteration wander on their own (not run by default)
 
@@ -46,8 +46,8 @@ from experiments.study import (band_line, final_models, init_checkpoint, pyplot,
                                save_analysis, save_figure, save_study, set_keys, study_flags)
 from experiments.ood import answers, responses  # noqa: E402  (one answer per problem)
 
-ARMS = dict(outcome=dict(reward_mode="outcome"), rlvp=dict(reward_mode="rlvp"), process=dict(reward_mode="process"),
-            frozen=dict(reward_mode="outcome", learning_rate=0.0, min_lr=0.0))
+ARMS = dict(outcome=dict(algo="grpo"), rlvp=dict(algo="rlvp"), process=dict(algo="process_reward"),
+            frozen=dict(algo="grpo", learning_rate=0.0, min_lr=0.0))
 DEFAULT_ARMS = ("outcome", "rlvp", "process")
 SEEDS = (1337, 1338, 1339)
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
@@ -90,7 +90,7 @@ def grpo_run(args, common, arm, seed, start, start_figures, maps):
     out_dir, evaluations = os.path.join(args.out, f"{arm}_{seed}"), {0: start_figures}
     for k in range(1, args.evals + 1):
         iters = round(k * args.iters / args.evals)
-        r = run(dict(common, **ARMS[arm], algo="grpo", init_from=start if k == 1 else "resume", max_iters=iters,
+        r = run(dict(common, **ARMS[arm], init_from=start if k == 1 else "resume", max_iters=iters,
                      seed=seed, eval_interval=0, checkpoint=True, out_dir=out_dir))
         evaluations[iters] = evaluate(r, maps)
         print(f"{arm} seed {seed}, iteration {iters}: held-out {evaluations[iters]['heldout_acc']:.3f}, "

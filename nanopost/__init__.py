@@ -10,6 +10,7 @@ or an entry point (tests/test_layout.py):
     tokenizer     the byte-level tokenizer, GPT-2's, a checkpoint's own; the chat template and its loss mask
     hf            transformers checkpoints in and out (GPT-2, Llama, Qwen2, Qwen3)
     rollouts      the one path from prompts to verified responses (sample, verify, mask)
+    rollout_figures  what a GRPO run logs about its groups of rollouts every iteration
     evaluation    the one policy evaluation; metrics.jsonl read back and plotted
     rewards       the reward modes the RL algorithms share (process, RLVP), a vector reward's weights
     judge         a generative reward model: its judgements, the verdict's probability

@@ -93,7 +93,27 @@ MOVED_TO_LAB = {
     ("kl_estimator", "sampled"): "opd_sampled", ("kl_estimator", "topk"): "opd_topk",
     ("kl_estimator", "teacher_samples"): "opd_teacher_samples", ("kl_estimator", "full"): "opd",
     ("teacher", "self"): "opsd", ("privileged", "answer"): "opsd",
+    # the GRPO family (a value that names a textbook algorithm was its plain choice: dropped)
+    ("estimator", "grpo"): "grpo", ("estimator", "rloo"): "rloo", ("estimator", "reinforce"): "reinforce",
+    ("estimator", "dr_grpo"): "dr_grpo", ("loss_agg", "seq_mean_token_mean"): "grpo", ("loss_agg", "token_mean"): "dapo",
+    ("loss_agg", "seq_mean_token_sum_norm"): "dr_grpo", ("policy_loss", "clip"): "grpo", ("policy_loss", "cispo"): "cispo",
+    ("ratio_level", "token"): "grpo", ("ratio_level", "sequence"): "gspo", ("kl", "k3_loss"): "grpo",
+    ("kl", "k1_reward"): "kl_reward", ("prompt_sampling", "uniform"): "grpo", ("prompt_sampling", "edge"): "edge_prompts",
+    ("staleness", 0): "grpo", ("staleness", 1): "one_step_off", ("on_degenerate", "zeros"): "grpo",
+    ("adv_scale", "auto"): "grpo",
+    ("break_it", "none"): "grpo", ("reward", "judge"): "judge_reward",
 }
+# Old spellings that no variant is: one line saying what to run instead
+GONE = {("kl", "off"): "--kl=off is now --kl_coef=0 (no KL term)",
+        ("on_degenerate", "drop"): "--on_degenerate=drop is DAPO's dynamic sampling: --algo dapo",
+        ("on_degenerate", "raise"): "--on_degenerate=raise is gone: the degenerate_groups monitor names them",
+        **{("adv_scale", v): f"--adv_scale={v} is gone: --algo grpo divides by the group's std, rloo and dr_grpo by "
+                             f"nothing" for v in ("group", "batch", "none")},
+        **{("break_it", v): f"--break_it={v} is gone: python experiments/failures.py makes each failure by replacing "
+                            f"the function it breaks" for v in ("fp8_sampler", "sampler_temperature", "top_p_uncorrected",
+                                                                "retokenize", "prompt_format", "kl_twice", "nan_logprob",
+                                                                "shifted_advantages", "all_equal", "length_bonus",
+                                                                "format_exploit")}}
 
 # The valid range of every numeric option, checked where the configuration is read (check_values):
 # "[a, b]", "[a, b)", ">= a" or "> a", then why in parentheses where it is not plain. 0 stays valid where
@@ -113,13 +133,13 @@ RANGES = dict(
     train_prompts=">= 1", heldout_prompts=">= 1", group_size=">= 1", pair_temperature=SCORED,  # pairs (rm, dpo)
     beta="> 0", simpo_beta="> 0", simpo_gamma=">= 0", orpo_lambda=">= 0", kto_desirable_weight=">= 0",
     kto_undesirable_weight=">= 0", online_every=">= 1", online_prompts=">= 1",  # dpo
-    temperature=SCORED, prompt_pool=">= 1", minibatches=">= 1", clip_eps=">= 0",
+    temperature=SCORED, prompt_pool=">= 1", minibatches=">= 1", clip_eps="[0, 1]",
     value_clip=">= 0", vf_coef=">= 0", gamma="[0, 1]", lam="[0, 1]", kl_coef=">= 0", kl_target="> 0",
     kl_adapt_rate=">= 0", early_stop_kl="> 0", rlvp_beta=">= 0", rlvp_penalty=">= 0", rlvp_bonus=">= 0",  # ppo
-    prompts_per_iter=">= 1", rollout_prompts=">= 0", eps_low="[0, 1]", eps_high=">= 0", inner_epochs=">= 1",
-    dynamic_sampling_rounds=">= 0", overlong_cache=">= 0", tis_cap=">= 0", edge_low="[0, 1]",
-    edge_high="[0, 1]", staleness="[0, 1]", top_k=">= 0", top_p="(0, 1]", clip_cov="[0, 1)",
-    top_entropy_quantile="(0, 1]", judge_samples=">= 0", judge_temperature="> 0 (greedy: judge_samples=0)",  # grpo
+    prompts_per_iter=">= 1", rollout_prompts=">= 0", inner_epochs=">= 1", clip_eps_high=">= 0",  # grpo
+    dynamic_sampling_rounds=">= 0", overlong_cache=">= 0", tis_cap=">= 0", edge_low="[0, 1]",  # its lab
+    edge_high="[0, 1]", top_k=">= 0", top_p="(0, 1]", clip_cov="[0, 1)",
+    top_entropy_quantile="(0, 1]", judge_samples=">= 0", judge_temperature="> 0 (greedy: judge_samples=0)",
     kl_topk=">= 1", anchor_coef=">= 0",  # opd
     rounds=">= 1", round_prompts=">= 1", per_prompt_cap=">= 1",  # rft
 )
@@ -146,7 +166,9 @@ ALIASES = dict(lr="learning_rate", bs="batch_size", batch="batch_size", micro_ba
 RENAMED = dict(eval_pass_k="eval_samples", eval_best_of_n="eval_samples", best_of_n="eval_samples",
                # one name per idea: responses sampled per prompt in training, a pool of train prompts
                samples_per_prompt="group_size", candidates="group_size", prompts_pool="prompt_pool",
-               ppo_epochs="inner_epochs")  # passes over a rollout batch: one name in ppo and grpo
+               ppo_epochs="inner_epochs",  # passes over a rollout batch: one name in ppo and grpo
+               # GRPO's clip range is PPO's symmetric clip_eps; a variant's upper side (DAPO, CISPO) clip_eps_high
+               eps_low="clip_eps", eps_high="clip_eps_high")
 # Keys removed in this version: ignored, with a note saying why
 REMOVED = dict(eval_best_of_n_problems="Best-of-N by the verifier is pass@k, on the eval_problems held-out problems "
                                        "that every sampled figure uses")
@@ -158,11 +180,15 @@ def renamed(overrides):
     given = overrides.get("algo", DEFAULTS["algo"])
     out = {"algo": given} if "algo" in overrides else {}  # (first: a switch below replaces it, whatever the order)
     for key, value in overrides.items():
-        moved = MOVED_TO_LAB.get((key, value)) if isinstance(value, (str, int, float, bool)) else None
+        spelling = (key, value) if isinstance(value, (str, int, float, bool)) else None
         if key == "algo":
             continue
+        if spelling in GONE:
+            raise ValueError(GONE[spelling])
+        moved = MOVED_TO_LAB.get(spelling)
         if moved is not None and base_of(moved) == base_of(given):  # (another algorithm's value is its own)
-            out["algo"] = switched_algo(key, value, moved, given, out.get("algo", given))
+            if moved not in ALGOS:  # (a plain choice, e.g. --estimator=grpo, is dropped)
+                out["algo"] = switched_algo(key, value, moved, given, out.get("algo", given))
         elif key in REMOVED:
             print(f"note: config key {key!r} is gone ({REMOVED[key]}); ignored")
         elif key in RENAMED:
@@ -180,8 +206,8 @@ def switched_algo(key, value, moved, given, algo):
     if moved == algo:
         return algo
     if algo != given or given not in ALGOS:
-        raise ValueError(f"--{key}={value!r} is now --algo {moved}, which does not run with --algo {algo}: "
-                         f"each variant is one file of the lab; choose one --algo")
+        raise ValueError(f"--{key}={value!r} (now --algo {moved}) and --algo {algo} are no one variant of the lab: "
+                         f"each variant is one file; choose one --algo")
     print(f"note: --{key}={value!r} is now --algo {moved} (lab/{moved}.py); running that")
     return moved
 

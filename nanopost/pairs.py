@@ -145,7 +145,8 @@ def builtin_pairs(run, sampler, split, n_prompts, seed, kind=None):
     cfg, tok, env = run.cfg, run.tok, run.env
     kind = kind or cfg["pairs"]
     if kind not in PAIR_KINDS:
-        raise ValueError(f"pairs={kind!r}: choose from {PAIR_KINDS}")
+        raise ValueError(f"pairs={kind!r}: choose from {PAIR_KINDS}"
+                         + (" (pairs sampled from the policy as it trains: --algo online_dpo)" if kind == "online" else ""))
     problems = env.problems(split, n_prompts, seed=seed)
     prompts = [tok.prompt_ids(p["prompt"]) for p in problems]
     k = cfg["group_size"]

@@ -218,93 +218,46 @@ algorithm: `--algo {c['algo']}`, on-policy distillation, started from `{c['init_
 """
 
 
-REWARD_TEXT = dict(
-    outcome="one scalar per response, no partial credit",
-    process="a reward at the last token of each verifiable step (env.step_rewards), normalised over the group's "
-            "steps, each token's advantage the sum over the steps from it on",
-    rlvp="R = O + β·Φ, β = {rlvp_beta}: the outcome and the rule engine's path signal (−{rlvp_penalty} per bad "
-         "action, +{rlvp_bonus} per compliant one) normalised separately over the group, then combined",
-    path="the path signal Φ alone, without the outcome (the inaction trap: an experiment, not a recipe)")
-
-
-def reward_source(c):
-    """Where GRPO's reward comes from (rewards.training_reward), in the passport's words."""
-    verifier = f"the environment's rule verifier (`envs/`, `{c['env']}.verify`), 1 or 0 per response"
-    if c["reward"] == "judge":
-        k = c["judge_samples"]
-        verifier = (f"a generative reward model, the judge `{c['judge']}` (judge.py): P(Verdict: correct) after "
-                    + ("its greedy judgement" if not k else f"each of {k} judgements sampled at T = "
-                       f"{c['judge_temperature']}, their mean") + "; the verifier's 0/1 logged beside it (judge_agree)")
-    if not c["reward_weights"]:
-        return verifier
-    terms = " + ".join(f"{w:g}·{name}" for name, w in reward_weights(c["reward_weights"]).items())
-    return f"a vector reward r = {terms} (rewards.DIMENSIONS, each logged as reward_<name>); correct: {verifier}"
-
-
-def grpo_passport(run, verifier_check, old_logprobs, adv_scale, catches=None):
-    """GRPO's passport; old_logprobs: where π_old comes from (sampler or recompute), adv_scale: the
-    advantage's divisor (group, batch or none); catches: under break_it, the monitor that must fire."""
+def grpo_passport(run, verifier_check, old_logprobs, reward=None, changes=()):
+    """GRPO's passport and its variants': old_logprobs: where π_old comes from (sampler or recompute);
+    reward: where the reward comes from, in words (the verifier's 0/1 if None); changes: a variant's
+    own options (the first line of its docstring is its title)."""
     c = run.cfg
     P, G, shard = c["prompts_per_iter"], c["group_size"], shard_size(run)
-    kl = {"off": "not used (π_ref runs only at evaluation, for the logged heldout_kl_ref)", "k1_reward": f"in the reward: r − β·Σ_t log(π_old/π_ref), β = {c['kl_coef']}",
-          "k3_loss": f"a separate loss term β·k3 per token, β = {c['kl_coef']}, aggregated like the policy term"}[c["kl"]]
     steps = c["inner_epochs"] * c["minibatches"]
-    degenerate = ("not applicable (batch-mean baseline, no groups)" if c["estimator"] == "reinforce" else
-                  {"drop": "dropped: out of every sum and denominator", "zeros": "zero advantage, still counted",
-                   "raise": "an error"}[c["on_degenerate"]])
-    if c["dynamic_sampling_rounds"]:
-        degenerate += f"; dynamic sampling refills them with up to {c['dynamic_sampling_rounds']} extra rollouts per shard"
-    overlong = (f"soft penalty over the last {c['overlong_cache']} tokens before the limit" if c["overlong_cache"]
-                else "no penalty (a truncated answer simply fails the verifier)")
-    sync = ("one-step-off (staleness 1): the rollouts of iteration k + 1 are sampled by the weights of k, in a second "
-            "thread, while k updates; the loss's ratio is against the sampler's log-probs" if c["staleness"]
-            else "synchronous (staleness 0)")
-    loss = "CISPO (capped, detached ratio × log π)" if c["policy_loss"] == "cispo" else "clipped surrogate"
-    mode = "on-policy (ρ = 1)" if steps == 1 and not c["staleness"] else "off-policy after the first step (ρ ≠ 1)"
-    scale = {"group": "the group's std", "batch": "the global batch's std", "none": "nothing"}[adv_scale]
-    tis = (f"truncated importance sampling, weight min(π_old/π_sampler, {c['tis_cap']})" if c["tis_cap"]
-           else "no correction (sampler_logprob_gap logged with old_logprobs=recompute)")
-    prompts = ("fresh problems every iteration" if c["prompt_sampling"] == "uniform" else
-               f"edge sampling from a fixed pool of {c['prompt_pool']}, success band [{c['edge_low']}, {c['edge_high']}]")
-    broken = ("" if c["break_it"] == "none" else
-              f"; BROKEN ON PURPOSE: break_it={c['break_it']}, which the monitor `{catches}` must catch")
-    cut = ", ".join(f"{k} {c[k]}" for k in ("top_k", "top_p") if c[k] and c[k] != 1.0)
-    scored = ("the whole softmax (break_it)" if c["break_it"] == "top_p_uncorrected"
-              else "the same renormalised distribution, π_ref on its whole one")
-    sampling = f"temperature {c['temperature']}" + (f", truncated ({cut}): π_θ and π_old scored on {scored}" if cut else "")
-    entropy = ", ".join([f"Clip-Cov on the {c['clip_cov']} share of tokens of largest cov(log π, A)"] * bool(c["clip_cov"])
-                        + [f"policy gradient on the top {c['top_entropy_quantile']} of tokens by entropy"]
-                        * (c["top_entropy_quantile"] < 1)) or "none (entropy logged)"
+    mode = "on-policy (ρ = 1)" if steps == 1 else "off-policy after the first step (ρ ≠ 1)"
+    reward = reward or f"the environment's rule verifier (`envs/`, `{c['env']}.verify`), 1 or 0 per response"
+    title = " ".join(run.algo.__doc__.split(")")[0].split()) + ")"  # (a variant's docstring opens "NAME (paper)")
+    variant = "" if c["algo"] == "grpo" else f"\nvariant: {title}\n" + \
+        "".join(f"- {line}\n" for line in changes)
     return f"""# Post-training passport: {c['out_dir']}
 
-algorithm: `--algo grpo` with estimator **{c['estimator']}**, loss aggregation **{c['loss_agg']}**, started from `{c['init_from']}`
-
+algorithm: `--algo {c['algo']}`, started from `{c['init_from']}`
+{variant}
 ## Data and mode
 - online trajectories: {P} prompts × {G} responses per iteration, {c['max_iters']} iterations
-- prompts: the `{c['env']}` environment's procedurally generated *train* split ({prompts}); evaluation on the *heldout* split
-  (disjoint by equation) and *ood* (a digit more in the start value): no train/eval leakage by construction
-- answers written by the current policy (π_old = the weights at the start of the iteration), {sampling}
+- prompts: the `{c['env']}` environment's procedurally generated *train* split (fresh problems every iteration);
+  evaluation on the *heldout* split (disjoint by equation) and *ood* (a digit more in the start value): no
+  train/eval leakage by construction
+- answers written by the current policy (π_old = the weights at the start of the iteration), temperature {c['temperature']}
 - reuse of rollouts: {c['inner_epochs']} epoch(s) × {c['minibatches']} minibatch(es) = {steps} optimizer step(s) per batch, then discarded
 
 ## Reward and verification
-- source: {reward_source(c)}{broken}
+- source: {reward}
 - {verification_text(verifier_check)}; parse_error_rate is logged every iteration
-- reward_mode {c['reward_mode']}: {REWARD_TEXT[c['reward_mode']].format(**c)}; overlong answers: {overlong}
-  (limit {c['max_new_tokens']} new tokens{"; a cut answer gets no loss term" if c["mask_truncated"] else ""})
+- one scalar per response, no partial credit; a truncated answer (limit {c['max_new_tokens']} new tokens) simply fails the verifier
 
 ## Optimisation
-- {mode}, {loss} on {c['ratio_level']} ratios with ε_low = {c['eps_low']}, ε_high = {c['eps_high']};
-  advantages: {c['estimator']} baseline, divided by {scale}
-- sampler/trainer mismatch: {tis}
+- {mode}, clipped surrogate on token ratios with ε = {c['clip_eps']}; advantages (r − mean) / std of the group
 - models: policy (trained), π_old ({c['old_logprobs']} log-probs → {old_logprobs}), π_ref (frozen `{c['init_from']}`);
-  no critic, {'the judge (frozen `' + c['judge'] + '`)' if c['reward'] == 'judge' else 'no reward model'}
-- KL to π_ref: {kl}
-- entropy controls: {entropy}
-- loss aggregation units: {c['loss_agg']} over each optimizer step's global batch
-- degenerate (all-equal-reward) groups: {degenerate}
+  no critic, no reward model
+- KL to π_ref: {f"a separate loss term β·k3 per token, β = {c['kl_coef']}, aggregated like the policy term" if c['kl_coef']
+                else "no term in the loss (kl_coef = 0: π_ref runs only at evaluation, for heldout_kl_ref)"}
+- loss aggregation: each response's token mean, over the responses of each optimizer step's global batch
+- degenerate (all-equal-reward) groups: zero advantage, still counted
 
 ## Infrastructure
-- generation and training on the same device(s): {run.device} × {run.world_size}, {sync}
+- generation and training on the same device(s): {run.device} × {run.world_size}, synchronous
 - rollouts in shards of {shard} prompts (sampler batch {shard * G}), micro-batches of {c['batch_size']} responses
 - time split per iteration in metrics.jsonl: time_decode, time_verify, time_score (π_ref/π_old forwards), time_update
 """

@@ -5,15 +5,9 @@ verifiable step (env.step_rewards); rlvp = R = O + β·Φ with Φ from the envir
 (env.path_signals: −λ per bad action, +μ per compliant one); path = Φ alone, the inaction trap the
 chapter warns of, kept for the experiment. Their keys, their check, and signals placed on tokens.
 
-And GRPO's sequence reward r(x, y), chosen once (training_reward) [Ch7 "The evolution of reward
-paradigms": scalar, vector, generative]: its source, reward=verifier (the environment's 0/1) or
-reward=judge (a generative reward model's P(Verdict: correct), judge.py), and, with reward_weights, a
-vector reward: named dimensions, each in [0, 1] per answer and logged as reward_<name>, combined by
-stated weights,
-
-    r(x, y) = Σ_d w_d · r_d(x, y)        e.g. reward_weights="correct=1,short=0.5": r = 1·correct + 0.5·short
-
-where `correct` is the source's value. Under GRPO's group normalisation only the weights' ratios matter.
+And the rewards beside the verifier (Ch7 "The evolution of reward paradigms": scalar, vector,
+generative): a vector reward's named dimensions (DIMENSIONS, reward_weights: lab/vector_reward.py) and a
+judge's P(Verdict: correct) (judged: lab/judge_reward.py, dpo_online.py).
 """
 
 import difflib
@@ -22,10 +16,10 @@ import numpy as np
 import torch
 
 from nanopost.checkpoints import load_judge
-from nanopost.judge import JUDGE_KEYS, judge_scores, rollout_seed
+from nanopost.judge import judge_scores, rollout_seed
 
 
-# the keys grpo.py and ppo.py take
+# the keys ppo.py takes (lab/rlvp.py names its own)
 REWARD_KEYS = dict(
     reward_mode="outcome",  # outcome (the verifier, at the end) | process (each verifiable step) | rlvp (O + β·Φ) | path (Φ alone)
     rlvp_beta=0.5,          # RLVP: weight β of the path signal Φ next to the outcome O
@@ -92,17 +86,7 @@ def token_signals(run):
 
 
 # ----------------------------------------------------------------------------------------------
-# GRPO's sequence reward: its source, and a vector reward's named dimensions
-
-# the keys grpo.py takes
-SEQUENCE_REWARD_KEYS = dict(
-    reward="verifier",          # verifier (the environment's 0/1) | judge (a generative reward model: P(Verdict: correct))
-    **JUDGE_KEYS,               # reward=judge: the judge, and how many judgements per answer (judge.py)
-    reward_weights="",          # a vector reward: "correct=1,short=0.5" = Σ_d w_d·r_d over named dimensions (correct,
-                                # worked, short, parses), each logged as reward_<name>; "" = correct alone, unlogged
-)
-
-SOURCES = ("verifier", "judge")
+# A vector reward's named dimensions (lab/vector_reward.py) and a judge's reward (lab/judge_reward.py, dpo_online.py)
 
 # The named dimensions of a vector reward, each in [0, 1] per answer: (run, rollout) -> (N,)
 # (`correct` is the source's value: the verifier's 0/1 or the judge's P(correct))
@@ -142,53 +126,18 @@ def reward_weights(text):
     return weights
 
 
-def check_sequence_reward(cfg):
-    """The sequence-reward keys, and what they cannot be combined with."""
-    if cfg["reward"] not in SOURCES:
-        raise ValueError(f"reward={cfg['reward']!r}: choose from {SOURCES}")
-    if cfg["reward"] == "judge" and not cfg["judge"]:
-        raise ValueError("reward=judge needs --judge=<the judge's checkpoint dir> (python experiments/judge_agreement.py "
-                         "trains one)")
-    if cfg["judge"] and cfg["reward"] != "judge":
-        raise ValueError(f"--judge={cfg['judge']} is read only with reward=judge (now {cfg['reward']!r})")
-    reward_weights(cfg["reward_weights"])
-    custom = cfg["reward"] != "verifier" or cfg["reward_weights"]
-    if custom and cfg["reward_mode"] != "outcome":
-        raise ValueError(f"reward={cfg['reward']} and reward_weights set one reward per answer: they need "
-                         f"reward_mode=outcome (now {cfg['reward_mode']!r})")
-
-
-def training_reward(run):
-    """The sequence reward r(x, y) GRPO trains on, chosen once: a function (rollout) -> (r (N,),
-    {figure: (N,) per-answer values, logged as their mean over the iteration's first-round answers}).
-        reward=verifier        correct = the verifier's 0/1 (the default: nothing more is logged)
-        reward=judge           correct = the judge's P(Verdict: correct), the mean over judge_samples
-                               judgements (judge.py); logged: judge_agree (1 where P > 0.5 agrees with the
-                               verifier) and judge_verdict_written (the share of judgements that wrote "Verdict:")
-        reward_weights         r = Σ_d w_d·r_d (DIMENSIONS), each dimension logged as reward_<name>"""
-    cfg = run.cfg
-    if cfg["reward"] == "verifier" and not cfg["reward_weights"]:
-        return lambda ro: (ro.verified, {})
-    correct = judged(run) if cfg["reward"] == "judge" else (lambda ro: (ro.verified, {}))
-    weights = reward_weights(cfg["reward_weights"])
-
-    def reward(ro):
-        value, logged = correct(ro)
-        parts = {name: value if name == "correct" else DIMENSIONS[name](run, ro).to(value) for name in weights}
-        logged.update({f"reward_{name}": part for name, part in parts.items()})
-        return sum(w * parts[name] for name, w in weights.items()), logged  # r = Σ_d w_d·r_d
-    return reward
-
-
 def judged(run):
-    """reward=judge: a function (rollout) -> (the judge's P(correct) of each answer, its figures); the judge is
-    loaded once, frozen (checkpoints.load_judge)."""
-    cfg, judge = run.cfg, load_judge(run)
+    """A function (rollout) -> judged_reward's, the judge loaded once, frozen (checkpoints.load_judge)."""
+    judge = load_judge(run)
+    return lambda ro: judged_reward(run, judge, ro)
 
-    def correct(ro):
-        p, wrote = judge_scores(run, judge, ro.problems, ro.texts, cfg["judge_samples"], cfg["judge_temperature"],
-                                seed=rollout_seed(ro.ids))
-        value = p.mean(1)  # r = (1/k) Σ_i P(correct | x, y, j_i)
-        agree = ((value > 0.5).float() == ro.verified).float()
-        return value, dict(judge_agree=agree, judge_verdict_written=wrote.float().mean(1))
-    return correct
+
+def judged_reward(run, judge, ro):
+    """The judge's P(Verdict: correct) of each answer of a rollout, the mean over judge_samples judgements
+    (judge.py), and its figures per answer: judge_agree (1 where P > 0.5 agrees with the verifier) and
+    judge_verdict_written (the share of its judgements that wrote "Verdict:")."""
+    p, wrote = judge_scores(run, judge, ro.problems, ro.texts, run.cfg["judge_samples"], run.cfg["judge_temperature"],
+                            seed=rollout_seed(ro.ids))
+    value = p.mean(1)  # r = (1/k) Σ_i P(correct | x, y, j_i)
+    agree = ((value > 0.5).float() == ro.verified).float()
+    return value, dict(judge_agree=agree, judge_verdict_written=wrote.float().mean(1))

@@ -116,9 +116,8 @@ class Rollout:
                                            # distributions (opd's anchor)
     teacher_logprobs: torch.Tensor = None  # (N, T-1, V) a teacher's distributions (opd)
     reward: torch.Tensor = None            # (N,) the training reward the advantages come from (grpo: the
-                                           #      verifier's, shaped by the family's options)
+                                           #      verifier's; a variant's own, e.g. DAPO's shaped one)
     advantages: torch.Tensor = None        # (N,) one per response, or (N, T-1) one per token (process rewards)
-    keep: torch.Tensor = None              # (N,) 1 on rows that train, 0 on rows kept only for shape
 
     def select(self, rows):
         """These rows (indices, in order), every tensor and list cut to them, and to their own width."""

@@ -74,7 +74,7 @@ def test_every_numeric_option_has_a_range():
     (["--min_lr=-0.05"], "--min_lr=-0.05 is out of range: it must be >= 0"),
     (["--learning_rate=1e-4"], r"--min_lr=0.0002 is out of range: it must be <= learning_rate=0.0001 .*--min_lr=1e-05"),
     (["--dropout=1.0"], r"--dropout=1.0 is out of range: it must lie in \[0, 1\)"),
-    (["--algo=grpo", "--eps_low=1.5"], r"--eps_low=1.5 is out of range: it must lie in \[0, 1\]"),
+    (["--algo=grpo", "--clip_eps=1.5"], r"--clip_eps=1.5 is out of range: it must lie in \[0, 1\]"),
     (["--out_dir=runs/{x"], r"--out_dir='runs/\{x': a brace may only be part of \{algo\}"),
     (["--algo=dpo", "--data=d.jsonl", "--pairs=style"], "--pairs='style' cannot apply with --data=d.jsonl: .*drop it"),
 ])

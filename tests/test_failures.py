@@ -1,26 +1,27 @@
-"""The failures of docs/failures.md at toy size: each break-it switch fires the monitor that names it,
-with the figure it reads past its threshold, while a control run of the same length fires none of
-them and keeps that figure inside; the monitors' printed line, metrics.jsonl flag and passport note;
-the entropy controls (Clip-Cov, the top-entropy mask) and the truncated-answer mask on numbers."""
+"""The failures of docs/failures.md at toy size: each failure (experiments/failures.py: the one function of
+grpo.py it breaks, replaced) fires the monitor that names it, with the figure it reads past its threshold,
+while a control run of the same length fires none of them and keeps that figure inside; the monitors'
+printed line, metrics.jsonl flag and passport note; the entropy controls (Clip-Cov, the top-entropy mask)
+and the truncated-answer mask on numbers."""
 
 import json
 import os
 import subprocess
 import sys
 import zlib
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 import envs
-import grpo_breaks
-import grpo_family as family
+import grpo
 from nanopost import monitors
 from nanopost import options
 import train as T
 from conftest import TINY
-from experiments.failures import FAILURES
+from experiments.failures import FAILURES, prompt_format
+from lab.clip_cov import clip_cov_weights
+from lab.entropy_mask import top_entropy_mask
 
 # 32 responses of up to 32 tokens from a random 2-layer model: its lengths vary (an end token now and then)
 BREAK = dict(TINY, algo="grpo", prompts_per_iter=4, group_size=8, max_new_tokens=32, max_iters=2, checkpoint=False,
@@ -35,17 +36,20 @@ def coin_reward(problem, text):
     return float(zlib.crc32(text.encode()) % 2)
 
 
-def logged(tmp_path, name, monkeypatch, coin=True, **overrides):
-    """(alarms that fired, the rows of metrics.jsonl) of a BREAK run with the overrides."""
+def logged(tmp_path, name, monkeypatch, coin=True, breaks=(), **overrides):
+    """(alarms that fired, the rows of metrics.jsonl) of a BREAK run with the functions `breaks` replaced."""
     if coin:
         for env in (envs.Arithmetic, envs.Calculator):
             monkeypatch.setattr(env, "verify", staticmethod(coin_reward))
-    cfg = dict(BREAK, out_dir=str(tmp_path / name), **overrides)
-    if overrides.get("break_it") == "nan_logprob":  # the loop's guard stops it at the non-finite loss, its row logged first
-        with pytest.raises(ValueError, match="iteration 1: the loss is (nan|inf)"):
+    with monkeypatch.context() as patched:
+        for module, function, replacement in breaks:
+            patched.setattr(module, function, replacement)
+        cfg = dict(BREAK, out_dir=str(tmp_path / name), **overrides)
+        if any(function == "score" for _, function, _ in breaks):  # nan_logprob: the loop's guard stops it at the
+            with pytest.raises(ValueError, match="iteration 1: the loss is (nan|inf)"):  # non-finite loss, its row logged first
+                T.train(cfg)
+        else:
             T.train(cfg)
-    else:
-        T.train(cfg)
     rows = [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
     return monitors.alarms(rows, options.make_config(cfg)), rows
 
@@ -55,34 +59,31 @@ def peak(rows, figure):
     return max([r[figure] for r in rows if figure in r] or [0.0])
 
 
-# (switch, its control's overrides, the monitor, the figure it reads, a bound the broken run passes and the control
-# stays under). Controls: the same run unbroken (the coin verifier but for format_exploit, top_p and the calculator
-# task where the switch needs them).
+# (failure, the broken run's extra keys, its control's keys, a bound the broken run passes and the control stays
+# under). Controls: the same run unbroken (the coin verifier but for format_exploit and the calculator task).
 SWITCHES = [
-    (dict(break_it="fp8_sampler"), {}, "ratio_drift", "ratio_dev", 1e-3),
-    (dict(break_it="fp8_sampler", old_logprobs="recompute", tis_cap=1.05), dict(old_logprobs="recompute", tis_cap=1.05),
-     "sampler_mismatch", "sampler_logprob_gap", 1e-3),
-    (dict(break_it="sampler_temperature"), {}, "ratio_drift", "ratio_dev", 0.05),
-    (dict(break_it="top_p_uncorrected", top_p=0.9), dict(top_p=0.9), "ratio_drift", "ratio_dev", 0.05),
-    (dict(break_it="retokenize", env="calculator"), dict(env="calculator"), "retokenized", "retokenized_frac", 0.5),
-    (dict(break_it="kl_twice"), {}, "kl_twice", "kl_k3", None),  # (the KL in the reward: kl_reward beside it)
-    (dict(break_it="nan_logprob"), {}, "nonfinite", "nonfinite_logprob_frac", 0.005),
-    (dict(break_it="shifted_advantages"), {}, "misaligned_advantages", "adv_sign_error_frac", 0.2),
-    (dict(break_it="all_equal"), {}, "degenerate_groups", "degenerate_frac", 0.75),
-    (dict(break_it="length_bonus"), {}, "length_bias", "reward_len_corr", 0.5),
-    (dict(break_it="format_exploit"), {}, "verifier_errors", "verifier_error_rate", 0.0),
-    (dict(staleness=1), {}, "stale_rollouts", "staleness", 0.0),
-    (dict(learning_rate=0.5, max_iters=4, minibatches=4, grad_clip=0.0, max_new_tokens=16),
-     dict(max_iters=4, minibatches=4, grad_clip=0.0, max_new_tokens=16), "entropy_collapse", "entropy", None),
+    ("fp8_sampler", {}, {}, 1e-3),
+    ("sampler_temperature", {}, {}, 0.05),
+    ("top_p_uncorrected", {}, {}, 0.05),
+    ("retokenize", dict(env="calculator"), dict(env="calculator"), 0.5),
+    ("kl_twice", {}, {}, None),  # (the KL in the reward: kl_reward beside kl_k3)
+    ("nan_logprob", {}, {}, 0.005),
+    ("shifted_advantages", {}, {}, 0.2),
+    ("all_equal", {}, {}, 0.75),
+    ("length_bonus", {}, {}, 0.5),
+    ("format_exploit", {}, {}, 0.0),
+    ("stale_rollouts", {}, {}, 0.0),
+    ("learning rate 1.0", dict(learning_rate=0.5, min_lr=0.5, max_iters=4, minibatches=4, grad_clip=0.0, max_new_tokens=16),
+     dict(max_iters=4, minibatches=4, grad_clip=0.0, max_new_tokens=16), None),
 ]
 
 
-@pytest.mark.parametrize("broken,control,alarm,figure,bound", SWITCHES,
-                         ids=[f"{a}-{'-'.join(map(str, b.values()))}" for b, _, a, _, _ in SWITCHES])
-def test_each_switch_fires_its_monitor_and_its_control_none(tmp_path, monkeypatch, broken, control, alarm, figure,
-                                                            bound):
-    coin = broken.get("break_it") != "format_exploit"  # (that one is held against the true verifier)
-    fired, rows = logged(tmp_path, "broken", monkeypatch, coin, **broken)
+@pytest.mark.parametrize("name,broken,control,bound", SWITCHES, ids=[s[0].replace(" ", "_") for s in SWITCHES])
+def test_each_failure_fires_its_monitor_and_its_control_none(tmp_path, monkeypatch, name, broken, control, bound):
+    breaks, switch, _, figure, alarm = FAILURES[name]
+    switch = {k: v for k, v in switch.items() if k not in ("learning_rate", "min_lr")}  # (the toy's own rate: broken)
+    coin = name != "format_exploit"  # (that one is held against the true verifier)
+    fired, rows = logged(tmp_path, "broken", monkeypatch, coin, breaks, **switch, **broken)
     quiet, control_rows = logged(tmp_path, "control", monkeypatch, coin, **control)
     assert fired[alarm] <= (4 if alarm == "entropy_collapse" else 2)  # (stale: from the second rollouts on)
     toy = TOY_ALARMS | ({"degenerate_groups"} if not coin else set())  # (the true verifier: a random model fails all)
@@ -98,24 +99,24 @@ def test_each_switch_fires_its_monitor_and_its_control_none(tmp_path, monkeypatc
         assert peak(rows, figure) > bound >= peak(control_rows, figure), (peak(rows, figure), peak(control_rows, figure))
 
 
-def test_the_figures_of_the_sampler_switches(tmp_path, monkeypatch):
+def test_the_figures_of_the_sampler_failures(tmp_path, monkeypatch):
     """The size of each ratio's bias: T = 0.7 in the sampler alone, top-p = 0.9 scored on the whole softmax
     (every kept token's ρ is the kept mass, ~0.9 for a random model's flat distribution), and the same top-p
-    scored on the cut distribution (ρ = 1 to float rounding)."""
-    _, hot = logged(tmp_path, "hot", monkeypatch, break_it="sampler_temperature")
-    _, uncorrected = logged(tmp_path, "uncorrected", monkeypatch, break_it="top_p_uncorrected", top_p=0.9)
-    _, corrected = logged(tmp_path, "corrected", monkeypatch, top_p=0.9)
+    scored on the cut (--algo truncated_sampling: ρ = 1 to float rounding)."""
+    _, hot = logged(tmp_path, "hot", monkeypatch, breaks=FAILURES["sampler_temperature"][0])
+    _, uncorrected = logged(tmp_path, "uncorrected", monkeypatch, breaks=FAILURES["top_p_uncorrected"][0])
+    _, corrected = logged(tmp_path, "corrected", monkeypatch, algo="truncated_sampling", top_p=0.9)
     assert 0.1 < peak(hot, "ratio_dev") < 0.3
     assert 0.09 < peak(uncorrected, "ratio_dev") < 0.11
     assert peak(corrected, "ratio_dev") < 1e-5
 
 
 def test_prompt_format_prefills_the_answers_marker(tmp_path):
-    """break_it=prompt_format: the training rollouts' prompts are the chat template's with "Answer:" already
-    written, the evaluation's the template alone; its monitor reads the parse-error rate."""
-    run = T.train(dict(BREAK, break_it="prompt_format", max_iters=0, out_dir=str(tmp_path / "run")))
+    """prompt_format: the training rollouts' prompts are the chat template's with "Answer:" already written;
+    its monitor reads the parse-error rate."""
+    run = T.train(dict(BREAK, max_iters=0, out_dir=str(tmp_path / "run")))
     problems = run.env.problems("train", 2, seed=0)
-    ro = run.state.sample(run, run.raw_model, problems, 2, max_new_tokens=4, seed=0)
+    ro = prompt_format(run, run.raw_model, problems, seed=0)
     template = run.tok.prompt_ids(problems[0]["prompt"])
     assert ro.ids[0, :int(ro.prompt_lens[0])].tolist() == template + run.tok.encode("Answer:")
     row = lambda it, rate: dict(iter=it, loss=0.0, parse_error_rate=rate)
@@ -125,19 +126,20 @@ def test_prompt_format_prefills_the_answers_marker(tmp_path):
 def test_a_monitor_prints_flags_and_notes_in_the_passport(tmp_path, monkeypatch, capsys):
     """The loop's monitors: a line printed the first time, an `alarms` flag on every row where it holds,
     the list of monitors with their thresholds in the passport and the firing noted there."""
-    fired, rows = logged(tmp_path, "run", monkeypatch, break_it="shifted_advantages")
+    fired, rows = logged(tmp_path, "run", monkeypatch, breaks=FAILURES["shifted_advantages"][0])
     assert "monitor misaligned_advantages fired at iter 1: adv_sign_error_frac" in capsys.readouterr().out
     assert all("misaligned_advantages" in r["alarms"] for r in rows if "loss" in r)
     passport = open(tmp_path / "run" / "passport.md").read()
-    assert "which the monitor `misaligned_advantages` must catch" in passport
     assert "- `misaligned_advantages`: adv_sign_error_frac > 0.01" in passport
     assert "- fired: `misaligned_advantages` at iteration 1 (adv_sign_error_frac 0." in passport
-    assert set(monitors.ALARMS) >= set(grpo_breaks.BREAKS.values()) and fired["misaligned_advantages"] == 1
+    assert fired["misaligned_advantages"] == 1
 
 
-def test_every_break_it_switch_names_a_monitor():
-    assert grpo_breaks.CHOICES["break_it"] == ("none", *grpo_breaks.BREAKS)
-    assert all(monitor in monitors.ALARMS for monitor in grpo_breaks.BREAKS.values())
+def test_every_failure_names_a_monitor_and_replaces_a_function_of_grpo():
+    assert all(monitor in monitors.ALARMS for *_, monitor in FAILURES.values())
+    assert all(getattr(module, function) is not None for breaks, *_ in FAILURES.values() for module, function, _ in breaks)
+    assert all(module is not grpo or callable(getattr(grpo, function)) for breaks, *_ in FAILURES.values()
+               for module, function, _ in breaks)
 
 
 def test_reward_hacking_fires_when_reward_rises_and_held_out_accuracy_falls():
@@ -153,42 +155,40 @@ def test_reward_hacking_fires_when_reward_rises_and_held_out_accuracy_falls():
 # ----------------------------------------------------------------------------------------------
 # The entropy controls and the truncated-answer mask
 
-def batch_of(logp, adv, mask):
-    return SimpleNamespace(advantages=torch.tensor(adv), mask=torch.tensor(mask), old_logprobs=None)
-
-
 def test_clip_cov_cuts_the_tokens_of_largest_covariance():
     """cov_t = (log π − mean)(A − mean) over the response tokens: with clip_cov = 0.25 of 4 tokens the one of
     largest cov (a confident token, log π = −0.1, in the row of positive advantage) loses its gradient."""
     logp = torch.tensor([[-0.1, -2.0, 0.0], [-0.2, -0.5, 0.0]])
-    batch = batch_of(logp, [1.0, -1.0], [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
-    weights, figures = family.clip_cov(dict(clip_cov=0.25), batch, logp, None)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    weights, cut = clip_cov_weights(logp, torch.tensor([[1.0], [-1.0]]), mask, 0.25)
     # means: log π −0.7, A 0; cov = (0.6, −1.3)·1 and (0.5, 0.2)·(−1) = 0.6, −1.3, −0.5, −0.2
-    assert weights.tolist() == [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]] and float(figures["clip_cov_frac"]) == 0.25
+    assert weights.tolist() == [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]] and float(cut) == 0.25
 
 
 def test_top_entropy_mask_keeps_the_forks():
     entropy = torch.tensor([[0.1, 2.0, 0.3, 9.0], [1.5, 0.0, 0.2, 9.0]])
-    batch = batch_of(None, [1.0, 1.0], [[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
-    weights, figures = family.top_entropy_mask(dict(top_entropy_quantile=1 / 3), batch, None, entropy)
+    weights, kept = top_entropy_mask(entropy, torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]]), 1 / 3)
     assert weights.tolist() == [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]  # the top third of six: 2.0 and 1.5
-    assert abs(float(figures["entropy_kept_frac"]) - 1 / 3) < 1e-6
+    assert abs(float(kept) - 1 / 3) < 1e-6
 
 
 def test_mask_truncated_leaves_a_cut_answer_out_of_the_loss(tmp_path):
-    run = T.train(dict(BREAK, mask_truncated=True, max_iters=0, out_dir=str(tmp_path / "run")))
-    ro = run.state.sample(run, run.raw_model, run.env.problems("train", 16, seed=0), 4, max_new_tokens=32, seed=0)
+    """DAPO's overlong filtering: the cut rows, and only they, have no loss term."""
+    from lab import dapo
+    run = T.train(dict(BREAK, algo="dapo", mask_truncated=True, overlong_cache=0, max_iters=0, out_dir=str(tmp_path / "run")))
+    ro = dapo.sample_groups(run, run.state, run.raw_model, 0, 0, 0)
     assert ro.truncated.any() and not ro.truncated.all()
-    assert ro.mask.sum(1).eq(0).tolist() == ro.truncated.tolist()  # the cut rows, and only they, have no term
+    assert ro.mask.sum(1).eq(0).tolist() == ro.truncated.tolist()
 
 
 def test_the_entropy_controls_run_and_log(tmp_path, monkeypatch):
     """Clip-Cov cuts at most its share of each micro-batch's tokens (those of positive cov only), the entropy
     mask keeps about its quantile; neither fires a monitor."""
-    fired, rows = logged(tmp_path, "run", monkeypatch, clip_cov=0.2, top_entropy_quantile=0.5)
-    trained = [r for r in rows if "loss" in r]
-    assert all(0.05 < r["clip_cov_frac"] <= 0.2 and 0.45 < r["entropy_kept_frac"] <= 0.55 for r in trained), trained
-    assert not set(fired) - TOY_ALARMS
+    fired, rows = logged(tmp_path, "cov", monkeypatch, algo="clip_cov", clip_cov=0.2)
+    quiet, masked = logged(tmp_path, "mask", monkeypatch, algo="entropy_mask", top_entropy_quantile=0.5)
+    assert all(0.05 < r["clip_cov_frac"] <= 0.2 for r in rows if "loss" in r), rows
+    assert all(0.45 < r["entropy_kept_frac"] <= 0.55 for r in masked if "loss" in r), masked
+    assert not (set(fired) | set(quiet)) - TOY_ALARMS
 
 
 @pytest.mark.slow
@@ -200,5 +200,5 @@ def test_the_gallery_and_the_study_run_at_toy_size(tmp_path):
         subprocess.run([sys.executable, script, "--quick", f"--study={study}", f"--out={tmp_path}"], check=True,
                        capture_output=True)
     table = open(tmp_path / "failures.md").read()
-    assert all(f"| {name} |" in table for name, *_ in FAILURES)
+    assert all(f"| {name} |" in table for name in FAILURES)
     assert os.path.isfile(tmp_path / "failures.png") and os.path.isfile(tmp_path / "entropy" / "entropy.png")

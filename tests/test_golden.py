@@ -38,9 +38,9 @@ RUNS = {  # name: the run's overrides on top of TINY (3 iterations, one evaluati
     "ppo": dict(algo="ppo", batch_size=4, minibatches=2, inner_epochs=2, max_new_tokens=12, prompt_pool=64,
                 learning_rate=1e-3, min_lr=1e-3, warmup_iters=0, eval_samples=2),
     "grpo": dict(algo="grpo", group_size=4, learning_rate=1e-3, min_lr=1e-3, **RL),
-    "grpo_rloo": dict(algo="grpo", estimator="rloo", loss_agg="token_mean", group_size=4, minibatches=2,
-                      learning_rate=1e-3, min_lr=1e-3, **RL),
-    "grpo_cispo": dict(algo="grpo", policy_loss="cispo", eps_low=1.0, eps_high=0.28, kl="off", group_size=4,
+    # (with DAPO's token-mean loss: composed in trajectory)
+    "grpo_rloo": dict(algo="rloo", group_size=4, minibatches=2, learning_rate=1e-3, min_lr=1e-3, **RL),
+    "grpo_cispo": dict(algo="cispo", clip_eps=1.0, clip_eps_high=0.28, kl_coef=0.0, group_size=4,
                        minibatches=2, learning_rate=1e-3, min_lr=1e-3, **RL),
     "opd": dict(algo="opd", group_size=2, learning_rate=1e-3, min_lr=1e-3, **RL),
     "rft": dict(algo="rft", rounds=1, round_prompts=8, group_size=4, per_prompt_cap=2, max_new_tokens=12,
@@ -51,6 +51,10 @@ RUNS = {  # name: the run's overrides on top of TINY (3 iterations, one evaluati
 RENAMED_FIGURES = {"opd": {"reward": "verifier_acc"}, "rft": {"cand_acc": "verifier_acc"}}
 DROPPED_FIGURES = {"opd": ("anchor_kl",)}
 STARTS_FROM_A_POLICY = ("rm", "dpo", "ppo", "grpo", "grpo_rloo", "grpo_cispo", "opd", "rft")
+# Figures the GRPO family logged of every run, that plain GRPO no longer logs: their value in a run without
+# DAPO's dynamic sampling or reward shaping (lab/dapo.py logs them), filled in before the comparison
+PLAIN_GRPO_FIGURES = dict(reward_shaped=lambda row: row["reward"], kept_groups_frac=lambda row: 1.0,
+                          extra_rollouts=lambda row: 0.0)
 
 
 def coin(problem, response):
@@ -81,8 +85,16 @@ def trajectory(name, starts, out_dir, monkeypatch):
         overrides["init_from"] = policy
     if name == "opd":
         overrides["teacher"] = teacher
+    if name == "grpo_rloo":  # RLOO's advantages with DAPO's token-mean loss
+        import grpo
+        from lab.dapo import token_mean
+        monkeypatch.setattr(grpo, "seq_mean_token_mean", token_mean)
     T.train(overrides)
-    return figures(out_dir)
+    rows = figures(out_dir)
+    if name.startswith("grpo"):
+        for row in rows:
+            row.update({key: value(row) for key, value in PLAIN_GRPO_FIGURES.items() if "reward" in row})
+    return rows
 
 
 def as_logged_now(name, rows):

@@ -21,6 +21,7 @@ from nanopost import rewards
 import train as T
 from conftest import TINY
 from experiments import judge_agreement as study
+from lab.vector_reward import vector_reward
 from model import GPT, GPTConfig, ScalarHeadGPT
 from sampler import sample
 from test_opd import write_checkpoint
@@ -172,17 +173,14 @@ def test_the_judge_reward_is_the_mean_over_k_judgements(monkeypatch):
     def scores(run, model, problems, texts, samples, temperature, seed):
         asked.update(samples=samples, temperature=temperature)
         return p, wrote
-    monkeypatch.setattr(rewards, "load_judge", lambda run: "a judge")
     monkeypatch.setattr(rewards, "judge_scores", scores)
-    run = SimpleNamespace(env=ENV, cfg=dict(reward="judge", judge="dir", judge_samples=3, judge_temperature=0.7,
-                                            reward_weights="", reward_mode="outcome", max_new_tokens=64))
+    run = SimpleNamespace(env=ENV, cfg=dict(judge="dir", judge_samples=3, judge_temperature=0.7, max_new_tokens=64))
     ro = SimpleNamespace(problems=[PROBLEM] * 3, texts=["a", "b", "c"], verified=torch.tensor([1.0, 1.0, 0.0]),
                          ids=torch.zeros(3, 4, dtype=torch.long), lengths=torch.tensor([1, 1, 1]))
-    r, logged = rewards.training_reward(run)(ro)
+    r, logged = rewards.judged_reward(run, "a judge", ro)  # (lab/judge_reward.py's reward)
     assert r.tolist() == pytest.approx([0.6, 0.3, 0.5]) and asked == dict(samples=3, temperature=0.7)
     assert logged["judge_agree"].tolist() == [1.0, 0.0, 1.0]  # 0.5 is not above 0.5: "incorrect", as the verifier
     assert logged["judge_verdict_written"].tolist() == pytest.approx([2 / 3, 1.0, 0.0])
-    assert logged["reward_correct"].tolist() == pytest.approx([0.6, 0.3, 0.5])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -191,20 +189,15 @@ def test_the_judge_reward_is_the_mean_over_k_judgements(monkeypatch):
 def test_vector_reward_is_the_weighted_sum_of_its_named_dimensions():
     """r = 1·correct + 0.5·short + 0.25·worked: worked answer, right, 38 tokens of 64; bare answer, wrong,
     11 tokens; a junk answer that does not parse."""
-    run = SimpleNamespace(env=ENV, cfg=dict(reward="verifier", judge="", reward_weights="correct=1, short=0.5,worked=0.25,"
-                                            "parses=0", reward_mode="outcome", max_new_tokens=64))
+    run = SimpleNamespace(env=ENV, cfg=dict(max_new_tokens=64))
     ro = SimpleNamespace(texts=["7+8=15. 15-3=12. 12+5=17. Answer: 17", "Answer: 16", "7+8=15 so 15"],
                          verified=torch.tensor([1.0, 0.0, 0.0]), lengths=torch.tensor([38, 11, 64]))
-    r, logged = rewards.training_reward(run)(ro)
+    r, logged = vector_reward(run, ro, rewards.reward_weights("correct=1, short=0.5,worked=0.25,parses=0"))
     short = [1 - 38 / 64, 1 - 11 / 64, 0.0]
-    assert logged["reward_short"].tolist() == pytest.approx(short)
-    assert logged["reward_worked"].tolist() == [1.0, 0.0, 1.0] and logged["reward_parses"].tolist() == [1.0, 1.0, 0.0]
-    assert logged["reward_correct"].tolist() == [1.0, 0.0, 0.0]
+    assert logged["short"].tolist() == pytest.approx(short)
+    assert logged["worked"].tolist() == [1.0, 0.0, 1.0] and logged["parses"].tolist() == [1.0, 1.0, 0.0]
+    assert logged["correct"].tolist() == [1.0, 0.0, 0.0]
     assert r.tolist() == pytest.approx([1 + 0.5 * short[0] + 0.25, 0.5 * short[1], 0.25])
-    # the default: the verifier's 0/1 itself, nothing logged
-    plain = SimpleNamespace(env=ENV, cfg=dict(run.cfg, reward_weights=""))
-    r, logged = rewards.training_reward(plain)(ro)
-    assert r is ro.verified and logged == {}
 
 
 @pytest.mark.parametrize("text, error", [
@@ -226,44 +219,42 @@ def test_reward_weights_parse():
 
 
 def test_grpo_logs_each_dimension_and_the_judges_figures(tmp_path):
-    """One GRPO run on a vector reward whose `correct` is a (random) judge's: every iteration logs each
-    dimension, and the logged reward is their weighted sum (a mean of a weighted sum is the weighted sum
-    of the means); the passport says where the reward comes from."""
-    judge_dir = write_checkpoint(tmp_path / "judge", seed=3, n_layer=1)
-    r = T.train(dict(TINY, algo="grpo", prompts_per_iter=2, group_size=2, max_new_tokens=8, max_iters=2,
-                     reward="judge", judge=judge_dir, judge_samples=2, reward_weights="correct=1,short=0.5",
-                     out_dir=str(tmp_path / "run")))
-    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl") if '"loss"' in line]
+    """A vector reward (lab/vector_reward.py): every iteration logs each dimension, and the logged reward is
+    their weighted sum (a mean of a weighted sum is the weighted sum of the means); a judge's reward
+    (lab/judge_reward.py): its figures, the judge fingerprinted, the passport says where the reward comes from."""
+    common = dict(TINY, prompts_per_iter=2, group_size=2, max_new_tokens=8, max_iters=2)
+    T.train(dict(common, algo="vector_reward", reward_weights="correct=1,short=0.5", out_dir=str(tmp_path / "vector")))
+    rows = [json.loads(line) for line in open(tmp_path / "vector" / "metrics.jsonl") if '"loss"' in line]
     assert len(rows) == 2
     for row in rows:
         assert row["reward"] == pytest.approx(row["reward_correct"] + 0.5 * row["reward_short"], abs=1e-6)
-        assert 0 < row["reward_correct"] < 1 and 0 <= row["reward_short"] <= 1
-        assert 0 <= row["judge_agree"] <= 1 and 0 <= row["judge_verdict_written"] <= 1
+        assert 0 <= row["reward_correct"] <= 1 and 0 <= row["reward_short"] <= 1
+    judge_dir = write_checkpoint(tmp_path / "judge", seed=3, n_layer=1)
+    r = T.train(dict(common, algo="judge_reward", judge=judge_dir, judge_samples=2, out_dir=str(tmp_path / "run")))
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl") if '"loss"' in line]
+    assert all(0 < row["reward"] < 1 and 0 <= row["judge_agree"] <= 1 and 0 <= row["judge_verdict_written"] <= 1
+               for row in rows)
     assert r.frozen["judge"]["directory"] == judge_dir  # fingerprinted: a resumed run must find the same judge
     passport = open(tmp_path / "run" / "passport.md").read()
-    assert f"a vector reward r = 1·correct + 0.5·short" in passport and f"the judge `{judge_dir}`" in passport
-    assert "each of 2 judgements sampled at T = 1.0, their mean" in passport
+    assert f"the judge `{judge_dir}`" in passport and "each of 2 judgements sampled at T = 1.0, their mean" in passport
 
 
 @pytest.mark.parametrize("overrides, error", [
-    (dict(reward="judge"), "reward=judge needs --judge="),
-    (dict(judge="somewhere"), "is read only with reward=judge"),
-    (dict(reward="rm"), "reward='rm': choose from"),
-    (dict(reward_weights="correct=1,short=1", reward_mode="process"), "need reward_mode=outcome"),
-    (dict(reward_weights="correct=1,short=1", break_it="length_bonus"), "replaces the training reward"),
-    (dict(reward_weights="loud=1"), "no dimension 'loud'"),
-    (dict(judge_samples=-1), "judge_samples=-1 is out of range"),
+    (dict(algo="judge_reward"), "needs --judge="),
+    (dict(algo="grpo", judge="somewhere"), "it is an option of --algo judge_reward"),
+    (dict(algo="grpo", reward_weights="correct=1"), "it is an option of --algo vector_reward"),
+    (dict(algo="vector_reward", reward_weights="loud=1"), "no dimension 'loud'"),
+    (dict(algo="judge_reward", judge_samples=-1), "judge_samples=-1 is out of range"),
 ])
 def test_grpo_reward_config_errors(tmp_path, overrides, error):
     with pytest.raises(ValueError, match=error):
-        T.train(dict(TINY, algo="grpo", prompts_per_iter=2, group_size=2, max_iters=0,
-                     out_dir=str(tmp_path / "run"), **overrides))
+        T.train(dict(TINY, prompts_per_iter=2, group_size=2, max_iters=0, out_dir=str(tmp_path / "run"), **overrides))
 
 
 def test_a_reward_model_is_no_judge(tmp_path):
     rm = write_scalar_checkpoint(tmp_path / "rm")
     with pytest.raises(ValueError, match="is a scalar model"):
-        T.train(dict(TINY, algo="grpo", prompts_per_iter=2, group_size=2, max_iters=0, reward="judge", judge=rm,
+        T.train(dict(TINY, algo="grpo", prompts_per_iter=2, group_size=2, max_iters=0, reward="judge", judge=rm,  # (old spelling)
                      out_dir=str(tmp_path / "run")))
 
 

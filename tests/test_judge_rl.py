@@ -77,7 +77,7 @@ def test_judge_rl_study_runs_at_toy_size(tmp_path):
         assert list(runs) == ["1337", "1338", "1339"]
         for run in runs.values():
             cfg = json.load(open(os.path.join(run["out_dir"], "config.json")))
-            per_iter[arm] = (cfg["prompts_per_iter"] * cfg["group_size"] if cfg["algo"] == "grpo" else
+            per_iter[arm] = (cfg["prompts_per_iter"] * cfg["group_size"] if cfg["algo"] in ("grpo", "judge_reward") else
                              cfg["minibatches"] * cfg["gradient_accumulation_steps"] * cfg["batch_size"])
             assert [p["iter"] for p in run["curve"]] == results["eval_iters"] == [0, 1, 2]
             assert all(p["heldout_gold"] == p["heldout_acc"] for p in run["curve"])
@@ -90,7 +90,7 @@ def test_judge_rl_study_runs_at_toy_size(tmp_path):
                                                       for e in run["examples"])
     assert set(per_iter.values()) == {8}  # equal answers per iteration: GRPO 2 prompts × 4, PPO 2 minibatches × 4
     assert results["judge_samples"] == 2 and json.load(open(os.path.join(
-        results["arms"]["grpo_judge"]["1337"]["out_dir"], "config.json")))["reward"] == "judge"
+        results["arms"]["grpo_judge"]["1337"]["out_dir"], "config.json")))["algo"] == "judge_reward"
     assert {(d["arms"], d["figure"]) for d in results["paired"]} == {
         (f"{arm} − grpo_verifier", key) for arm in ("grpo_judge", "ppo_rm") for key in judge_rl.FIGURES}
     assert all(d["band"] is not None for d in results["paired"])

@@ -12,11 +12,10 @@ import torch
 
 import envs
 import grpo
-import grpo_estimators
-from nanopost import monitors
 import ppo
 import train as T
 from conftest import TINY
+from lab.process_reward import process_advantages
 from nanopost.rewards import check_reward_mode, token_rewards
 from nanopost.tokenizer import Tokenizer
 
@@ -64,15 +63,12 @@ def test_process_advantages_normalise_over_the_group_and_sum_the_steps_that_foll
     ends[0, 1] = ends[0, 3] = ends[1, 4] = True
     mask = torch.ones(2, 5)
     mask[0, 4] = 0.0
-    adv, degenerate = grpo_estimators.process_advantages(steps, ends, mask, 2, "grpo")
+    adv = process_advantages(steps, ends, mask, 2)
     hi, lo = (1 - 2 / 3) / (2 / 9) ** 0.5, (0 - 2 / 3) / (2 / 9) ** 0.5  # R = {1, 0, 1}: mean 2/3, std √(2/9)
     expected = torch.tensor([[hi + lo, hi + lo, lo, lo, 0.0], [hi] * 5])
     torch.testing.assert_close(adv, expected)
-    assert not degenerate.any()
-    flat, degenerate = grpo_estimators.process_advantages(torch.ones(2, 5) * ends, ends, mask, 2, "grpo")
-    assert degenerate.all() and not flat.any()
-    dr, _ = grpo_estimators.process_advantages(steps, ends, mask, 2, "dr_grpo")  # no std: r − mean
-    torch.testing.assert_close(dr[1], torch.full((5,), 1 / 3))
+    flat = process_advantages(torch.ones(2, 5) * ends, ends, mask, 2)  # every step reward equal: A = 0
+    assert not flat.any()
 
 
 def test_gae_passes_over_tool_tokens_and_is_unchanged_without_them():
@@ -87,20 +83,25 @@ def test_gae_passes_over_tool_tokens_and_is_unchanged_without_them():
     torch.testing.assert_close(returns[:, keep], dense_returns)
 
 
+def rlvp_advantages(outcome, path, beta):
+    """lab/rlvp.py's advantages of (P, G) channels: Â(O) + β·Â(Φ), each z-scored over its group."""
+    G = outcome.size(1)
+    return (grpo.group_advantages(outcome.flatten(), G) + beta * grpo.group_advantages(path.flatten(), G)).view(-1, G)
+
+
 def test_rlvp_channels_are_normalised_separately():
     outcome = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
     path = torch.tensor([[-2.0, 1.0, 1.0, 1.0]])
-    adv, degenerate = grpo_estimators.rlvp_advantages(outcome, path, "grpo", 0.5)
+    adv = rlvp_advantages(outcome, path, 0.5)
     z = lambda x: (x - x.mean()) / x.std(correction=0)
     torch.testing.assert_close(adv, z(outcome) + 0.5 * z(path))
     # a denser or larger path signal (ten times the actions) weighs the same: it cannot drown the outcome
-    torch.testing.assert_close(grpo_estimators.rlvp_advantages(outcome, 10 * path, "grpo", 0.5)[0], adv)
+    torch.testing.assert_close(rlvp_advantages(outcome, 10 * path, 0.5), adv)
     # rule 2, the outcome stays the main driver: the one success, though it broke the rule, still leads
-    assert adv[0, 0] > adv[0, 1:].max() and not degenerate.any()
-    only_path, degenerate = grpo_estimators.rlvp_advantages(torch.zeros(1, 4), path, "grpo", 0.5)
+    assert adv[0, 0] > adv[0, 1:].max()
+    only_path = rlvp_advantages(torch.zeros(1, 4), path, 0.5)
     torch.testing.assert_close(only_path, 0.5 * z(path))
-    assert not degenerate.any()
-    assert grpo_estimators.rlvp_advantages(torch.ones(1, 4), torch.ones(1, 4), "grpo", 0.5)[1].all()
+    assert not rlvp_advantages(torch.ones(1, 4), torch.ones(1, 4), 0.5).any()
 
 
 def test_the_four_rlvp_rules_of_the_calculator_rule_engine():
@@ -134,7 +135,7 @@ def test_the_four_rlvp_rules_of_the_calculator_rule_engine():
 
 
 def small(tmp_path, algo, **cfg):
-    base = dict(prompts_per_iter=2, group_size=4) if algo == "grpo" else dict(batch_size=4, minibatches=1)
+    base = dict(batch_size=4, minibatches=1) if algo.startswith("ppo") else dict(prompts_per_iter=2, group_size=4)
     return T.train(dict(TINY, **base, algo=algo, max_iters=1, checkpoint=False, max_new_tokens=24,
                         out_dir=str(tmp_path / f"{algo}-{len(os.listdir(tmp_path))}")) | cfg)
 
@@ -143,25 +144,28 @@ def logged(run):
     return [json.loads(line) for line in open(os.path.join(run.cfg["out_dir"], "metrics.jsonl"))][-1]
 
 
+GRPO_MODES = dict(process=dict(algo="process_reward"), rlvp=dict(algo="rlvp"), path=dict(algo="rlvp", path_only=True))
+
+
 @pytest.mark.parametrize("mode", ["process", "rlvp", "path"])
 def test_grpo_and_ppo_train_in_every_reward_mode(tmp_path, mode):
     for env in (["arithmetic"] if mode == "process" else []) + ["calculator"]:
-        row = logged(small(tmp_path, "grpo", env=env, reward_mode=mode))
+        row = logged(small(tmp_path, **GRPO_MODES[mode], env=env))
         assert row["loss"] == row["loss"] and ("violations_per_episode" in row) == (env == "calculator")
         assert 0 <= row["all_fail_frac"] <= 1
         variant = dict(process=dict(), rlvp=dict(), path=dict(rlvp_outcome=False))[mode]  # PPO's: lab/ppo_*.py
         ppo_algo = "ppo_process" if mode == "process" else "ppo_rlvp"
         assert logged(small(tmp_path, ppo_algo, env=env, **variant))["loss"] == pytest.approx(
             logged(small(tmp_path, ppo_algo, env=env, **variant))["loss"])  # deterministic
-    with pytest.raises(ValueError, match="group estimator"):
-        small(tmp_path, "grpo", env="calculator", reward_mode=mode, estimator="reinforce")
+    with pytest.raises(ValueError, match="no one variant"):  # (a reward mode with another baseline: no variant)
+        small(tmp_path, **GRPO_MODES[mode], env="calculator", estimator="reinforce")
 
 
 def test_process_mode_trains_on_per_token_advantages(tmp_path):
-    run = small(tmp_path, "grpo", reward_mode="process", max_iters=0)
+    run = small(tmp_path, "process_reward", max_iters=0)
     # a random model writes no equation: two made-up steps per response, at its middle and its end
     run.env.step_rewards = lambda p, text: [(len(text) // 2, float(len(text) % 2)), (len(text), float(len(text) % 3))]
-    mb = grpo.batches(run, run.state, 0)[0][0][0]
+    mb = run.algo.batches(run, run.state, 0)[0][0][0]
     adv = mb.advantages
     assert adv.shape == mb.mask.shape and bool((adv[mb.mask == 0] == 0).all())
     assert adv[mb.mask > 0].abs().sum() > 0
@@ -174,24 +178,19 @@ def test_advantage_mass_on_all_fail_groups(tmp_path):
     """all_fail_adv_share = Σ|A| over the rows of all-fail groups / Σ|A| over all rows, a row's |A| its
     advantage or the mean |A_t| over its response tokens: 0 under the outcome reward (such a group
     has A = 0), all of it where every group fails and a process reward still ranks the samples."""
-    ro = SimpleNamespace(advantages=torch.tensor([0.0, 0.0, 1.0, -1.0]), mask=None)
-    assert monitors.advantage_mass(ro, torch.tensor([True, True, False, False])) == dict(all_fail_adv=0.0, adv_mass=2.0)
-    ro = SimpleNamespace(advantages=torch.tensor([[1.0, -2.0, 7.0], [0.5, 0.5, 0.0]]),
-                         mask=torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]))
-    assert monitors.advantage_mass(ro, torch.tensor([True, False])) == pytest.approx(dict(all_fail_adv=1.5, adv_mass=1.5 + 1 / 3))
     outcome = grpo.batches(*(lambda run: (run, run.state, 0))(small(tmp_path, "grpo", max_iters=0)))[1]
     assert outcome["all_fail_frac"] == 1.0 and outcome["all_fail_adv_share"] == 0.0  # a random model fails every group
-    run = small(tmp_path, "grpo", reward_mode="process", max_iters=0)
+    run = small(tmp_path, "process_reward", max_iters=0)
     run.env.step_rewards = lambda p, text: [(len(text) // 2, float(len(text) % 2)), (len(text), 0.0)]
-    process = grpo.batches(run, run.state, 0)[1]
+    process = run.algo.batches(run, run.state, 0)[1]
     assert process["all_fail_frac"] == 1.0 and process["all_fail_adv_share"] == 1.0
     # the share is of the final advantages: REINFORCE's batch baseline (A = r − 0.5 when one group of two
     # wins every answer) weighs the all-fail group's rows as much as the winners'
-    for estimator, share in (("grpo", 0.0), ("reinforce", 0.5)):
-        run = small(tmp_path, "grpo", estimator=estimator, max_iters=0)
+    for algo, share in (("grpo", 0.0), ("reinforce", 0.5)):
+        run = small(tmp_path, algo, max_iters=0)
         calls = iter(range(10 ** 6))
         run.env.verify = lambda problem, text: 1.0 if next(calls) < 4 else 0.0  # the first group's four answers
-        figures = grpo.batches(run, run.state, 0)[1]
+        figures = run.algo.batches(run, run.state, 0)[1]
         assert figures["all_fail_frac"] == 0.5 and figures["all_fail_adv_share"] == pytest.approx(share)
 
 

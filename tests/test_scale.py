@@ -143,7 +143,7 @@ def test_first_on_policy_ratio_is_exactly_one_under_bf16_autocast(tmp_path, monk
     import json
     _bf16_autocast_on_cpu(monkeypatch)
     T.train(dict(TINY, algo="grpo", out_dir=str(tmp_path), max_iters=1, prompts_per_iter=4, group_size=4,
-                 batch_size=4, max_new_tokens=24, old_logprobs="recompute", temperature=1.0, kl="off"))
+                 batch_size=4, max_new_tokens=24, old_logprobs="recompute", temperature=1.0, kl_coef=0.0))
     assert [json.loads(l) for l in open(tmp_path / "metrics.jsonl")][-1]["ratio_dev"] == 0.0
 
 

@@ -155,14 +155,14 @@ def tool_run(tmp_path, **cfg):
 def test_grpo_rollouts_mask_tool_tokens_and_they_carry_no_weight(tmp_path):
     # share_prompt=False: the perturbation below addresses logits by their position in ids, which a
     # shared-prompt forward does not keep (tests/test_grpo.py shows both forwards give equal losses)
-    run, policy = tool_run(tmp_path, algo="grpo", prompts_per_iter=2, group_size=4, kl="k3_loss",
-                           reward_mode="process", learning_rate=1e-3, share_prompt=False)
+    run, policy = tool_run(tmp_path, algo="process_reward", prompts_per_iter=2, group_size=4, learning_rate=1e-3,
+                           share_prompt=False)
     roll = rollouts(run, policy, run.env.problems("train", 2), 4, seed=0)
     assert roll.forced.sum() > 0 and not bool((roll.forced * roll.mask).any())
     assert bool(((roll.forced > 0) <= (roll.old_logprobs == 0)).all())
     for i, (toks, start) in enumerate(zip(roll.responses, roll.prompt_lens.tolist())):  # ids hold every token
         assert roll.ids[i, start:start + len(toks)].tolist() == toks
-    step = grpo.batches(run, run.state, 0)[0][0]
+    step = run.algo.batches(run, run.state, 0)[0][0]
     for mb in step:
         forced = (mb.mask == 0) & (torch.arange(mb.mask.size(1)) < last_response_column(mb.mask)[:, None])
         forced &= torch.arange(mb.mask.size(1)) >= (mb.mask > 0).float().argmax(1, keepdim=True)

@@ -145,7 +145,7 @@ def test_rule_engine_judges_each_call_of_hand_made_plays():
 
 
 def test_rlvp_and_process_modes_accept_the_treasure_hunt():
-    cfg = options.make_config(dict(algo="grpo", env="treasure", reward_mode="rlvp"))
+    cfg = dict(options.make_config(dict(algo="rlvp", env="treasure")), reward_mode="rlvp")
     check_reward_mode(cfg, ENV)
     check_reward_mode(dict(cfg, reward_mode="process"), ENV)
 
