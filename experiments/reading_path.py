@@ -9,7 +9,7 @@ Definition (the one tests/test_layout.py enforces): the project functions called
 
     python train.py --algo X --init_from=out/sft --max_iters=1 --eval_interval=0
 
-runs (SFT and pretraining from out/pretrain), each function once, counted as its whole `def` with
+runs (SFT and pretraining from out/pretrain; OPD with --teacher=out/sft), each function once, counted as its whole `def` with
 its docstring and decorators; lines are the union of those spans in each file (a closure is counted
 inside the function that holds it, not twice). tests/ and experiments/ are not the project's path.
 The starting checkpoints are made here by two short untraced runs (pretrain, then SFT), so that the
@@ -130,7 +130,7 @@ def reading_path(algo, workdir):
     """The summary of `algo`'s reading path, run in `workdir` (which make_starts prepared)."""
     start = "out/pretrain" if algo in ("sft", "pretrain") else "out/sft"
     argv = [f"--algo={algo}", f"--init_from={start}", "--max_iters=1", "--eval_interval=0",
-            f"--out_dir=out/path_{algo}", "--overwrite=True"]
+            f"--out_dir=out/path_{algo}", "--overwrite=True"] + (["--teacher=out/sft"] if algo == "opd" else [])
     return summarise(trace_run(argv, workdir))
 
 
@@ -214,8 +214,8 @@ def write_docs(results, path=os.path.join(ROOT, "docs", "internals.md")):
 def main(argv):
     algos = [a.split("=", 1)[1] for a in argv if a.startswith("--algo=")] or \
         ([argv[argv.index("--algo") + 1]] if "--algo" in argv else ["sft", "dpo", "grpo"])
-    if "--write-docs" in argv:
-        algos = ["sft", "rm", "dpo", "ppo", "grpo", "opd", "rft"]
+    if "--write-docs" in argv:  # (not rft: a start of two SFT iterations verifies no candidate to keep)
+        algos = ["sft", "rm", "dpo", "ppo", "grpo", "opd"]
     results = {}
     with tempfile.TemporaryDirectory() as workdir:
         make_starts(workdir)

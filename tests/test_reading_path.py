@@ -11,9 +11,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import reading_path  # noqa: E402
 
-# Budgets: no larger than the path measured when each was set (a ratchet: lower them as the path
-# shrinks). The targets are reading_path.BUDGETS; docs/internals.md shows both.
-RATCHET = dict(sft=(1200, 15), dpo=(1800, 18), grpo=(2250, 20))
+# Budgets: the path measured when each was set, rounded up to ten lines (a ratchet: lower them as the
+# path shrinks; before the textbook: sft 1,185 lines in 14 files, dpo 1,800 in 18, grpo 2,208 in 20).
+# The targets are reading_path.BUDGETS; docs/internals.md shows both.
+RATCHET = dict(sft=(1200, 15), dpo=(1730, 18), grpo=(1900, 17))
 
 
 @pytest.fixture(scope="module")
