@@ -46,7 +46,10 @@ import json
 import math
 import os
 import random
+import shlex
+import signal
 import sys
+import threading
 import time
 
 # OpenMP's waiting threads sleep instead of spinning: beside any other process a spinning run on two
@@ -67,8 +70,8 @@ from nanopost.evaluation import plot_metrics, read_metrics
 from model import GPT, apply_lora, count_parameters
 from nanopost.monitors import watcher
 from nanopost.options import (DEFAULTS, MODEL_KEYS, after_the_ladder, algo_module, check_model_keys, check_out_dir, check_start,
-                     fill_out_dir, help_text, make_config, optional_dependency, parse_args)
-from nanopost.run_dir import write_out
+                     fill_out_dir, help_text, make_config, optional_dependency, parse_args, resumable)
+from nanopost.run_dir import put_back, release_lock, set_aside, take_lock, write_out
 from nanopost.tokenizer import make_tokenizer
 
 
@@ -97,12 +100,13 @@ def load_resume(overrides):
     if overrides.get("init_from") != "resume":
         return None, overrides
     out_dir = fill_out_dir(overrides.get("out_dir", DEFAULTS["out_dir"]), overrides.get("algo", DEFAULTS["algo"]))
-    if not os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
-        raise FileNotFoundError(f"init_from=resume: no checkpoint at {os.path.join(out_dir, 'ckpt.pt')}")
-    ckpt = read_checkpoint(out_dir)
+    ckpt = resumable(out_dir, overrides)
     check_resumable(ckpt, out_dir)
-    check_model_keys(overrides, ckpt["model_args"], f"the run resumed from {out_dir}")
-    return ckpt, {**ckpt["config"], **{k: v for k, v in overrides.items() if k != "init_from"}}
+    # the positions it trains on are the run's too (config.json's block_size, at most the model's)
+    check_model_keys(overrides, {**ckpt["model_args"], "block_size": ckpt["config"]["block_size"]},
+                     f"the run resumed from {out_dir}", MODEL_KEYS + ("block_size",))
+    # out_dir: where the checkpoint is now (a run directory moved since still writes where it is)
+    return ckpt, {**ckpt["config"], **{k: v for k, v in overrides.items() if k != "init_from"}, "out_dir": out_dir}
 
 
 def setup(overrides, ckpt, algo=None):
@@ -111,6 +115,9 @@ def setup(overrides, ckpt, algo=None):
     cfg = make_config(overrides)
     if ckpt is None:  # (a resumed run writes into its own out_dir)
         check_out_dir(cfg)
+        # the schedule's length, recorded at the first start (config.json, the checkpoint): a resumed run that
+        # asks for more iterations keeps the schedule it started with, and holds min_lr past its end
+        cfg["lr_decay_iters"] = cfg["lr_decay_iters"] or cfg["max_iters"]
     run = setup_device(cfg)
     if ckpt is not None:
         check_resumable(ckpt, cfg["out_dir"], run)
@@ -130,6 +137,11 @@ def setup(overrides, ckpt, algo=None):
         model = build_model(cfg, run.tok)
     if ckpt is None and cfg["init_from"] != "scratch":  # a checkpoint or transformers start brings its shape
         check_model_keys(overrides, dataclasses.asdict(model.config), f"init_from={cfg['init_from']}")
+        if cfg["block_size"] > model.config.block_size:  # (shorter sequences than its positions: fine)
+            if "block_size" in overrides:
+                raise ValueError(f"--block_size={cfg['block_size']} cannot apply: init_from={cfg['init_from']} has "
+                                 f"{model.config.block_size} positions; pass at most that, or drop the key")
+            cfg["block_size"] = model.config.block_size
     cfg.update({key: getattr(model.config, key) for key in MODEL_KEYS})  # config.json: what actually runs
     if hasattr(run.algo, "wrap_model"):
         model = run.algo.wrap_model(run, model)
@@ -168,17 +180,16 @@ def setup(overrides, ckpt, algo=None):
 def resume(run, optimizer, ckpt, metrics_path):
     """(the iteration to start from, the tokens trained so far): the checkpoint's, with the optimizer
     and RNG restored and metrics.jsonl cut back to it; or (0, 0), with a fresh metrics.jsonl and
-    config.json (under --overwrite=True, the earlier run's ckpt.pt removed)."""
+    config.json (under --overwrite=True, the earlier run set aside until this one's first checkpoint:
+    run_dir.set_aside). Rank 0 takes out_dir's lock first: one writer per run directory."""
     cfg = run.cfg
     held, run.held = run.held, None  # (what setup wrote: run_dir.write_out)
     if run.master:  # the run's first writes into out_dir: a setup that failed has left it as it was
         os.makedirs(cfg["out_dir"], exist_ok=True)
-        if ckpt is None:  # a new run's files start afresh (--overwrite=True: the earlier run's go)
-            if os.path.exists(os.path.join(cfg["out_dir"], "ckpt.pt")):
-                print(f"overwrite: replacing the run in {cfg['out_dir']}")
-            for name in ("ckpt.pt", "samples.txt"):
-                if os.path.exists(os.path.join(cfg["out_dir"], name)):
-                    os.remove(os.path.join(cfg["out_dir"], name))
+        take_lock(cfg["out_dir"])
+        run.locked = True
+        if ckpt is None:  # a new run's files start afresh (--overwrite=True: the earlier run's wait aside)
+            set_aside(cfg["out_dir"])
             open(metrics_path, "w").close()
             with open(os.path.join(cfg["out_dir"], "config.json"), "w") as f:
                 json.dump(cfg, f, indent=1)
@@ -262,7 +273,8 @@ def optimizer_step(run, state, optimizer, micro_batches, it):
 def not_finite(it, what):
     """The error that stops a run at a non-finite loss, gradient norm or weight: no checkpoint comes of it."""
     return ValueError(f"iteration {it + 1}: {what}: training stopped, and no checkpoint was written from it "
-                      f"(out_dir keeps the last good one); lower --learning_rate, or look for what overflowed")
+                      f"(out_dir keeps its last good one, or the run --overwrite was to replace); lower "
+                      f"--learning_rate, or look for what overflowed")
 
 
 def check_weights(run, it):
@@ -307,6 +319,47 @@ def progress_bar(run, start_iter):
                 mininterval=0.1 if sys.stderr.isatty() else 30)
 
 
+class Stopped(Exception):
+    """A run stopped by Ctrl-C (SIGINT) or SIGTERM at a step boundary; the text says what was saved."""
+
+
+@contextlib.contextmanager
+def stops_asked():
+    """The first Ctrl-C (SIGINT) or SIGTERM asks the loop to stop at the next step boundary, where it
+    saves a checkpoint and says how to resume (the list it yields gets the signal's name); the signal
+    that came goes back to its default at once, so a second Ctrl-C stops the process where it is.
+    (Signal handlers belong to the main thread: in another, signals keep their defaults.)"""
+    asked, before = [], {}
+
+    def ask(signum, frame):
+        signal.signal(signum, before[signum])
+        asked.append(signal.Signals(signum).name)
+        print(f"\n{asked[-1]}: stopping at the end of this step to save a checkpoint (Ctrl-C again: stop at once)",
+              file=sys.stderr, flush=True)
+    if threading.current_thread() is threading.main_thread():
+        before = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield asked
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def owning(run):
+    """While the run runs: on its way out, rank 0 releases out_dir's lock (run_dir.take_lock), and a run
+    that stops before its first checkpoint puts back the run --overwrite set aside (run_dir.put_back)."""
+    try:
+        yield
+    except BaseException:
+        if getattr(run, "locked", False):
+            put_back(run.cfg["out_dir"])
+        raise
+    finally:
+        if getattr(run, "locked", False):
+            release_lock(run.cfg["out_dir"])
+
+
 def train(overrides, algo=None):
     """Run one training job. Returns the run, with run.state (what the algorithm's setup made) and
     run.metrics (the last evaluation). algo: an object with the algorithm interface to run in place
@@ -314,55 +367,65 @@ def train(overrides, algo=None):
     ckpt, overrides = load_resume(dict(overrides))
     run, optimizer, state = setup(overrides, ckpt, algo)
     cfg, metrics_path = run.cfg, os.path.join(run.cfg["out_dir"], "metrics.jsonl")
-    start_iter, train_tokens = resume(run, optimizer, ckpt, metrics_path)
-    run.watch = watcher(run, metrics_path)  # the monitors (monitors.ALARMS) on every logged row
-    stop_early, state_dict = getattr(run.algo, "stop_early", None), getattr(run.algo, "state_dict", None)
-    evaluating, bar, metrics, drawn_at = cfg["eval_interval"] > 0, progress_bar(run, start_iter), {}, time.time()
-    if start_iter == 0 and evaluating and cfg["eval_at_start"]:
-        metrics, drawn_at = evaluate(run, state, 0, metrics_path, drawn_at)
-    for it in bar:
-        t0, lr = time.time(), lr_at(cfg, it)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        set_dropout(run, False)
-        with gathered(run):  # --fsdp: rollouts and scoring on full weights (distributed.gathered)
-            steps, figures = run.algo.batches(run, state, it)  # RL: the rollouts happen here
-        t_update, sums, grad_norm = time.time(), {}, None  # sums: over steps, micro-batches and ranks
-        for micro_batches in steps:
-            try:
-                step, grad_norm = optimizer_step(run, state, optimizer, micro_batches, it)
-            except ValueError:  # a non-finite loss or gradient: the iteration's figures first, so its monitors name the cause
-                log(run, metrics_path, {"iter": it + 1, "lr": lr, "loss": float("nan"), **figures})
-                raise
-            for k, v in step.items():
-                sums[k] = sums.get(k, 0.0) + v
-            train_tokens += step.get("tokens", 0.0)
-            if stop_early and stop_early(run, state, as_means(step), figures):  # (PPO's early stop on its KL)
-                break
-        figures["time_update"] = time.time() - t_update  # forward, backward and optimizer of the iteration
-        if (it + 1) % cfg["log_interval"] == 0 or it + 1 == cfg["max_iters"]:
-            row = {**as_means(sums), "iter": it + 1, "lr": lr, "iter_time": time.time() - t0,
-                   "train_tokens": train_tokens, **figures}
-            if grad_norm is not None:
-                row["grad_norm"] = float(grad_norm)
-            log(run, metrics_path, row)
-            bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)  # shown at the next redraw
-        at_eval = evaluating and ((it + 1) % cfg["eval_interval"] == 0 or it + 1 == cfg["max_iters"])
-        saving = cfg["checkpoint"] and (at_eval or it + 1 == cfg["max_iters"])
-        if at_eval or saving:
-            check_weights(run, it)
-        if at_eval:
-            metrics, drawn_at = evaluate(run, state, it + 1, metrics_path, drawn_at)
-            if run.master:
-                bar.write(f"iter {it + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
-        if saving:  # (every rank: its RNG streams)
-            save_checkpoint(run, optimizer, it + 1, train_tokens, state_dict(run, state) if state_dict else None)
-    bar.close()
-    if run.ddp:
-        dist.barrier()
-        dist.destroy_process_group()
-    run.state, run.metrics = state, metrics  # for the caller (tests, experiments); the loop is done with them
-    return run
+    with owning(run), stops_asked() as asked:
+        start_iter, train_tokens = resume(run, optimizer, ckpt, metrics_path)
+        run.watch = watcher(run, metrics_path)  # the monitors (monitors.ALARMS) on every logged row
+        stop_early, state_dict = getattr(run.algo, "stop_early", None), getattr(run.algo, "state_dict", None)
+        evaluating, bar, metrics, drawn_at = cfg["eval_interval"] > 0, progress_bar(run, start_iter), {}, time.time()
+        if start_iter == 0 and evaluating and cfg["eval_at_start"]:
+            metrics, drawn_at = evaluate(run, state, 0, metrics_path, drawn_at)
+        # a run of no steps checkpoints its start: an overwrite replaces the earlier run, never with nothing
+        if start_iter == cfg["max_iters"] == 0 and cfg["checkpoint"]:
+            save_checkpoint(run, optimizer, 0, 0, state_dict(run, state) if state_dict else None)
+        for it in bar:
+            t0, lr = time.time(), lr_at(cfg, it)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            set_dropout(run, False)
+            with gathered(run):  # --fsdp: rollouts and scoring on full weights (distributed.gathered)
+                steps, figures = run.algo.batches(run, state, it)  # RL: the rollouts happen here
+            t_update, sums, grad_norm = time.time(), {}, None  # sums: over steps, micro-batches and ranks
+            for micro_batches in steps:
+                try:
+                    step, grad_norm = optimizer_step(run, state, optimizer, micro_batches, it)
+                except ValueError:  # a non-finite loss or gradient: the iteration's figures first, so its monitors name the cause
+                    log(run, metrics_path, {"iter": it + 1, "lr": lr, "loss": float("nan"), **figures})
+                    raise
+                for k, v in step.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                train_tokens += step.get("tokens", 0.0)
+                if stop_early and stop_early(run, state, as_means(step), figures):  # (PPO's early stop on its KL)
+                    break
+            figures["time_update"] = time.time() - t_update  # forward, backward and optimizer of the iteration
+            if (it + 1) % cfg["log_interval"] == 0 or it + 1 == cfg["max_iters"]:
+                row = {**as_means(sums), "iter": it + 1, "lr": lr, "iter_time": time.time() - t0,
+                       "train_tokens": train_tokens, **figures}
+                if grad_norm is not None:
+                    row["grad_norm"] = float(grad_norm)
+                log(run, metrics_path, row)
+                bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)  # shown at the next redraw
+            stopping = all_reduce_sum([len(asked)], run)[0] > 0  # a Ctrl-C or SIGTERM: every rank stops here
+            at_eval = evaluating and ((it + 1) % cfg["eval_interval"] == 0 or it + 1 == cfg["max_iters"])
+            saving = cfg["checkpoint"] and (at_eval or stopping or it + 1 == cfg["max_iters"])
+            if at_eval or saving:
+                check_weights(run, it)
+            if at_eval:
+                metrics, drawn_at = evaluate(run, state, it + 1, metrics_path, drawn_at)
+                if run.master:
+                    bar.write(f"iter {it + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+            if saving:  # (every rank: its RNG streams)
+                save_checkpoint(run, optimizer, it + 1, train_tokens, state_dict(run, state) if state_dict else None)
+            if stopping:
+                out = shlex.quote(cfg["out_dir"])
+                raise Stopped(f"{asked[0] if asked else 'a signal'} at iteration {it + 1}: " + (
+                    f"saved {out}/ckpt.pt; resume with: python train.py --init_from=resume --out_dir={out}"
+                    if saving else "nothing saved (--checkpoint=False)"))
+        bar.close()
+        if run.ddp:
+            dist.barrier()
+            dist.destroy_process_group()
+        run.state, run.metrics = state, metrics  # for the caller (tests, experiments); the loop is done with them
+        return run
 
 
 if __name__ == "__main__":
@@ -376,9 +439,16 @@ if __name__ == "__main__":
         overrides, chosen = after_the_ladder(overrides)
         if chosen and first_process:
             print(chosen, flush=True)
-        check_start(overrides)
+        started = check_start(overrides)
+        if started and first_process:
+            print(started, flush=True)
         train(overrides)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}" if first_process else 1)
+    except (Stopped, KeyboardInterrupt) as e:  # Ctrl-C or SIGTERM (exit 130: a shell's "interrupted")
+        if first_process:  # (a KeyboardInterrupt: a Ctrl-C before the loop began, or the second one)
+            print(e if isinstance(e, Stopped) else "interrupted: stopped at once, nothing saved since the last "
+                  "checkpoint", file=sys.stderr)
+        sys.exit(130)
     except ImportError as e:  # an optional package (transformers, ...) that is not installed
         sys.exit(f"error: {optional_dependency(e)}" if first_process else 1)

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import difflib
 import hashlib
+import json
 import os
 import pickle
 import random
@@ -19,6 +20,7 @@ import torch
 
 from nanopost import hf
 from nanopost.distributed import gather_objects, place
+from nanopost.run_dir import drop_previous
 from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora
 from nanopost.tokenizer import make_tokenizer
 
@@ -35,6 +37,10 @@ def build_model(cfg, tok):
                                  bias=cfg["bias"]))
     if os.path.isfile(os.path.join(init, "ckpt.pt")):
         return load_model(init, dropout=cfg["dropout"])
+    if is_run_without_checkpoint(init):
+        raise FileNotFoundError(f"init_from={init}: a train.py run's directory (its config.json) without ckpt.pt: "
+                                f"that run wrote no checkpoint (--checkpoint=False, or it stopped before its first); "
+                                f"pass a directory that has one, or finish that run")
     if hf.looks_local(init) and not os.path.exists(init):  # never a hub lookup for a path
         parent = os.path.dirname(init) or "."
         close = difflib.get_close_matches(os.path.basename(init), os.listdir(parent) if os.path.isdir(parent) else [], 1)
@@ -49,6 +55,15 @@ def build_model(cfg, tok):
                          f"{model.config.block_size} positions")
     model.resize_vocab(tok.n_vocab)
     return model
+
+
+def is_run_without_checkpoint(name):
+    """A directory whose config.json is a train.py run's (it names an algo), not transformers'."""
+    try:
+        with open(os.path.join(name, "config.json")) as f:
+            return "algo" in json.load(f)
+    except (OSError, ValueError):
+        return False
 
 
 def is_hf_checkpoint(name):
@@ -96,7 +111,34 @@ def read_checkpoint(ckpt_dir, device="cpu"):
     if ckpt.get("format", 1) > CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: checkpoint format {ckpt['format']} is newer than this code's "
                          f"{CHECKPOINT_FORMAT}: update the code")
+    if "checksum" in ckpt and checksum(ckpt) != ckpt["checksum"]:  # (checkpoints written before checksums: unchecked)
+        raise ValueError(f"{path}: its contents do not match the checksum saved with them (a flipped bit, a bad "
+                         f"copy or disk): restore the file from a copy, or delete it")
     return ckpt
+
+
+def checksum(ckpt):
+    """sha256 of everything a checkpoint holds but its checksum: every tensor's bytes and every other
+    value's repr, with their keys, in a fixed order. A bit flipped on disk or in a copy loads without
+    complaint otherwise (torch reads no checksum of its own) and trains or samples from garbage."""
+    h = hashlib.sha256()
+
+    def add(value):
+        if isinstance(value, dict):
+            for key in sorted(value, key=repr):
+                if key != "checksum":
+                    h.update(repr(key).encode())
+                    add(value[key])
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                add(item)
+        elif torch.is_tensor(value):
+            h.update(str(value.dtype).encode())
+            h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())  # (no copy: a view)
+        else:
+            h.update(repr(value).encode())
+    add(ckpt)
+    return h.hexdigest()
 
 
 def check_resumable(ckpt, ckpt_dir, run=None):
@@ -294,9 +336,20 @@ def save_checkpoint(run, optimizer, it, train_tokens, algo_state):
         lora_rank=run.cfg["lora_rank"], lora_alpha=run.cfg["lora_alpha"], tokenizer=run.tok.name,
         rng=rng, algo_state=algo_state, train_tokens=train_tokens, frozen=getattr(run, "frozen", {}),
     )
+    ckpt["checksum"] = checksum(ckpt)
     path = os.path.join(run.cfg["out_dir"], "ckpt.pt")
-    torch.save(ckpt, path + ".tmp")
+    try:
+        torch.save(ckpt, path + ".tmp")
+    except BaseException as e:  # the partial file goes: it would keep a full disk full (or, a second Ctrl-C, linger)
+        if os.path.exists(path + ".tmp"):
+            os.remove(path + ".tmp")
+        if isinstance(e, (OSError, RuntimeError)):  # a full disk or quota (torch's zip writer raises RuntimeError)
+            raise ValueError(f"{path}: the checkpoint of iteration {it} could not be written "
+                             f"({str(e).splitlines()[0][:80]}): free space on that disk, then resume with "
+                             f"--init_from=resume (the earlier ckpt.pt, if any, is kept)") from None
+        raise
     os.replace(path + ".tmp", path)
+    drop_previous(run.cfg["out_dir"])  # this run has a checkpoint of its own: the run --overwrite set aside goes
     for name in os.listdir(run.cfg["out_dir"]):  # sharded states ckpt.pt no longer names
         if name.startswith("sharded_") and name != sharded:
             shutil.rmtree(os.path.join(run.cfg["out_dir"], name))
