@@ -71,7 +71,7 @@ from model import GPT, apply_lora, count_parameters
 from nanopost.monitors import watcher
 from nanopost.options import (DEFAULTS, MODEL_KEYS, after_the_ladder, algo_module, check_model_keys, check_out_dir, check_start,
                      fill_out_dir, help_text, make_config, optional_dependency, parse_args, resumable)
-from nanopost.run_dir import put_back, release_lock, set_aside, take_lock, write_out
+from nanopost.run_dir import drop_previous, put_back, release_lock, set_aside, take_lock, write_out
 from nanopost.tokenizer import make_tokenizer
 
 
@@ -347,14 +347,18 @@ def stops_asked():
 
 @contextlib.contextmanager
 def owning(run):
-    """While the run runs: on its way out, rank 0 releases out_dir's lock (run_dir.take_lock), and a run
-    that stops before its first checkpoint puts back the run --overwrite set aside (run_dir.put_back)."""
+    """While the run runs: on its way out, rank 0 releases out_dir's lock (run_dir.take_lock); the run
+    --overwrite set aside comes back if this one stops before its first checkpoint (run_dir.put_back),
+    and goes if it finishes without one (--checkpoint=False: its figures are what it replaced it with)."""
     try:
         yield
     except BaseException:
         if getattr(run, "locked", False):
             put_back(run.cfg["out_dir"])
         raise
+    else:
+        if getattr(run, "locked", False):
+            drop_previous(run.cfg["out_dir"])
     finally:
         if getattr(run, "locked", False):
             release_lock(run.cfg["out_dir"])

@@ -373,6 +373,8 @@ def test_overwrite_keeps_the_earlier_run_until_the_new_one_has_a_checkpoint(tmp_
     T.train(dict(RUN, max_iters=0, out_dir=out, overwrite=True))
     assert C.read_checkpoint(out)["iter"] == 0 and not os.path.exists(os.path.join(out, "previous"))
     assert sorted(os.listdir(out)) == ["ckpt.pt", "config.json", "metrics.jsonl", "passport.md"]  # (lock released)
+    T.train(dict(RUN, max_iters=1, checkpoint=False, out_dir=out, overwrite=True))  # finished: it replaced it
+    assert sorted(os.listdir(out)) == ["config.json", "metrics.jsonl", "passport.md"]
 
 
 def test_a_second_writer_is_refused_and_a_stale_lock_is_taken_over(tmp_path, capsys):
