@@ -16,6 +16,7 @@ import torch
 
 from nanopost import checkpoints as C
 from nanopost import options
+from nanopost import run_dir
 import sample
 import sft
 import train as T
@@ -375,6 +376,15 @@ def test_overwrite_keeps_the_earlier_run_until_the_new_one_has_a_checkpoint(tmp_
     assert sorted(os.listdir(out)) == ["ckpt.pt", "config.json", "metrics.jsonl", "passport.md"]  # (lock released)
     T.train(dict(RUN, max_iters=1, checkpoint=False, out_dir=out, overwrite=True))  # finished: it replaced it
     assert sorted(os.listdir(out)) == ["config.json", "metrics.jsonl", "passport.md"]
+    # a kill before the first checkpoint leaves the earlier run in out_dir/previous: said by a start and a resume
+    T.train(dict(RUN, max_iters=1, out_dir=out, overwrite=True))
+    run_dir.set_aside(out)
+    with pytest.raises(ValueError, match=rf"--out_dir={out} holds a run in {out}/previous \(set aside by an --overwrite "
+                                         r"run that was killed before its first checkpoint\)") as e:
+        T.train(dict(RUN, max_iters=1, out_dir=out))
+    one_line(e)
+    with pytest.raises(FileNotFoundError, match=rf"; {out}/previous holds the run an --overwrite set aside"):
+        T.train(dict(init_from="resume", out_dir=out))
 
 
 def test_a_second_writer_is_refused_and_a_stale_lock_is_taken_over(tmp_path, capsys):

@@ -106,6 +106,32 @@ def test_resume_equals_uninterrupted(tmp_path, monkeypatch):
     assert [r["iter"] for r in rows if "loss" in r] == list(range(1, 7))  # no duplicated or missing lines
 
 
+def _stopped_by_rank_0(overrides):
+    """(run in each of two processes) A Ctrl-C reaching rank 0 alone, during iteration 2: what each rank raised."""
+    real = sft.batches
+
+    def batches(run, state, it):
+        if it == 1 and run.rank == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(run, state, it)
+    sft.batches = batches
+    try:
+        T.train(overrides)
+    except T.Stopped as e:
+        return str(e)
+
+
+def test_under_ddp_every_rank_stops_at_the_step_a_signal_reached_one(tmp_path):
+    """A Ctrl-C that reaches one rank stops all of them after the same step, with one checkpoint (its
+    writing is collective: ranks that disagreed would hang)."""
+    out = str(tmp_path / "ddp")
+    said = run_ddp(_stopped_by_rank_0, dict(TINY, **SFT_DATA, algo="sft", max_iters=6, out_dir=out))
+    assert said == [f"SIGINT at iteration 2: saved {out}/ckpt.pt; resume with: python train.py --init_from=resume "
+                    f"--out_dir={out}", f"a signal at iteration 2: saved {out}/ckpt.pt; resume with: python train.py "
+                    f"--init_from=resume --out_dir={out}"]
+    assert C.read_checkpoint(out)["iter"] == 2 and len(C.read_checkpoint(out)["rng"]) == 2
+
+
 def test_a_longer_resume_keeps_the_schedule_it_started_with(tmp_path):
     """The schedule's length (lr_decay_iters=0: max_iters) is recorded at the first start: a resume that
     asks for more iterations follows it, then holds min_lr; it never stretches the cosine mid-run."""
