@@ -334,15 +334,19 @@ def command_problems(words):
     return problems
 
 
-def test_every_documented_command_uses_options_its_script_takes():
-    found, checked = [], 0
+def every_documented_command():
+    """("page:line", the command's shell words) of every command of every page."""
     for page in PAGES:
         for number, text in documented_commands(page):
             for words in split_commands(text):
-                if script_of(words):
-                    checked += 1
-                for why in command_problems(words):
-                    found.append(f"{os.path.relpath(page, ROOT)}:{number}: `{' '.join(words)[:90]}`: {why}")
+                yield f"{os.path.relpath(page, ROOT)}:{number}", words
+
+
+def test_every_documented_command_uses_options_its_script_takes():
+    found, checked = [], 0
+    for where, words in every_documented_command():
+        checked += bool(script_of(words))
+        found += [f"{where}: `{' '.join(words)[:90]}`: {why}" for why in command_problems(words)]
     assert not found, "documented commands with options their scripts do not take:\n" + "\n".join(found)
     assert checked > 50
 
@@ -415,13 +419,11 @@ def import_problems(code):
 
 def test_every_documented_python_c_line_imports_what_exists():
     found, checked = [], 0
-    for page in PAGES:
-        for number, text in documented_commands(page):
-            for words in split_commands(text):
-                code = python_c_code(words)
-                if code is not None:
-                    checked += 1
-                    found += [f"{os.path.relpath(page, ROOT)}:{number}: {why}" for why in import_problems(code)]
+    for where, words in every_documented_command():
+        code = python_c_code(words)
+        if code is not None:
+            checked += 1
+            found += [f"{where}: {why}" for why in import_problems(code)]
     assert not found, "documented `python -c` lines that fail:\n" + "\n".join(found)
     assert checked >= 2
 
