@@ -348,8 +348,9 @@ def stops_asked():
 @contextlib.contextmanager
 def owning(run):
     """While the run runs: on its way out, rank 0 releases out_dir's lock (run_dir.take_lock); the run
-    --overwrite set aside comes back if this one stops before its first checkpoint (run_dir.put_back),
-    and goes if it finishes without one (--checkpoint=False: its figures are what it replaced it with)."""
+    --overwrite set aside (gone at this run's first checkpoint) comes back if this one ends without a
+    checkpoint (run_dir.put_back: an error, a NaN, --max_iters=0), unless it finished under
+    --checkpoint=False, which asked for none (its figures are what it replaces the earlier run with)."""
     try:
         yield
     except BaseException:
@@ -357,7 +358,9 @@ def owning(run):
             put_back(run.cfg["out_dir"])
         raise
     else:
-        if getattr(run, "locked", False):
+        if getattr(run, "locked", False) and run.cfg["checkpoint"]:
+            put_back(run.cfg["out_dir"])
+        elif getattr(run, "locked", False):
             drop_previous(run.cfg["out_dir"])
     finally:
         if getattr(run, "locked", False):
@@ -378,9 +381,6 @@ def train(overrides, algo=None):
         evaluating, bar, metrics, drawn_at = cfg["eval_interval"] > 0, progress_bar(run, start_iter), {}, time.time()
         if start_iter == 0 and evaluating and cfg["eval_at_start"]:
             metrics, drawn_at = evaluate(run, state, 0, metrics_path, drawn_at)
-        # a run of no steps checkpoints its start: an overwrite replaces the earlier run, never with nothing
-        if start_iter == cfg["max_iters"] == 0 and cfg["checkpoint"]:
-            save_checkpoint(run, optimizer, 0, 0, state_dict(run, state) if state_dict else None)
         for it in bar:
             t0, lr = time.time(), lr_at(cfg, it)
             for group in optimizer.param_groups:

@@ -350,9 +350,9 @@ def test_a_resumed_run_checks_its_frozen_models(tmp_path):
 # writer per out_dir, checksummed checkpoints, a full disk
 
 def test_overwrite_keeps_the_earlier_run_until_the_new_one_has_a_checkpoint(tmp_path, monkeypatch, capsys):
-    """The earlier run waits in out_dir/previous while the new one runs; a new run that stops before its
-    first checkpoint (a NaN) puts it back as it was; one that writes a checkpoint (max_iters=0: its
-    starting weights) replaces it."""
+    """The earlier run waits in out_dir/previous while the new one runs; a new run that ends without a
+    checkpoint of its own (a NaN, max_iters=0) puts it back as it was; one that writes a checkpoint, or
+    finishes under --checkpoint=False, replaces it."""
     out = str(tmp_path / "run")
     T.train(dict(RUN, max_iters=2, out_dir=out))
     before = {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)}
@@ -372,13 +372,14 @@ def test_overwrite_keeps_the_earlier_run_until_the_new_one_has_a_checkpoint(tmp_
     assert f"the earlier run in {out} is put back" in printed
     monkeypatch.setattr(sft, "loss", real)
     T.train(dict(RUN, max_iters=0, out_dir=out, overwrite=True))
-    assert C.read_checkpoint(out)["iter"] == 0 and not os.path.exists(os.path.join(out, "previous"))
-    assert sorted(os.listdir(out)) == ["ckpt.pt", "config.json", "metrics.jsonl", "passport.md"]  # (lock released)
+    assert {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)} == before  # (lock released)
+    T.train(dict(RUN, max_iters=1, out_dir=out, overwrite=True))
+    assert C.read_checkpoint(out)["iter"] == 1 and not os.path.exists(os.path.join(out, "previous"))
     T.train(dict(RUN, max_iters=1, checkpoint=False, out_dir=out, overwrite=True))  # finished: it replaced it
     assert sorted(os.listdir(out)) == ["config.json", "metrics.jsonl", "passport.md"]
     # a kill before the first checkpoint leaves the earlier run in out_dir/previous: said by a start and a resume
     T.train(dict(RUN, max_iters=1, out_dir=out, overwrite=True))
-    run_dir.set_aside(out)
+    run_dir.set_aside(out)  # (as a run killed at once would have left it)
     with pytest.raises(ValueError, match=rf"--out_dir={out} holds a run in {out}/previous \(set aside by an --overwrite "
                                          r"run that was killed before its first checkpoint\)") as e:
         T.train(dict(RUN, max_iters=1, out_dir=out))
