@@ -138,9 +138,13 @@ def setup(overrides, ckpt, algo=None):
     if ckpt is None and cfg["init_from"] != "scratch":  # a checkpoint or transformers start brings its shape
         check_model_keys(overrides, dataclasses.asdict(model.config), f"init_from={cfg['init_from']}")
         if cfg["block_size"] > model.config.block_size:  # (shorter sequences than its positions: fine)
-            if "block_size" in overrides:
+            default = make_config({k: overrides[k] for k in ("algo", "env") if k in overrides})["block_size"]
+            if cfg["block_size"] != default:  # asked for: an error; the default yields to the model's, said
                 raise ValueError(f"--block_size={cfg['block_size']} cannot apply: init_from={cfg['init_from']} has "
                                  f"{model.config.block_size} positions; pass at most that, or drop the key")
+            if run.master:
+                print(f"note: block_size={cfg['block_size']} -> {model.config.block_size}, the positions of "
+                      f"init_from={cfg['init_from']}")
             cfg["block_size"] = model.config.block_size
     cfg.update({key: getattr(model.config, key) for key in MODEL_KEYS})  # config.json: what actually runs
     if hasattr(run.algo, "wrap_model"):

@@ -445,6 +445,14 @@ def test_a_full_disk_keeps_the_earlier_checkpoint_and_removes_the_partial_file(t
 # ----------------------------------------------------------------------------------------------
 # One line naming the file and the fix (issue 48)
 
+def test_the_default_block_size_yields_to_a_shorter_checkpoint_and_says_so(tmp_path, capsys):
+    short = str(tmp_path / "short")
+    T.train(dict(RUN, block_size=112, max_iters=1, out_dir=short))
+    T.train(dict(RUN, init_from=short, max_iters=1, out_dir=str(tmp_path / "next")))  # (RUN's block_size: the default)
+    assert json.load(open(tmp_path / "next" / "config.json"))["block_size"] == 112
+    assert f"note: block_size=128 -> 112, the positions of init_from={short}" in capsys.readouterr().out
+
+
 def test_start_and_resume_mistakes_are_one_line(policy, tmp_path):
     with pytest.raises(ValueError, match=rf"--algo grpo cannot resume {policy}: it is a run of --algo sft; resume "
                                          r"it with --algo sft \(or no --algo\), or start a grpo run from it") as e:
