@@ -326,6 +326,18 @@ def test_missing_data_file_is_a_clear_error(tiny):
         T.train(dict(tiny, algo="sft", data="nope.jsonl"))
 
 
+def test_an_unreachable_hub_dataset_is_one_line(tiny, monkeypatch):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'owner/name' on the Hub (LocalEntryNotFoundError)")
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(ValueError, match=r"^dataset 'owner/name': cannot load it \(Couldn't reach 'owner/name' on the "
+                                         r"Hub \(LocalEntryNotFoundError\)\): check the name and that this machine "
+                                         r"is online, or pass a local file$"):
+        T.train(dict(tiny, **SFT_DATA, algo="sft", data="owner/name"))
+
+
 def test_broken_json_line_names_its_line(tmp_path, tiny):
     good = json.dumps({"prompt": "What is 1 + 2?", "completion": "Answer: 3"})
     path = tmp_path / "d.jsonl"
