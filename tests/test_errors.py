@@ -355,6 +355,7 @@ def test_overwrite_keeps_the_earlier_run_until_the_new_one_has_a_checkpoint(tmp_
     finishes under --checkpoint=False, replaces it."""
     out = str(tmp_path / "run")
     T.train(dict(RUN, max_iters=2, out_dir=out))
+    open(os.path.join(out, "ladder.json"), "w").write('{"stage": "sft"}')  # (as if a ladder stage)
     before = {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)}
     seen, real = [], sft.loss
 
@@ -375,6 +376,7 @@ def test_overwrite_keeps_the_earlier_run_until_the_new_one_has_a_checkpoint(tmp_
     assert {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)} == before  # (lock released)
     T.train(dict(RUN, max_iters=1, out_dir=out, overwrite=True))
     assert C.read_checkpoint(out)["iter"] == 1 and not os.path.exists(os.path.join(out, "previous"))
+    assert not os.path.exists(os.path.join(out, "ladder.json"))  # a run by hand is no longer the ladder's stage
     T.train(dict(RUN, max_iters=1, checkpoint=False, out_dir=out, overwrite=True))  # finished: it replaced it
     assert sorted(os.listdir(out)) == ["config.json", "metrics.jsonl", "passport.md"]
     # a kill before the first checkpoint leaves the earlier run in out_dir/previous: said by a start and a resume
