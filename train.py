@@ -62,7 +62,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from nanopost.checkpoints import build_model, check_resumable, load_sharded, read_checkpoint, restore_rng, save_checkpoint
+from nanopost.checkpoints import build_model, check_resumable, load_sharded, restore_rng, save_checkpoint
 from nanopost.data import config_env
 from nanopost.distributed import (all_reduce_sum, gathered, keep_gathered_through_backward, rank0_first, set_gathered,
                          set_gradient_sync, setup_device, shard_model)
@@ -70,7 +70,7 @@ from nanopost.evaluation import plot_metrics, read_metrics
 from model import GPT, apply_lora, count_parameters
 from nanopost.monitors import watcher
 from nanopost.options import (DEFAULTS, MODEL_KEYS, after_the_ladder, algo_module, check_model_keys, check_out_dir, check_start,
-                     fill_out_dir, help_text, make_config, optional_dependency, parse_args, resumable)
+                     fill_out_dir, help_text, make_config, optional_dependency, parse_args, checkpoint_to_resume)
 from nanopost.run_dir import drop_previous, put_back, release_lock, set_aside, take_lock, write_out
 from nanopost.tokenizer import make_tokenizer
 
@@ -100,7 +100,7 @@ def load_resume(overrides):
     if overrides.get("init_from") != "resume":
         return None, overrides
     out_dir = fill_out_dir(overrides.get("out_dir", DEFAULTS["out_dir"]), overrides.get("algo", DEFAULTS["algo"]))
-    ckpt = resumable(out_dir, overrides)
+    ckpt = checkpoint_to_resume(out_dir, overrides)
     check_resumable(ckpt, out_dir)
     # the positions it trains on are the run's too (config.json's block_size, at most the model's)
     check_model_keys(overrides, {**ckpt["model_args"], "block_size": ckpt["config"]["block_size"]},

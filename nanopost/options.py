@@ -317,7 +317,7 @@ def check_out_dir(cfg):
                          f"it, pass --overwrite=True to replace it, or choose another --out_dir")
 
 
-def resumable(out_dir, overrides):
+def checkpoint_to_resume(out_dir, overrides):
     """The checkpoint init_from=resume continues: out_dir/ckpt.pt, of the --algo given if one is."""
     path = os.path.join(out_dir, "ckpt.pt")
     if not os.path.isfile(path):
