@@ -460,3 +460,10 @@ def test_the_gpu_pages_commands_run_in_the_order_shown():
         written.append(cfg["out_dir"])
         runs += 1
     assert runs == 3
+
+
+def test_every_test_the_guarantees_name_exists():
+    """docs/guarantees.md backs each promise with a test by name: each name is a test of the suite."""
+    named = set(re.findall(r"`(test_\w+)`", open(os.path.join(ROOT, "docs", "guarantees.md")).read()))
+    defined = set(re.findall(r"^def (test_\w+)\(", "".join(open(f).read() for f in glob.glob(os.path.join(ROOT, "tests", "*.py"))), re.M))
+    assert len(named) > 40 and not named - defined, sorted(named - defined)
