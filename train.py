@@ -35,9 +35,10 @@ The contract: an algorithm module (options.ALGOS) supplies plain values and func
 `run` is what the loop made: run.cfg, run.tok, run.env, run.raw_model (the model) and run.model (what
 the loss calls: DDP, FSDP2 or compiled), run.algo, and the device and ranks (distributed.setup_device).
 The loop owns them, gradient accumulation, loss normalisation, AdamW with warmup + cosine, clipping,
-train/eval mode (set_dropout), evaluation, metrics.jsonl and its monitors (monitors.watcher), plots and
-atomic checkpoints that resume exactly. train() at the bottom is the loop; setup, resume and the
-optimizer step are above it.
+train/eval mode (set_dropout), evaluation, metrics.jsonl and its monitors (monitors.watcher), plots,
+atomic checksummed checkpoints that resume exactly, out_dir's lock and --overwrite's earlier run
+(run_dir), and Ctrl-C, which saves at the next step boundary. train() at the bottom is the loop;
+setup, resume and the optimizer step are above it.
 """
 
 import contextlib
