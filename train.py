@@ -43,6 +43,7 @@ setup, resume and the optimizer step are above it.
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -70,9 +71,9 @@ from nanopost.distributed import (all_reduce_sum, gathered, keep_gathered_throug
 from nanopost.evaluation import plot_metrics, read_metrics
 from model import GPT, apply_lora, count_parameters
 from nanopost.monitors import watcher
-from nanopost.options import (DEFAULTS, MODEL_KEYS, after_the_ladder, algo_module, check_model_keys, check_out_dir, check_start,
-                     fill_out_dir, help_text, make_config, optional_dependency, parse_args, checkpoint_to_resume)
-from nanopost.run_dir import drop_previous, put_back, release_lock, set_aside, take_lock, write_out
+from nanopost.options import (MODEL_KEYS, after_the_ladder, algo_module, check_model_keys, check_out_dir, check_start,
+                     help_text, make_config, optional_dependency, parse_args, resumed)
+from nanopost.run_dir import leave, set_aside, take_lock, write_out
 from nanopost.tokenizer import make_tokenizer
 
 
@@ -96,18 +97,10 @@ def as_means(sums):
 
 
 def load_resume(overrides):
-    """init_from=resume: (the checkpoint, the overrides it implies): its saved config, changed only by
-    what is given again on the command line. Otherwise (None, overrides)."""
+    """init_from=resume: (the checkpoint, the overrides it implies: options.resumed); else (None, overrides)."""
     if overrides.get("init_from") != "resume":
         return None, overrides
-    out_dir = fill_out_dir(overrides.get("out_dir", DEFAULTS["out_dir"]), overrides.get("algo", DEFAULTS["algo"]))
-    ckpt = checkpoint_to_resume(out_dir, overrides)
-    check_resumable(ckpt, out_dir)
-    # the positions it trains on are the run's too (config.json's block_size, at most the model's)
-    check_model_keys(overrides, {**ckpt["model_args"], "block_size": ckpt["config"]["block_size"]},
-                     f"the run resumed from {out_dir}", MODEL_KEYS + ("block_size",))
-    # out_dir: where the checkpoint is now (a run directory moved since still writes where it is)
-    return ckpt, {**ckpt["config"], **{k: v for k, v in overrides.items() if k != "init_from"}, "out_dir": out_dir}
+    return resumed(overrides)
 
 
 def setup(overrides, ckpt, algo=None):
@@ -116,8 +109,7 @@ def setup(overrides, ckpt, algo=None):
     cfg = make_config(overrides)
     if ckpt is None:  # (a resumed run writes into its own out_dir)
         check_out_dir(cfg)
-        # the schedule's length, recorded at the first start (config.json, the checkpoint): a resumed run that
-        # asks for more iterations keeps the schedule it started with, and holds min_lr past its end
+        # the schedule's length, recorded: a resume to more iterations keeps it (then holds min_lr)
         cfg["lr_decay_iters"] = cfg["lr_decay_iters"] or cfg["max_iters"]
     run = setup_device(cfg)
     if ckpt is not None:
@@ -139,14 +131,7 @@ def setup(overrides, ckpt, algo=None):
     if ckpt is None and cfg["init_from"] != "scratch":  # a checkpoint or transformers start brings its shape
         check_model_keys(overrides, dataclasses.asdict(model.config), f"init_from={cfg['init_from']}")
         if cfg["block_size"] > model.config.block_size:  # (shorter sequences than its positions: fine)
-            default = make_config({k: overrides[k] for k in ("algo", "env") if k in overrides})["block_size"]
-            if cfg["block_size"] != default:  # asked for: an error; the default yields to the model's, said
-                raise ValueError(f"--block_size={cfg['block_size']} cannot apply: init_from={cfg['init_from']} has "
-                                 f"{model.config.block_size} positions; pass at most that, or drop the key")
-            if run.master:
-                print(f"note: block_size={cfg['block_size']} -> {model.config.block_size}, the positions of "
-                      f"init_from={cfg['init_from']}")
-            cfg["block_size"] = model.config.block_size
+            fit_block_size(run, overrides, model.config.block_size)
     cfg.update({key: getattr(model.config, key) for key in MODEL_KEYS})  # config.json: what actually runs
     if hasattr(run.algo, "wrap_model"):
         model = run.algo.wrap_model(run, model)
@@ -159,14 +144,7 @@ def setup(overrides, ckpt, algo=None):
     model.to(run.device)
     run.raw_model = model
     if run.fsdp:  # one training call per micro-batch, sharded (distributed.shard_model); no DDP
-        if cfg["compile"]:
-            raise ValueError("--fsdp with --compile is not supported yet: choose one")
-        if run.lockstep and not getattr(run.algo, "on_policy", False):
-            raise ValueError(f"--fsdp_rollouts=sharded is not supported for --algo {cfg['algo']} yet (its setup or "
-                             f"scoring forwards differ in number between ranks): use gathered")
-        run.model = shard_model(run, model)
-        if cfg.get("share_prompt"):  # (grpo, dpo) every block runs twice in one forward
-            keep_gathered_through_backward(run.model)
+        run.model = shard_for_training(run, model)
     else:  # the sampler's decode steps change shape every token, so only the training calls (run.model) compile
         trained = torch.compile(model) if cfg["compile"] else model
         run.model = DDP(trained, device_ids=[run.device] if run.device.startswith("cuda") else None) if run.ddp else trained
@@ -182,19 +160,44 @@ def setup(overrides, ckpt, algo=None):
     return run, optimizer, state
 
 
+def shard_for_training(run, model):
+    """--fsdp: the model the loss calls, sharded (distributed.shard_model), where the run allows it."""
+    cfg = run.cfg
+    if cfg["compile"]:
+        raise ValueError("--fsdp with --compile is not supported yet: choose one")
+    if run.lockstep and not getattr(run.algo, "on_policy", False):
+        raise ValueError(f"--fsdp_rollouts=sharded is not supported for --algo {cfg['algo']} yet (its setup or "
+                         f"scoring forwards differ in number between ranks): use gathered")
+    sharded = shard_model(run, model)
+    if cfg.get("share_prompt"):  # (grpo, dpo) every block runs twice in one forward
+        keep_gathered_through_backward(sharded)
+    return sharded
+
+
+def fit_block_size(run, overrides, positions):
+    """A block_size longer than the positions of the model a run starts from: asked for, an error; the
+    default, it yields to them, said."""
+    cfg = run.cfg
+    if cfg["block_size"] != make_config({k: overrides[k] for k in ("algo", "env") if k in overrides})["block_size"]:
+        raise ValueError(f"--block_size={cfg['block_size']} cannot apply: init_from={cfg['init_from']} has "
+                         f"{positions} positions; pass at most that, or drop the key")
+    if run.master:
+        print(f"note: block_size={cfg['block_size']} -> {positions}, the positions of init_from={cfg['init_from']}")
+    cfg["block_size"] = positions
+
+
 def resume(run, optimizer, ckpt, metrics_path):
     """(the iteration to start from, the tokens trained so far): the checkpoint's, with the optimizer
     and RNG restored and metrics.jsonl cut back to it; or (0, 0), with a fresh metrics.jsonl and
-    config.json (under --overwrite=True, the earlier run set aside until this one's first checkpoint:
-    run_dir.set_aside). Rank 0 takes out_dir's lock first: one writer per run directory."""
+    config.json. Rank 0 takes out_dir's lock first (run_dir.take_lock: one writer per run directory)."""
     cfg = run.cfg
     held, run.held = run.held, None  # (what setup wrote: run_dir.write_out)
     if run.master:  # the run's first writes into out_dir: a setup that failed has left it as it was
         os.makedirs(cfg["out_dir"], exist_ok=True)
-        take_lock(cfg["out_dir"])
-        run.locked = True
-        if ckpt is None:  # a new run's files start afresh (--overwrite=True: the earlier run's wait aside)
-            set_aside(cfg["out_dir"])
+        run.locked = take_lock(cfg["out_dir"])
+        if ckpt is None and os.path.isfile(os.path.join(cfg["out_dir"], "ckpt.pt")):  # --overwrite=True
+            set_aside(cfg["out_dir"])  # until this run's first checkpoint (run_dir.PREVIOUS)
+        if ckpt is None:  # a new run's files start afresh
             open(metrics_path, "w").close()
             with open(os.path.join(cfg["out_dir"], "config.json"), "w") as f:
                 json.dump(cfg, f, indent=1)
@@ -328,48 +331,37 @@ class Stopped(Exception):
     """A run stopped by Ctrl-C (SIGINT) or SIGTERM at a step boundary; the text says what was saved."""
 
 
-@contextlib.contextmanager
-def stops_asked():
-    """The first Ctrl-C (SIGINT) or SIGTERM asks the loop to stop at the next step boundary, where it
-    saves a checkpoint and says how to resume (the list it yields gets the signal's name); the signal
-    that came goes back to its default at once, so a second Ctrl-C stops the process where it is.
-    (Signal handlers belong to the main thread: in another, signals keep their defaults.)"""
-    asked, before = [], {}
+def stopped(cfg, asked, it, saved):
+    """The Stopped a signal ends the loop with after iteration `it`: what was saved, the command that resumes."""
+    out = shlex.quote(cfg["out_dir"])
+    return Stopped(f"{asked[0] if asked else 'a signal'} at iteration {it}: " + (
+        f"saved {out}/ckpt.pt; resume with: python train.py --init_from=resume --out_dir={out}"
+        if saved else "nothing saved (--checkpoint=False)"))
 
-    def ask(signum, frame):
-        signal.signal(signum, before[signum])
-        asked.append(signal.Signals(signum).name)
-        print(f"\n{asked[-1]}: stopping at the end of this step to save a checkpoint (Ctrl-C again: stop at once)",
-              file=sys.stderr, flush=True)
-    if threading.current_thread() is threading.main_thread():
-        before = {s: signal.signal(s, ask) for s in (signal.SIGINT, signal.SIGTERM)}
+
+def ask_to_stop(asked, signum, frame):
+    """running's signal handler: note the signal, and give it back its default, so a second one acts at once."""
+    signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+    asked.append(signal.Signals(signum).name)
+    print(f"\n{asked[-1]}: stopping after this step, to save (Ctrl-C again: at once)", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def running(run):
+    """While the loop runs, the first Ctrl-C (SIGINT) or SIGTERM asks it to stop at the next step boundary
+    (ask_to_stop puts its name in the list yielded; handlers belong to the main thread). On the way out,
+    rank 0 settles the run --overwrite set aside, which comes back unless this run has a checkpoint of its
+    own or finished under --checkpoint=False, and releases out_dir's lock (run_dir.leave)."""
+    asked, main, finished = [], threading.current_thread() is threading.main_thread(), False
+    before = {s: signal.signal(s, functools.partial(ask_to_stop, asked)) for s in (signal.SIGINT, signal.SIGTERM) if main}
     try:
         yield asked
+        finished = True
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
-
-
-@contextlib.contextmanager
-def owning(run):
-    """While the run runs: on its way out, rank 0 releases out_dir's lock (run_dir.take_lock); the run
-    --overwrite set aside (gone at this run's first checkpoint) comes back if this one ends without a
-    checkpoint (run_dir.put_back: an error, a NaN, --max_iters=0), unless it finished under
-    --checkpoint=False, which asked for none (its figures are what it replaces the earlier run with)."""
-    try:
-        yield
-    except BaseException:
         if getattr(run, "locked", False):
-            put_back(run.cfg["out_dir"])
-        raise
-    else:
-        if getattr(run, "locked", False) and run.cfg["checkpoint"]:
-            put_back(run.cfg["out_dir"])
-        elif getattr(run, "locked", False):
-            drop_previous(run.cfg["out_dir"])
-    finally:
-        if getattr(run, "locked", False):
-            release_lock(run.cfg["out_dir"])
+            leave(run.cfg["out_dir"], keep_new=finished and not run.cfg["checkpoint"])
 
 
 def train(overrides, algo=None):
@@ -379,7 +371,7 @@ def train(overrides, algo=None):
     ckpt, overrides = load_resume(dict(overrides))
     run, optimizer, state = setup(overrides, ckpt, algo)
     cfg, metrics_path = run.cfg, os.path.join(run.cfg["out_dir"], "metrics.jsonl")
-    with owning(run), stops_asked() as asked:
+    with running(run) as asked:
         start_iter, train_tokens = resume(run, optimizer, ckpt, metrics_path)
         run.watch = watcher(run, metrics_path)  # the monitors (monitors.ALARMS) on every logged row
         stop_early, state_dict = getattr(run.algo, "stop_early", None), getattr(run.algo, "state_dict", None)
@@ -425,10 +417,7 @@ def train(overrides, algo=None):
             if saving:  # (every rank: its RNG streams)
                 save_checkpoint(run, optimizer, it + 1, train_tokens, state_dict(run, state) if state_dict else None)
             if stopping:
-                out = shlex.quote(cfg["out_dir"])
-                raise Stopped(f"{asked[0] if asked else 'a signal'} at iteration {it + 1}: " + (
-                    f"saved {out}/ckpt.pt; resume with: python train.py --init_from=resume --out_dir={out}"
-                    if saving else "nothing saved (--checkpoint=False)"))
+                raise stopped(cfg, asked, it + 1, saving)
         bar.close()
         if run.ddp:
             dist.barrier()

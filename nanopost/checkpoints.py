@@ -17,6 +17,7 @@ import shutil
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_flatten
 
 from nanopost import hf
 from nanopost.distributed import gather_objects, place
@@ -37,6 +38,12 @@ def build_model(cfg, tok):
                                  bias=cfg["bias"]))
     if os.path.isfile(os.path.join(init, "ckpt.pt")):
         return load_model(init, dropout=cfg["dropout"])
+    return from_transformers(cfg, tok)
+
+
+def from_transformers(cfg, tok):
+    """build_model's start from transformers weights (a directory with config.json, or a hub name)."""
+    init = cfg["init_from"]
     if is_run_without_checkpoint(init):
         raise FileNotFoundError(f"init_from={init}: a train.py run's directory (its config.json) without ckpt.pt: "
                                 f"that run wrote no checkpoint (--checkpoint=False, or it stopped before its first); "
@@ -118,26 +125,13 @@ def read_checkpoint(ckpt_dir, device="cpu"):
 
 
 def checksum(ckpt):
-    """sha256 of everything a checkpoint holds but its checksum: every tensor's bytes and every other
-    value's repr, with their keys, in a fixed order. A bit flipped on disk or in a copy loads without
-    complaint otherwise (torch reads no checksum of its own) and trains or samples from garbage."""
-    h = hashlib.sha256()
-
-    def add(value):
-        if isinstance(value, dict):
-            for key in sorted(value, key=repr):
-                if key != "checksum":
-                    h.update(repr(key).encode())
-                    add(value[key])
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                add(item)
-        elif torch.is_tensor(value):
-            h.update(str(value.dtype).encode())
-            h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())  # (no copy: a view)
-        else:
-            h.update(repr(value).encode())
-    add(ckpt)
+    """sha256 of all a checkpoint holds but its checksum (torch checks none: a flipped bit would load)."""
+    values, layout = tree_flatten({k: v for k, v in ckpt.items() if k != "checksum"})
+    h = hashlib.sha256(str(layout).encode())
+    for v in values:
+        h.update(str(v.dtype).encode() if torch.is_tensor(v) else repr(v).encode())
+        if torch.is_tensor(v):  # (its bytes viewed, not copied: a memory-mapped checkpoint stays on disk)
+            h.update(v.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
 
 
@@ -340,19 +334,31 @@ def save_checkpoint(run, optimizer, it, train_tokens, algo_state):
     path = os.path.join(run.cfg["out_dir"], "ckpt.pt")
     try:
         torch.save(ckpt, path + ".tmp")
-    except BaseException as e:  # the partial file goes: it would keep a full disk full (or, a second Ctrl-C, linger)
-        if os.path.exists(path + ".tmp"):
-            os.remove(path + ".tmp")
-        if isinstance(e, (OSError, RuntimeError)):  # a full disk or quota (torch's zip writer raises RuntimeError)
-            raise ValueError(f"{path}: the checkpoint of iteration {it} could not be written "
-                             f"({str(e).splitlines()[0][:80]}): free space on that disk, then resume with "
-                             f"--init_from=resume (the earlier ckpt.pt, if any, is kept)") from None
-        raise
+    except BaseException as e:  # a full disk, a second Ctrl-C: no partial file stays
+        raise not_written(path, it, e) from None
     os.replace(path + ".tmp", path)
     drop_previous(run.cfg["out_dir"])  # this run has a checkpoint of its own: the run --overwrite set aside goes
-    for name in os.listdir(run.cfg["out_dir"]):  # sharded states ckpt.pt no longer names
+    if sharded:
+        drop_older_shards(run.cfg["out_dir"], sharded)
+
+
+def drop_older_shards(out_dir, sharded):
+    """The sharded states ckpt.pt no longer names (save_sharded's older ones)."""
+    for name in os.listdir(out_dir):
         if name.startswith("sharded_") and name != sharded:
-            shutil.rmtree(os.path.join(run.cfg["out_dir"], name))
+            shutil.rmtree(os.path.join(out_dir, name))
+
+
+def not_written(path, it, error):
+    """What save_checkpoint raises when torch.save failed, the partial file removed (it would keep a full
+    disk full): a full disk or quota (OSError; torch's zip writer raises RuntimeError) as one line,
+    anything else (a KeyboardInterrupt) as it was."""
+    if os.path.exists(path + ".tmp"):
+        os.remove(path + ".tmp")
+    if not isinstance(error, (OSError, RuntimeError)):
+        return error
+    return ValueError(f"{path}: the checkpoint of iteration {it} could not be written ({str(error).splitlines()[0][:80]}): "
+                      f"free space on that disk, then resume with --init_from=resume (the earlier ckpt.pt, if any, is kept)")
 
 
 def save_sharded(run, optimizer, it):

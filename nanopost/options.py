@@ -19,7 +19,7 @@ import os
 import sys
 import tokenize
 
-from nanopost.checkpoints import is_hf_checkpoint, read_checkpoint
+from nanopost.checkpoints import check_resumable, is_hf_checkpoint, read_checkpoint
 from nanopost.run_dir import PREVIOUS
 from envs import ENVS
 
@@ -317,6 +317,18 @@ def check_out_dir(cfg):
                          f"it, pass --overwrite=True to replace it, or choose another --out_dir")
 
 
+def resumed(overrides):
+    """init_from=resume: (the checkpoint, the overrides it implies): its saved config, changed only by what
+    is given again on the command line, and out_dir where the checkpoint is now (a run directory moved
+    since writes where it is). Keys that cannot apply to it (model shape, block_size) are errors."""
+    out_dir = fill_out_dir(overrides.get("out_dir", DEFAULTS["out_dir"]), overrides.get("algo", DEFAULTS["algo"]))
+    ckpt = checkpoint_to_resume(out_dir, overrides)
+    check_resumable(ckpt, out_dir)
+    check_model_keys(overrides, {**ckpt["model_args"], "block_size": ckpt["config"]["block_size"]},
+                     f"the run resumed from {out_dir}", MODEL_KEYS + ("block_size",))
+    return ckpt, {**ckpt["config"], **{k: v for k, v in overrides.items() if k != "init_from"}, "out_dir": out_dir}
+
+
 def checkpoint_to_resume(out_dir, overrides):
     """The checkpoint init_from=resume continues: out_dir/ckpt.pt, of the --algo given if one is."""
     path = os.path.join(out_dir, "ckpt.pt")
@@ -340,18 +352,7 @@ def parse_args(argv):
     while i < len(argv):
         arg = argv[i]
         if arg.endswith(".py") and not arg.startswith("--"):
-            scope = {}
-            with open(arg) as f:
-                source = f.read()
-            try:
-                exec(compile(source, arg, "exec"), scope)
-            except SyntaxError as e:
-                raise ValueError(f"{arg}, line {e.lineno}: {e.msg}: a config file is Python (name = value "
-                                 f"lines): fix that line") from None
-            except Exception as e:  # it runs as Python: whatever it raised, named with the file
-                raise ValueError(f"{arg}: {type(e).__name__}: {e}: fix the file") from None
-            overrides.update({k: v for k, v in scope.items() if not k.startswith("_")
-                              and not callable(v) and not isinstance(v, type(sys))})
+            overrides.update(read_config_file(arg))
         elif arg.startswith("--"):
             if "=" in arg:
                 key, raw = arg[2:].split("=", 1)
@@ -368,6 +369,21 @@ def parse_args(argv):
             raise ValueError(f"cannot parse argument {arg!r}: use --key=value or a config file ending in .py")
         i += 1
     return overrides
+
+
+def read_config_file(path):
+    """The top-level names of a config file (Python: `name = value` lines); its errors name the file."""
+    scope = {}
+    with open(path) as f:
+        source = f.read()
+    try:
+        exec(compile(source, path, "exec"), scope)
+    except SyntaxError as e:
+        raise ValueError(f"{path}, line {e.lineno}: {e.msg}: a config file is Python (name = value lines): "
+                         f"fix that line") from None
+    except Exception as e:  # it runs as Python: whatever it raised, named with the file
+        raise ValueError(f"{path}: {type(e).__name__}: {e}: fix the file") from None
+    return {k: v for k, v in scope.items() if not k.startswith("_") and not callable(v) and not isinstance(v, type(sys))}
 
 
 def config_comments(module, name):
@@ -450,15 +466,15 @@ def check_start(overrides):
     """A missing input checkpoint is a one-line error naming the command that makes it: an algorithm
     whose `starts_from` names an init_from (the algo whose checkpoint it usually starts from) never
     starts from a random model, and --init_from=DIR needs DIR/ckpt.pt. Checked for the command line
-    only: the tests call train() on purpose with tiny random models for every algorithm. Returns a
-    line that says a run starts from a random model (init_from=scratch), else ""."""
+    only: the tests call train() on purpose with tiny random models for every algorithm. Returns the
+    line that says a run starts from a random model (init_from=scratch), else None."""
     if overrides.get("init_from") == "resume":
-        return ""
+        return
     cfg = make_config(overrides)
     init, needs = cfg["init_from"], getattr(algo_module(cfg["algo"]), "starts_from", {}).get("init_from")
     if os.path.isfile(os.path.join(init, "ckpt.pt")) or (  # a checkpoint, or transformers weights
             is_hf_checkpoint(init) and os.path.basename(os.path.normpath(init)) not in ALGOS):
-        return ""
+        return
     if init == "scratch" and needs:
         out = DEFAULTS["out_dir"].format(algo=needs)
         raise ValueError(f"--algo {cfg['algo']} starts from a trained policy, not init_from=scratch: make one "
@@ -471,7 +487,6 @@ def check_start(overrides):
     if maker in ALGOS:
         raise ValueError(f"--algo {cfg['algo']} starts from a trained model: --init_from={init} has no ckpt.pt; "
                          f"make it with `python train.py --algo {maker} --out_dir={init}`, or run `python ladder.py`")
-    return ""
 
 
 def ladder_stage(root, algo, env):

@@ -29,6 +29,34 @@ def write_out(run, name, text, mode="w"):
 LOCK = "train.lock"
 
 
+def take_lock(out_dir):
+    """Create out_dir/train.lock holding this process's pid and host (O_EXCL: of two runs, one wins);
+    True (the run holds it)."""
+    path = os.path.join(out_dir, LOCK)
+    try:
+        with os.fdopen(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY), "w") as f:
+            f.write(f"{os.getpid()} {socket.gethostname()}\n")
+    except FileExistsError:
+        take_over(out_dir, path)
+    return True
+
+
+def take_over(out_dir, path):
+    """A lock already there: refused in one line naming the process that holds it, unless that process no
+    longer runs (a killed run's lock: taken over, saying so)."""
+    try:
+        pid, host = open(path).read().split()
+        pid = int(pid)
+    except ValueError:  # cut off before its line was written: its run died at once
+        pid, host = None, socket.gethostname()
+    if host != socket.gethostname() or (pid is not None and alive(pid)):
+        raise ValueError(f"--out_dir={out_dir} is in use by another run (pid {pid} on {host}, its lock {path}): wait "
+                         f"for it to end, or choose another --out_dir; if no such process runs, delete the lock")
+    print(f"note: {path}: taken over from pid {pid}, which no longer runs (it ended without releasing it)")
+    os.remove(path)
+    take_lock(out_dir)
+
+
 def alive(pid):
     """Whether process `pid` runs on this machine (signal 0 checks without sending anything)."""
     try:
@@ -40,45 +68,10 @@ def alive(pid):
     return True
 
 
-def take_lock(out_dir):
-    """Create out_dir/train.lock holding this process's pid and host, or refuse in one line naming the
-    process that holds it. A lock left by a process that no longer runs (killed) is taken over, saying so."""
-    path, me = os.path.join(out_dir, LOCK), f"{os.getpid()} {socket.gethostname()}"
-    for _ in range(2):  # (a second try after a stale lock is removed; another run may win the race)
-        try:
-            with os.fdopen(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY), "w") as f:
-                f.write(me + "\n")
-            return
-        except FileExistsError:
-            pid, host = held_by(path)
-            if pid is not None and (host != socket.gethostname() or alive(pid)):
-                raise ValueError(f"--out_dir={out_dir} is in use by another run (pid {pid} on {host}, its lock "
-                                 f"{path}): wait for it to end, or choose another --out_dir; if no such process "
-                                 f"runs, delete the lock") from None
-            print(f"note: {path}: taken over from pid {pid}, which no longer runs (it ended without releasing it)")
-            os.remove(path)
-    raise ValueError(f"--out_dir={out_dir}: another run took its lock {path} at the same moment: choose another --out_dir")
-
-
-def held_by(path):
-    """(pid, host) written in a lock file, or (None, None) for one cut off before its line was written."""
-    try:
-        pid, host = open(path).read().split()
-        return int(pid), host
-    except (ValueError, OSError):
-        return None, None
-
-
-def release_lock(out_dir):
-    """Remove out_dir/train.lock if this process holds it."""
-    path = os.path.join(out_dir, LOCK)
-    if held_by(path) == (os.getpid(), socket.gethostname()):
-        os.remove(path)
-
-
 # --overwrite=True keeps the earlier run until the new one has a checkpoint of its own: its files move
 # into out_dir/previous at the start, are dropped at the new run's first checkpoint, and come back if
-# the new run stops before it (an error, a NaN); after a kill they stay in out_dir/previous.
+# the new run ends without one (an error, a NaN, --max_iters=0; not --checkpoint=False, which asked
+# for none); after a kill they stay in out_dir/previous.
 PREVIOUS = "previous"
 RUN_FILES = ("ckpt.pt", "config.json", "metrics.jsonl", "metrics.png", "samples.txt", "passport.md",
              "ladder.json", "ladder_eval.json")
@@ -91,11 +84,8 @@ def run_files(directory):
 
 
 def set_aside(out_dir):
-    """Move the earlier run's files into out_dir/previous (an older one there goes: it was dropped by
-    the run now set aside, or is the last good run when out_dir holds none); says where."""
+    """Move the earlier run's files into out_dir/previous (replacing what a killed run left there)."""
     previous = os.path.join(out_dir, PREVIOUS)
-    if not os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
-        return
     shutil.rmtree(previous, ignore_errors=True)
     os.makedirs(previous)
     for name in run_files(out_dir):
@@ -108,11 +98,16 @@ def drop_previous(out_dir):
     shutil.rmtree(os.path.join(out_dir, PREVIOUS), ignore_errors=True)
 
 
+def leave(out_dir, keep_new):
+    """A run's end (rank 0): the run --overwrite set aside, if still there, goes (keep_new) or comes back; the lock goes."""
+    if os.path.isdir(os.path.join(out_dir, PREVIOUS)):
+        drop_previous(out_dir) if keep_new else put_back(out_dir)
+    os.remove(os.path.join(out_dir, LOCK))
+
+
 def put_back(out_dir):
-    """The new run stopped before its first checkpoint: its files go and the earlier run's come back."""
+    """The new run ended without a checkpoint: its files go and the earlier run's come back."""
     previous = os.path.join(out_dir, PREVIOUS)
-    if not os.path.isdir(previous):
-        return
     for name in run_files(out_dir):
         path = os.path.join(out_dir, name)
         if os.path.isdir(path):  # (a sharded state)

@@ -474,7 +474,7 @@ def test_start_and_resume_mistakes_are_one_line(policy, tmp_path):
     one_line(e)
     assert options.check_start(dict(algo="sft")) == ("sft: starting from scratch (a randomly initialised 4-layer "
                                                      "model); pass --init_from=DIR to start from a checkpoint")
-    assert options.check_start(dict(algo="sft", init_from=policy)) == ""
+    assert options.check_start(dict(algo="sft", init_from=policy)) is None
 
 
 def test_broken_config_files_name_the_file_and_line(tmp_path):
