@@ -348,10 +348,9 @@ def ask_to_stop(asked, signum, frame):
 
 @contextlib.contextmanager
 def running(run):
-    """While the loop runs, the first Ctrl-C (SIGINT) or SIGTERM asks it to stop at the next step boundary
-    (ask_to_stop puts its name in the list yielded; handlers belong to the main thread). On the way out,
-    rank 0 settles the run --overwrite set aside, which comes back unless this run has a checkpoint of its
-    own or finished under --checkpoint=False, and releases out_dir's lock (run_dir.leave)."""
+    """While the loop runs, a first Ctrl-C (SIGINT) or SIGTERM asks it to stop at the next step boundary
+    (ask_to_stop; main thread only). On the way out rank 0 settles the run --overwrite set aside (back
+    unless this run has a checkpoint or finished with --checkpoint=False) and releases the lock (run_dir.leave)."""
     asked, main, finished = [], threading.current_thread() is threading.main_thread(), False
     before = {s: signal.signal(s, functools.partial(ask_to_stop, asked)) for s in (signal.SIGINT, signal.SIGTERM) if main}
     try:

@@ -305,10 +305,8 @@ def load_judge(run):
 
 
 def save_checkpoint(run, optimizer, it, train_tokens, algo_state):
-    """Called by every rank (each adds its RNG streams); rank 0 writes. Atomic: a temporary file,
-    then a rename, so a crash never leaves a half-written ckpt.pt. algo_state: what the algorithm
-    keeps for a resume (its state_dict), or None.
-
+    """Called by every rank (each adds its RNG streams); rank 0 writes. Atomic: a temporary file, then a
+    rename, so a crash never leaves a half-written ckpt.pt. algo_state: the algorithm's state_dict, or None.
     "model" is what load_model() gives later scripts: the trained module itself, or its `policy` when
     the algorithm trains several (PPO's policy + critic); "train_model" then holds all of them."""
     rng = gather_objects(run, rng_state(run))

@@ -312,9 +312,8 @@ def check_out_dir(cfg):
         raise ValueError(f"--out_dir={out} holds a run (its ckpt.pt): pass --init_from=resume to continue it, "
                          f"--overwrite=True to replace it, or choose another --out_dir")
     if os.path.isfile(os.path.join(out, PREVIOUS, "ckpt.pt")) and not cfg["overwrite"]:
-        raise ValueError(f"--out_dir={out} holds a run in {os.path.join(out, PREVIOUS)} (set aside by an --overwrite "
-                         f"run that was killed before its first checkpoint): move its files back into {out} to keep "
-                         f"it, pass --overwrite=True to replace it, or choose another --out_dir")
+        raise ValueError(f"--out_dir={out} holds a run in {os.path.join(out, PREVIOUS)} (set aside by an --overwrite run killed "
+                         f"before its first checkpoint): move it back to keep it, --overwrite=True to replace it")
 
 
 def resumed(overrides):
@@ -475,6 +474,13 @@ def check_start(overrides):
     if os.path.isfile(os.path.join(init, "ckpt.pt")) or (  # a checkpoint, or transformers weights
             is_hf_checkpoint(init) and os.path.basename(os.path.normpath(init)) not in ALGOS):
         return
+    return start_without_checkpoint(cfg, needs)
+
+
+def start_without_checkpoint(cfg, needs):
+    """check_start where init_from names no checkpoint: scratch (said, or refused where the algorithm
+    `needs` a trained start), or a directory a command of this project would make."""
+    init = cfg["init_from"]
     if init == "scratch" and needs:
         out = DEFAULTS["out_dir"].format(algo=needs)
         raise ValueError(f"--algo {cfg['algo']} starts from a trained policy, not init_from=scratch: make one "

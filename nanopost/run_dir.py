@@ -30,8 +30,7 @@ LOCK = "train.lock"
 
 
 def take_lock(out_dir):
-    """Create out_dir/train.lock holding this process's pid and host (O_EXCL: of two runs, one wins);
-    True (the run holds it)."""
+    """Create out_dir/train.lock holding this process's pid and host (O_EXCL: one of two runs wins); True."""
     path = os.path.join(out_dir, LOCK)
     try:
         with os.fdopen(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY), "w") as f:

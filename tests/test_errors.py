@@ -383,7 +383,7 @@ def test_overwrite_keeps_the_earlier_run_until_the_new_one_has_a_checkpoint(tmp_
     T.train(dict(RUN, max_iters=1, out_dir=out, overwrite=True))
     run_dir.set_aside(out)  # (as a run killed at once would have left it)
     with pytest.raises(ValueError, match=rf"--out_dir={out} holds a run in {out}/previous \(set aside by an --overwrite "
-                                         r"run that was killed before its first checkpoint\)") as e:
+                                         r"run killed before its first checkpoint\): move it back to keep it") as e:
         T.train(dict(RUN, max_iters=1, out_dir=out))
     one_line(e)
     with pytest.raises(FileNotFoundError, match=rf"; {out}/previous holds the run an --overwrite set aside"):
