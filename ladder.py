@@ -14,7 +14,7 @@ stage and one report, OUT_ROOT/report.md.
 
 A stage is done when OUT_ROOT/STAGE/ladder.json exists and its ckpt.pt is the one the stage wrote:
 ladder.json is written after the stage's run succeeded (its command, wall time and the checkpoint's
-size and time) and deleted when a run starts. A done stage is skipped; one whose ckpt.pt another run
+checksum) and deleted when a run starts. A done stage is skipped; one whose ckpt.pt another run
 rewrote is said so and run again (each stage runs with --overwrite=True: its directory is the ladder's). Redoing a stage
 does not redo the stages after it (a tuning loop reruns one stage at a time); the ladder then notes
 which later stages started from an older checkpoint, so name them too (--redo=sft,rm,dpo) to refresh.
@@ -45,7 +45,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
 from nanopost import bands
-from nanopost.checkpoints import load_model
+from nanopost.checkpoints import load_model, safe_load
 from nanopost.data import config_env
 from nanopost.distributed import setup_device
 from nanopost.evaluation import evaluate_policy
@@ -87,6 +87,7 @@ STAGES = [
 # in-run evaluation as well, and evaluating the SFT model again at iteration 0 of every stage after
 # it, cost about 2 of the ladder's minutes: docs/ladder.md)
 # overwrite: the ladder owns its stage directories, so a stage it runs again replaces what is there
+# (train.py keeps the stage's earlier run until the new one has a checkpoint: a failed redo loses nothing)
 LADDER_DEFAULTS = dict(eval_samples=0, eval_at_start=False, overwrite=True)
 
 # The ladder's own keys (everything else on the command line goes to the stages)
@@ -202,9 +203,9 @@ def write_json(path, value):
 
 
 def checkpoint_stamp(stage_dir):
-    """ckpt.pt's size and modification time (ns): a run that rewrites it changes them."""
-    info = os.stat(os.path.join(stage_dir, "ckpt.pt"))
-    return [info.st_size, info.st_mtime_ns]
+    """The checksum saved in ckpt.pt (checkpoints.checksum: of what it holds): a run that rewrites it
+    changes it, a copy (cp -r, which gives new times) keeps it. Read without the tensors' bytes (mmap)."""
+    return safe_load(os.path.join(stage_dir, "ckpt.pt")).get("checksum")
 
 
 def done(stage_dir):

@@ -14,6 +14,7 @@ question as one of its own, in any of its phrasings.
 
 import argparse
 import json
+import math
 import os
 import sys
 from types import SimpleNamespace
@@ -46,6 +47,15 @@ def describe(checkpoint, ckpt):
     return f"{checkpoint}: {stage}--algo {cfg['algo']} on env={cfg['env']}, iteration {ckpt['iter']}"
 
 
+def check_options(args):
+    """Each option in its range (argparse checks only the type): a one-line error, not garbage printed."""
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise ValueError(f"--temperature={args.temperature} is out of range: it must be finite and >= 0 (0 = greedy)")
+    for name, low in (("n", 1), ("max_new_tokens", 0), ("seed", 0)):
+        if getattr(args, name) < low:
+            raise ValueError(f"--{name}={getattr(args, name)} is out of range: it must be >= {low}")
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint")
@@ -55,6 +65,7 @@ def main(argv):
     parser.add_argument("--max_new_tokens", type=int, default=0, help="0 = the checkpoint's own")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    check_options(args)
     ckpt = read_checkpoint(args.checkpoint)
     if ckpt["kind"] == "scalar":
         raise ValueError(f"{args.checkpoint} is a reward model (--algo {ckpt['config']['algo']}): it scores answers "

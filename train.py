@@ -35,18 +35,23 @@ The contract: an algorithm module (options.ALGOS) supplies plain values and func
 `run` is what the loop made: run.cfg, run.tok, run.env, run.raw_model (the model) and run.model (what
 the loss calls: DDP, FSDP2 or compiled), run.algo, and the device and ranks (distributed.setup_device).
 The loop owns them, gradient accumulation, loss normalisation, AdamW with warmup + cosine, clipping,
-train/eval mode (set_dropout), evaluation, metrics.jsonl and its monitors (monitors.watcher), plots and
-atomic checkpoints that resume exactly. train() at the bottom is the loop; setup, resume and the
-optimizer step are above it.
+train/eval mode (set_dropout), evaluation, metrics.jsonl and its monitors (monitors.watcher), plots,
+atomic checksummed checkpoints that resume exactly, out_dir's lock and --overwrite's earlier run
+(run_dir), and Ctrl-C, which saves at the next step boundary. train() at the bottom is the loop;
+setup, resume and the optimizer step are above it.
 """
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
 import random
+import shlex
+import signal
 import sys
+import threading
 import time
 
 # OpenMP's waiting threads sleep instead of spinning: beside any other process a spinning run on two
@@ -59,16 +64,16 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from nanopost.checkpoints import build_model, check_resumable, load_sharded, read_checkpoint, restore_rng, save_checkpoint
+from nanopost.checkpoints import build_model, check_resumable, load_sharded, restore_rng, save_checkpoint
 from nanopost.data import config_env
 from nanopost.distributed import (all_reduce_sum, gathered, keep_gathered_through_backward, rank0_first, set_gathered,
                          set_gradient_sync, setup_device, shard_model)
 from nanopost.evaluation import plot_metrics, read_metrics
 from model import GPT, apply_lora, count_parameters
 from nanopost.monitors import watcher
-from nanopost.options import (DEFAULTS, MODEL_KEYS, after_the_ladder, algo_module, check_model_keys, check_out_dir, check_start,
-                     fill_out_dir, help_text, make_config, optional_dependency, parse_args)
-from nanopost.run_dir import write_out
+from nanopost.options import (MODEL_KEYS, after_the_ladder, algo_module, check_model_keys, check_out_dir, check_start,
+                     help_text, make_config, optional_dependency, parse_args, resumed)
+from nanopost.run_dir import leave, set_aside, take_lock, write_out
 from nanopost.tokenizer import make_tokenizer
 
 
@@ -92,17 +97,10 @@ def as_means(sums):
 
 
 def load_resume(overrides):
-    """init_from=resume: (the checkpoint, the overrides it implies): its saved config, changed only by
-    what is given again on the command line. Otherwise (None, overrides)."""
+    """init_from=resume: (the checkpoint, the overrides it implies: options.resumed); else (None, overrides)."""
     if overrides.get("init_from") != "resume":
         return None, overrides
-    out_dir = fill_out_dir(overrides.get("out_dir", DEFAULTS["out_dir"]), overrides.get("algo", DEFAULTS["algo"]))
-    if not os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
-        raise FileNotFoundError(f"init_from=resume: no checkpoint at {os.path.join(out_dir, 'ckpt.pt')}")
-    ckpt = read_checkpoint(out_dir)
-    check_resumable(ckpt, out_dir)
-    check_model_keys(overrides, ckpt["model_args"], f"the run resumed from {out_dir}")
-    return ckpt, {**ckpt["config"], **{k: v for k, v in overrides.items() if k != "init_from"}}
+    return resumed(overrides)
 
 
 def setup(overrides, ckpt, algo=None):
@@ -111,6 +109,8 @@ def setup(overrides, ckpt, algo=None):
     cfg = make_config(overrides)
     if ckpt is None:  # (a resumed run writes into its own out_dir)
         check_out_dir(cfg)
+        # the schedule's length, recorded: a resume to more iterations keeps it (then holds min_lr)
+        cfg["lr_decay_iters"] = cfg["lr_decay_iters"] or cfg["max_iters"]
     run = setup_device(cfg)
     if ckpt is not None:
         check_resumable(ckpt, cfg["out_dir"], run)
@@ -130,6 +130,8 @@ def setup(overrides, ckpt, algo=None):
         model = build_model(cfg, run.tok)
     if ckpt is None and cfg["init_from"] != "scratch":  # a checkpoint or transformers start brings its shape
         check_model_keys(overrides, dataclasses.asdict(model.config), f"init_from={cfg['init_from']}")
+        if cfg["block_size"] > model.config.block_size:  # (shorter sequences than its positions: fine)
+            fit_block_size(run, overrides, model.config.block_size)
     cfg.update({key: getattr(model.config, key) for key in MODEL_KEYS})  # config.json: what actually runs
     if hasattr(run.algo, "wrap_model"):
         model = run.algo.wrap_model(run, model)
@@ -142,14 +144,7 @@ def setup(overrides, ckpt, algo=None):
     model.to(run.device)
     run.raw_model = model
     if run.fsdp:  # one training call per micro-batch, sharded (distributed.shard_model); no DDP
-        if cfg["compile"]:
-            raise ValueError("--fsdp with --compile is not supported yet: choose one")
-        if run.lockstep and not getattr(run.algo, "on_policy", False):
-            raise ValueError(f"--fsdp_rollouts=sharded is not supported for --algo {cfg['algo']} yet (its setup or "
-                             f"scoring forwards differ in number between ranks): use gathered")
-        run.model = shard_model(run, model)
-        if cfg.get("share_prompt"):  # (grpo, dpo) every block runs twice in one forward
-            keep_gathered_through_backward(run.model)
+        run.model = shard_for_training(run, model)
     else:  # the sampler's decode steps change shape every token, so only the training calls (run.model) compile
         trained = torch.compile(model) if cfg["compile"] else model
         run.model = DDP(trained, device_ids=[run.device] if run.device.startswith("cuda") else None) if run.ddp else trained
@@ -165,20 +160,44 @@ def setup(overrides, ckpt, algo=None):
     return run, optimizer, state
 
 
+def shard_for_training(run, model):
+    """--fsdp: the model the loss calls, sharded (distributed.shard_model), where the run allows it."""
+    cfg = run.cfg
+    if cfg["compile"]:
+        raise ValueError("--fsdp with --compile is not supported yet: choose one")
+    if run.lockstep and not getattr(run.algo, "on_policy", False):
+        raise ValueError(f"--fsdp_rollouts=sharded is not supported for --algo {cfg['algo']} yet (its setup or "
+                         f"scoring forwards differ in number between ranks): use gathered")
+    sharded = shard_model(run, model)
+    if cfg.get("share_prompt"):  # (grpo, dpo) every block runs twice in one forward
+        keep_gathered_through_backward(sharded)
+    return sharded
+
+
+def fit_block_size(run, overrides, positions):
+    """A block_size longer than the positions of the model a run starts from: asked for, an error; the
+    default, it yields to them, said."""
+    cfg = run.cfg
+    if cfg["block_size"] != make_config({k: overrides[k] for k in ("algo", "env") if k in overrides})["block_size"]:
+        raise ValueError(f"--block_size={cfg['block_size']} cannot apply: init_from={cfg['init_from']} has "
+                         f"{positions} positions; pass at most that, or drop the key")
+    if run.master:
+        print(f"note: block_size={cfg['block_size']} -> {positions}, the positions of init_from={cfg['init_from']}")
+    cfg["block_size"] = positions
+
+
 def resume(run, optimizer, ckpt, metrics_path):
     """(the iteration to start from, the tokens trained so far): the checkpoint's, with the optimizer
     and RNG restored and metrics.jsonl cut back to it; or (0, 0), with a fresh metrics.jsonl and
-    config.json (under --overwrite=True, the earlier run's ckpt.pt removed)."""
+    config.json. Rank 0 takes out_dir's lock first (run_dir.take_lock: one writer per run directory)."""
     cfg = run.cfg
     held, run.held = run.held, None  # (what setup wrote: run_dir.write_out)
     if run.master:  # the run's first writes into out_dir: a setup that failed has left it as it was
         os.makedirs(cfg["out_dir"], exist_ok=True)
-        if ckpt is None:  # a new run's files start afresh (--overwrite=True: the earlier run's go)
-            if os.path.exists(os.path.join(cfg["out_dir"], "ckpt.pt")):
-                print(f"overwrite: replacing the run in {cfg['out_dir']}")
-            for name in ("ckpt.pt", "samples.txt"):
-                if os.path.exists(os.path.join(cfg["out_dir"], name)):
-                    os.remove(os.path.join(cfg["out_dir"], name))
+        run.locked = take_lock(cfg["out_dir"])
+        if ckpt is None and os.path.isfile(os.path.join(cfg["out_dir"], "ckpt.pt")):  # --overwrite=True
+            set_aside(cfg["out_dir"])  # until this run's first checkpoint (run_dir.PREVIOUS)
+        if ckpt is None:  # a new run's files start afresh
             open(metrics_path, "w").close()
             with open(os.path.join(cfg["out_dir"], "config.json"), "w") as f:
                 json.dump(cfg, f, indent=1)
@@ -262,7 +281,8 @@ def optimizer_step(run, state, optimizer, micro_batches, it):
 def not_finite(it, what):
     """The error that stops a run at a non-finite loss, gradient norm or weight: no checkpoint comes of it."""
     return ValueError(f"iteration {it + 1}: {what}: training stopped, and no checkpoint was written from it "
-                      f"(out_dir keeps the last good one); lower --learning_rate, or look for what overflowed")
+                      f"(out_dir keeps its last good one, or the run --overwrite was to replace); lower "
+                      f"--learning_rate, or look for what overflowed")
 
 
 def check_weights(run, it):
@@ -307,6 +327,42 @@ def progress_bar(run, start_iter):
                 mininterval=0.1 if sys.stderr.isatty() else 30)
 
 
+class Stopped(Exception):
+    """A run stopped by Ctrl-C (SIGINT) or SIGTERM at a step boundary; the text says what was saved."""
+
+
+def stopped(cfg, asked, it, saved):
+    """The Stopped a signal ends the loop with after iteration `it`: what was saved, the command that resumes."""
+    out = shlex.quote(cfg["out_dir"])
+    return Stopped(f"{asked[0] if asked else 'a signal'} at iteration {it}: " + (
+        f"saved {out}/ckpt.pt; resume with: python train.py --init_from=resume --out_dir={out}"
+        if saved else "nothing saved (--checkpoint=False)"))
+
+
+def ask_to_stop(asked, signum, frame):
+    """running's signal handler: note the signal, and give it back its default, so a second one acts at once."""
+    signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+    asked.append(signal.Signals(signum).name)
+    print(f"\n{asked[-1]}: stopping after this step, to save (Ctrl-C again: at once)", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def running(run):
+    """While the loop runs, a first Ctrl-C (SIGINT) or SIGTERM asks it to stop at the next step boundary
+    (ask_to_stop; main thread only). On the way out rank 0 settles the run --overwrite set aside (back
+    unless this run has a checkpoint or finished with --checkpoint=False) and releases the lock (run_dir.leave)."""
+    asked, main, finished = [], threading.current_thread() is threading.main_thread(), False
+    before = {s: signal.signal(s, functools.partial(ask_to_stop, asked)) for s in (signal.SIGINT, signal.SIGTERM) if main}
+    try:
+        yield asked
+        finished = True
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        if getattr(run, "locked", False):
+            leave(run.cfg["out_dir"], keep_new=finished and not run.cfg["checkpoint"])
+
+
 def train(overrides, algo=None):
     """Run one training job. Returns the run, with run.state (what the algorithm's setup made) and
     run.metrics (the last evaluation). algo: an object with the algorithm interface to run in place
@@ -314,55 +370,59 @@ def train(overrides, algo=None):
     ckpt, overrides = load_resume(dict(overrides))
     run, optimizer, state = setup(overrides, ckpt, algo)
     cfg, metrics_path = run.cfg, os.path.join(run.cfg["out_dir"], "metrics.jsonl")
-    start_iter, train_tokens = resume(run, optimizer, ckpt, metrics_path)
-    run.watch = watcher(run, metrics_path)  # the monitors (monitors.ALARMS) on every logged row
-    stop_early, state_dict = getattr(run.algo, "stop_early", None), getattr(run.algo, "state_dict", None)
-    evaluating, bar, metrics, drawn_at = cfg["eval_interval"] > 0, progress_bar(run, start_iter), {}, time.time()
-    if start_iter == 0 and evaluating and cfg["eval_at_start"]:
-        metrics, drawn_at = evaluate(run, state, 0, metrics_path, drawn_at)
-    for it in bar:
-        t0, lr = time.time(), lr_at(cfg, it)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        set_dropout(run, False)
-        with gathered(run):  # --fsdp: rollouts and scoring on full weights (distributed.gathered)
-            steps, figures = run.algo.batches(run, state, it)  # RL: the rollouts happen here
-        t_update, sums, grad_norm = time.time(), {}, None  # sums: over steps, micro-batches and ranks
-        for micro_batches in steps:
-            try:
-                step, grad_norm = optimizer_step(run, state, optimizer, micro_batches, it)
-            except ValueError:  # a non-finite loss or gradient: the iteration's figures first, so its monitors name the cause
-                log(run, metrics_path, {"iter": it + 1, "lr": lr, "loss": float("nan"), **figures})
-                raise
-            for k, v in step.items():
-                sums[k] = sums.get(k, 0.0) + v
-            train_tokens += step.get("tokens", 0.0)
-            if stop_early and stop_early(run, state, as_means(step), figures):  # (PPO's early stop on its KL)
-                break
-        figures["time_update"] = time.time() - t_update  # forward, backward and optimizer of the iteration
-        if (it + 1) % cfg["log_interval"] == 0 or it + 1 == cfg["max_iters"]:
-            row = {**as_means(sums), "iter": it + 1, "lr": lr, "iter_time": time.time() - t0,
-                   "train_tokens": train_tokens, **figures}
-            if grad_norm is not None:
-                row["grad_norm"] = float(grad_norm)
-            log(run, metrics_path, row)
-            bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)  # shown at the next redraw
-        at_eval = evaluating and ((it + 1) % cfg["eval_interval"] == 0 or it + 1 == cfg["max_iters"])
-        saving = cfg["checkpoint"] and (at_eval or it + 1 == cfg["max_iters"])
-        if at_eval or saving:
-            check_weights(run, it)
-        if at_eval:
-            metrics, drawn_at = evaluate(run, state, it + 1, metrics_path, drawn_at)
-            if run.master:
-                bar.write(f"iter {it + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
-        if saving:  # (every rank: its RNG streams)
-            save_checkpoint(run, optimizer, it + 1, train_tokens, state_dict(run, state) if state_dict else None)
-    bar.close()
-    if run.ddp:
-        dist.barrier()
-        dist.destroy_process_group()
-    run.state, run.metrics = state, metrics  # for the caller (tests, experiments); the loop is done with them
-    return run
+    with running(run) as asked:
+        start_iter, train_tokens = resume(run, optimizer, ckpt, metrics_path)
+        run.watch = watcher(run, metrics_path)  # the monitors (monitors.ALARMS) on every logged row
+        stop_early, state_dict = getattr(run.algo, "stop_early", None), getattr(run.algo, "state_dict", None)
+        evaluating, bar, metrics, drawn_at = cfg["eval_interval"] > 0, progress_bar(run, start_iter), {}, time.time()
+        if start_iter == 0 and evaluating and cfg["eval_at_start"]:
+            metrics, drawn_at = evaluate(run, state, 0, metrics_path, drawn_at)
+        for it in bar:
+            t0, lr = time.time(), lr_at(cfg, it)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            set_dropout(run, False)
+            with gathered(run):  # --fsdp: rollouts and scoring on full weights (distributed.gathered)
+                steps, figures = run.algo.batches(run, state, it)  # RL: the rollouts happen here
+            t_update, sums, grad_norm = time.time(), {}, None  # sums: over steps, micro-batches and ranks
+            for micro_batches in steps:
+                try:
+                    step, grad_norm = optimizer_step(run, state, optimizer, micro_batches, it)
+                except ValueError:  # a non-finite loss or gradient: the iteration's figures first, so its monitors name the cause
+                    log(run, metrics_path, {"iter": it + 1, "lr": lr, "loss": float("nan"), **figures})
+                    raise
+                for k, v in step.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                train_tokens += step.get("tokens", 0.0)
+                if stop_early and stop_early(run, state, as_means(step), figures):  # (PPO's early stop on its KL)
+                    break
+            figures["time_update"] = time.time() - t_update  # forward, backward and optimizer of the iteration
+            if (it + 1) % cfg["log_interval"] == 0 or it + 1 == cfg["max_iters"]:
+                row = {**as_means(sums), "iter": it + 1, "lr": lr, "iter_time": time.time() - t0,
+                       "train_tokens": train_tokens, **figures}
+                if grad_norm is not None:
+                    row["grad_norm"] = float(grad_norm)
+                log(run, metrics_path, row)
+                bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)  # shown at the next redraw
+            stopping = all_reduce_sum([len(asked)], run)[0] > 0  # a Ctrl-C or SIGTERM: every rank stops here
+            at_eval = evaluating and ((it + 1) % cfg["eval_interval"] == 0 or it + 1 == cfg["max_iters"])
+            saving = cfg["checkpoint"] and (at_eval or stopping or it + 1 == cfg["max_iters"])
+            if at_eval or saving:
+                check_weights(run, it)
+            if at_eval:
+                metrics, drawn_at = evaluate(run, state, it + 1, metrics_path, drawn_at)
+                if run.master:
+                    bar.write(f"iter {it + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+            if saving:  # (every rank: its RNG streams)
+                save_checkpoint(run, optimizer, it + 1, train_tokens, state_dict(run, state) if state_dict else None)
+            if stopping:
+                raise stopped(cfg, asked, it + 1, saving)
+        bar.close()
+        if run.ddp:
+            dist.barrier()
+            dist.destroy_process_group()
+        run.state, run.metrics = state, metrics  # for the caller (tests, experiments); the loop is done with them
+        return run
 
 
 if __name__ == "__main__":
@@ -376,9 +436,16 @@ if __name__ == "__main__":
         overrides, chosen = after_the_ladder(overrides)
         if chosen and first_process:
             print(chosen, flush=True)
-        check_start(overrides)
+        started = check_start(overrides)
+        if started and first_process:
+            print(started, flush=True)
         train(overrides)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}" if first_process else 1)
+    except (Stopped, KeyboardInterrupt) as e:  # Ctrl-C or SIGTERM (exit 130: a shell's "interrupted")
+        if first_process:  # (a KeyboardInterrupt: a Ctrl-C before the loop began, or the second one)
+            print(e if isinstance(e, Stopped) else "interrupted: stopped at once, nothing saved since the last "
+                  "checkpoint", file=sys.stderr)
+        sys.exit(130)
     except ImportError as e:  # an optional package (transformers, ...) that is not installed
         sys.exit(f"error: {optional_dependency(e)}" if first_process else 1)

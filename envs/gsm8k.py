@@ -10,9 +10,10 @@ the answer is a worked solution ending in "#### N":
 
 - prompt: the question and the instruction verl's GSM8K recipe uses, so that accuracies compare
   with its published table;
-- verify: 1.0 when the number after the response's last "####" equals the reference's (commas,
-  a dollar sign and trailing zeros of a decimal ignored), else 0.0: the strict form, nothing
-  else in the response is read;
+- verify: 1.0 when the number after the response's last "####" equals the reference's (thousands
+  commas, a dollar sign and trailing zeros of a decimal ignored), else 0.0: the strict form, nothing
+  else in the response is read, and a last "####" followed by no number of the dataset's form
+  ("1e5", "1,2,3") is a parse error;
 - demonstration (the SFT target): the dataset's worked solution, "#### N" included;
 - splits: "train" and "heldout" (the caller hands both over: the hub's train and test splits, or
   a local file's rows with its last tenth held out). There is no "ood" split: evaluations skip it.
@@ -20,24 +21,23 @@ the answer is a worked solution ending in "#### N":
 
 import random
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
-# "####", spaces, an optional "$" and spaces, the number. Linear in the text: no two adjacent
-# quantifiers can match the same characters (r"####\s*\$?\s*" could: its two \s* split a run of
-# spaces every way, and "####" + 30,000 spaces took 27 s to fail).
-_FINAL = re.compile(r"####\s*(?:\$\s*)?(-?[0-9][0-9,]*(?:\.[0-9]+)?)")
+# The dataset's answer form after "####": spaces, an optional "$" and spaces, then an integer whose
+# commas (if any) group thousands, an optional decimal part, and nothing that continues the number
+# ("1e5" or "1,2,3" is no number of that form: a parse error, never 1 or 123). Matched at one place,
+# the start of the text after the last "####", so it is linear in the text.
+_FINAL = re.compile(r"\s*(?:\$\s*)?(-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?)(?![0-9A-Za-z_,]|\.[0-9])")
 
 
 def final_number(text):
-    """The number after the last "####" of `text` as a Decimal (commas and "$" dropped), or None."""
-    found = _FINAL.findall(text)
-    if not found:
+    """The number after the last "####" of `text` as a Decimal (commas and "$" dropped), or None
+    when there is no "####" or what follows the last one is not a number in the dataset's form."""
+    if "####" not in text:
         return None
-    try:
-        return Decimal(found[-1].replace(",", ""))
-    except InvalidOperation:
-        return None
+    found = _FINAL.match(text.rsplit("####", 1)[1])
+    return Decimal(found.group(1).replace(",", "")) if found else None
 
 
 class GSM8K:

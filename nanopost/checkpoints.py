@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import difflib
 import hashlib
+import json
 import os
 import pickle
 import random
@@ -16,9 +17,11 @@ import shutil
 
 import numpy as np
 import torch
+from torch.utils._pytree import tree_flatten
 
 from nanopost import hf
 from nanopost.distributed import gather_objects, place
+from nanopost.run_dir import drop_previous
 from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora
 from nanopost.tokenizer import make_tokenizer
 
@@ -35,6 +38,16 @@ def build_model(cfg, tok):
                                  bias=cfg["bias"]))
     if os.path.isfile(os.path.join(init, "ckpt.pt")):
         return load_model(init, dropout=cfg["dropout"])
+    return from_transformers(cfg, tok)
+
+
+def from_transformers(cfg, tok):
+    """build_model's start from transformers weights (a directory with config.json, or a hub name)."""
+    init = cfg["init_from"]
+    if is_run_without_checkpoint(init):
+        raise FileNotFoundError(f"init_from={init}: a train.py run's directory (its config.json) without ckpt.pt: "
+                                f"that run wrote no checkpoint (--checkpoint=False, or it stopped before its first); "
+                                f"pass a directory that has one, or finish that run")
     if hf.looks_local(init) and not os.path.exists(init):  # never a hub lookup for a path
         parent = os.path.dirname(init) or "."
         close = difflib.get_close_matches(os.path.basename(init), os.listdir(parent) if os.path.isdir(parent) else [], 1)
@@ -49,6 +62,15 @@ def build_model(cfg, tok):
                          f"{model.config.block_size} positions")
     model.resize_vocab(tok.n_vocab)
     return model
+
+
+def is_run_without_checkpoint(name):
+    """A directory whose config.json is a train.py run's (it names an algo), not transformers'."""
+    try:
+        with open(os.path.join(name, "config.json")) as f:
+            return "algo" in json.load(f)
+    except (OSError, ValueError):
+        return False
 
 
 def is_hf_checkpoint(name):
@@ -96,7 +118,21 @@ def read_checkpoint(ckpt_dir, device="cpu"):
     if ckpt.get("format", 1) > CHECKPOINT_FORMAT:
         raise ValueError(f"{path}: checkpoint format {ckpt['format']} is newer than this code's "
                          f"{CHECKPOINT_FORMAT}: update the code")
+    if "checksum" in ckpt and checksum(ckpt) != ckpt["checksum"]:  # (checkpoints written before checksums: unchecked)
+        raise ValueError(f"{path}: its contents do not match the checksum saved with them (a flipped bit, a bad "
+                         f"copy or disk): restore the file from a copy, or delete it")
     return ckpt
+
+
+def checksum(ckpt):
+    """sha256 of all a checkpoint holds but its checksum (torch checks none: a flipped bit would load)."""
+    values, layout = tree_flatten({k: v for k, v in ckpt.items() if k != "checksum"})
+    h = hashlib.sha256(str(layout).encode())
+    for v in values:
+        h.update(str(v.dtype).encode() if torch.is_tensor(v) else repr(v).encode())
+        if torch.is_tensor(v):  # (its bytes viewed, not copied: a memory-mapped checkpoint stays on disk)
+            h.update(v.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
 
 
 def check_resumable(ckpt, ckpt_dir, run=None):
@@ -269,10 +305,8 @@ def load_judge(run):
 
 
 def save_checkpoint(run, optimizer, it, train_tokens, algo_state):
-    """Called by every rank (each adds its RNG streams); rank 0 writes. Atomic: a temporary file,
-    then a rename, so a crash never leaves a half-written ckpt.pt. algo_state: what the algorithm
-    keeps for a resume (its state_dict), or None.
-
+    """Called by every rank (each adds its RNG streams); rank 0 writes. Atomic: a temporary file, then a
+    rename, so a crash never leaves a half-written ckpt.pt. algo_state: the algorithm's state_dict, or None.
     "model" is what load_model() gives later scripts: the trained module itself, or its `policy` when
     the algorithm trains several (PPO's policy + critic); "train_model" then holds all of them."""
     rng = gather_objects(run, rng_state(run))
@@ -294,12 +328,35 @@ def save_checkpoint(run, optimizer, it, train_tokens, algo_state):
         lora_rank=run.cfg["lora_rank"], lora_alpha=run.cfg["lora_alpha"], tokenizer=run.tok.name,
         rng=rng, algo_state=algo_state, train_tokens=train_tokens, frozen=getattr(run, "frozen", {}),
     )
+    ckpt["checksum"] = checksum(ckpt)
     path = os.path.join(run.cfg["out_dir"], "ckpt.pt")
-    torch.save(ckpt, path + ".tmp")
+    try:
+        torch.save(ckpt, path + ".tmp")
+    except BaseException as e:  # a full disk, a second Ctrl-C: no partial file stays
+        raise not_written(path, it, e) from None
     os.replace(path + ".tmp", path)
-    for name in os.listdir(run.cfg["out_dir"]):  # sharded states ckpt.pt no longer names
+    drop_previous(run.cfg["out_dir"])  # this run has a checkpoint of its own: the run --overwrite set aside goes
+    if sharded:
+        drop_older_shards(run.cfg["out_dir"], sharded)
+
+
+def drop_older_shards(out_dir, sharded):
+    """The sharded states ckpt.pt no longer names (save_sharded's older ones)."""
+    for name in os.listdir(out_dir):
         if name.startswith("sharded_") and name != sharded:
-            shutil.rmtree(os.path.join(run.cfg["out_dir"], name))
+            shutil.rmtree(os.path.join(out_dir, name))
+
+
+def not_written(path, it, error):
+    """What save_checkpoint raises when torch.save failed, the partial file removed (it would keep a full
+    disk full): a full disk or quota (OSError; torch's zip writer raises RuntimeError) as one line,
+    anything else (a KeyboardInterrupt) as it was."""
+    if os.path.exists(path + ".tmp"):
+        os.remove(path + ".tmp")
+    if not isinstance(error, (OSError, RuntimeError)):
+        return error
+    return ValueError(f"{path}: the checkpoint of iteration {it} could not be written ({str(error).splitlines()[0][:80]}): "
+                      f"free space on that disk, then resume with --init_from=resume (the earlier ckpt.pt, if any, is kept)")
 
 
 def save_sharded(run, optimizer, it):

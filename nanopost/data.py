@@ -74,8 +74,12 @@ def load_rows(path, split="train"):
         raise FileNotFoundError(f"data file {path}: no such file")
     from datasets import load_dataset
     name, _, config = path.partition(":")
-    with rank0_first():
-        return list(load_dataset(name, config or None, split=split))
+    try:
+        with rank0_first():
+            return list(load_dataset(name, config or None, split=split))
+    except OSError as e:  # (datasets' connection and not-found errors are OSErrors)
+        raise ValueError(f"dataset {path!r}: cannot load it ({str(e).splitlines()[0][:120]}): check the name and that "
+                         f"this machine is online, or pass a local file") from None
 
 
 def dataset_splits(path, check):
@@ -96,11 +100,7 @@ def dataset_splits(path, check):
         if len(rows) < 2:
             raise ValueError(f"{path}: needs at least 2 rows (train and held out)")
         return rows[:-held], rows[-held:]
-    try:
-        train, test = load_rows(path, "train"), load_rows(path, "test")
-    except OSError as e:  # (datasets' connection and not-found errors are OSErrors)
-        raise ValueError(f"dataset {path!r}: cannot load it ({str(e).splitlines()[0]})") from None
-    return checked(train, f"{path} (train)"), checked(test, f"{path} (test)")
+    return checked(load_rows(path, "train"), f"{path} (train)"), checked(load_rows(path, "test"), f"{path} (test)")
 
 
 def encode_rows(run, path, rows, encode):

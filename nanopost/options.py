@@ -19,7 +19,8 @@ import os
 import sys
 import tokenize
 
-from nanopost.checkpoints import is_hf_checkpoint
+from nanopost.checkpoints import check_resumable, is_hf_checkpoint, read_checkpoint
+from nanopost.run_dir import PREVIOUS
 from envs import ENVS
 
 DEFAULTS = dict(
@@ -352,10 +353,10 @@ def check_values(cfg, defaults):
                          f"built-in preference pairs, which the file's rows replace; drop it")
 
 
-def check_model_keys(given, shape, start):
+def check_model_keys(given, shape, start, keys=MODEL_KEYS):
     """Model-size keys given for a model whose shape comes from elsewhere (a checkpoint, transformers
     weights, the run resumed): an error unless they agree with it (never silently dropped)."""
-    for key in MODEL_KEYS:
+    for key in keys:
         if key in given and given[key] != shape[key]:
             raise ValueError(f"--{key}={given[key]!r} cannot apply: {start} has {key}={shape[key]!r} (a model's "
                              f"shape comes from where it starts); drop the key, or start from init_from=scratch")
@@ -373,6 +374,37 @@ def check_out_dir(cfg):
     if os.path.isfile(os.path.join(out, "ckpt.pt")) and not cfg["overwrite"]:
         raise ValueError(f"--out_dir={out} holds a run (its ckpt.pt): pass --init_from=resume to continue it, "
                          f"--overwrite=True to replace it, or choose another --out_dir")
+    if os.path.isfile(os.path.join(out, PREVIOUS, "ckpt.pt")) and not cfg["overwrite"]:
+        raise ValueError(f"--out_dir={out} holds a run in {os.path.join(out, PREVIOUS)} (set aside by an --overwrite run killed "
+                         f"before its first checkpoint): move it back to keep it, --overwrite=True to replace it")
+
+
+def resumed(overrides):
+    """init_from=resume: (the checkpoint, the overrides it implies): its saved config, changed only by what
+    is given again on the command line, and out_dir where the checkpoint is now (a run directory moved
+    since writes where it is). Keys that cannot apply to it (model shape, block_size) are errors."""
+    out_dir = fill_out_dir(overrides.get("out_dir", DEFAULTS["out_dir"]), overrides.get("algo", DEFAULTS["algo"]))
+    ckpt = checkpoint_to_resume(out_dir, overrides)
+    check_resumable(ckpt, out_dir)
+    check_model_keys(overrides, {**ckpt["model_args"], "block_size": ckpt["config"]["block_size"]},
+                     f"the run resumed from {out_dir}", MODEL_KEYS + ("block_size",))
+    return ckpt, {**ckpt["config"], **{k: v for k, v in overrides.items() if k != "init_from"}, "out_dir": out_dir}
+
+
+def checkpoint_to_resume(out_dir, overrides):
+    """The checkpoint init_from=resume continues: out_dir/ckpt.pt, of the --algo given if one is."""
+    path = os.path.join(out_dir, "ckpt.pt")
+    if not os.path.isfile(path):
+        aside = os.path.join(out_dir, PREVIOUS)
+        raise FileNotFoundError(f"init_from=resume: no checkpoint at {path}" + (
+            f"; {aside} holds the run an --overwrite set aside (killed before its first checkpoint): move its files "
+            f"back into {out_dir} to resume it" if os.path.isfile(os.path.join(aside, "ckpt.pt")) else ""))
+    ckpt = read_checkpoint(out_dir)
+    algo, was = overrides.get("algo"), ckpt["config"]["algo"]
+    if algo is not None and algo != was:
+        raise ValueError(f"--algo {algo} cannot resume {out_dir}: it is a run of --algo {was}; resume it with --algo "
+                         f"{was} (or no --algo), or start a {algo} run from it with --init_from={out_dir} --out_dir=NEW")
+    return ckpt
 
 
 def parse_args(argv):
@@ -382,11 +414,7 @@ def parse_args(argv):
     while i < len(argv):
         arg = argv[i]
         if arg.endswith(".py") and not arg.startswith("--"):
-            scope = {}
-            with open(arg) as f:
-                exec(f.read(), scope)
-            overrides.update({k: v for k, v in scope.items() if not k.startswith("_")
-                              and not callable(v) and not isinstance(v, type(sys))})
+            overrides.update(read_config_file(arg))
         elif arg.startswith("--"):
             if "=" in arg:
                 key, raw = arg[2:].split("=", 1)
@@ -403,6 +431,21 @@ def parse_args(argv):
             raise ValueError(f"cannot parse argument {arg!r}: use --key=value or a config file ending in .py")
         i += 1
     return overrides
+
+
+def read_config_file(path):
+    """The top-level names of a config file (Python: `name = value` lines); its errors name the file."""
+    scope = {}
+    with open(path) as f:
+        source = f.read()
+    try:
+        exec(compile(source, path, "exec"), scope)
+    except SyntaxError as e:
+        raise ValueError(f"{path}, line {e.lineno}: {e.msg}: a config file is Python (name = value lines): "
+                         f"fix that line") from None
+    except Exception as e:  # it runs as Python: whatever it raised, named with the file
+        raise ValueError(f"{path}: {type(e).__name__}: {e}: fix the file") from None
+    return {k: v for k, v in scope.items() if not k.startswith("_") and not callable(v) and not isinstance(v, type(sys))}
 
 
 def config_comments(module, name):
@@ -514,7 +557,8 @@ def check_start(overrides):
     """A missing input checkpoint is a one-line error naming the command that makes it: an algorithm
     whose `starts_from` names an init_from (the algo whose checkpoint it usually starts from) never
     starts from a random model, and --init_from=DIR needs DIR/ckpt.pt. Checked for the command line
-    only: the tests call train() on purpose with tiny random models for every algorithm."""
+    only: the tests call train() on purpose with tiny random models for every algorithm. Returns the
+    line that says a run starts from a random model (init_from=scratch), else None."""
     if overrides.get("init_from") == "resume":
         return
     cfg = make_config(overrides)
@@ -522,13 +566,21 @@ def check_start(overrides):
     if os.path.isfile(os.path.join(init, "ckpt.pt")) or (  # a checkpoint, or transformers weights
             is_hf_checkpoint(init) and os.path.basename(os.path.normpath(init)) not in ALGOS):
         return
+    return start_without_checkpoint(cfg, needs)
+
+
+def start_without_checkpoint(cfg, needs):
+    """check_start where init_from names no checkpoint: scratch (said, or refused where the algorithm
+    `needs` a trained start), or a directory a command of this project would make."""
+    init = cfg["init_from"]
     if init == "scratch" and needs:
         out = DEFAULTS["out_dir"].format(algo=needs)
         raise ValueError(f"--algo {cfg['algo']} starts from a trained policy, not init_from=scratch: make one "
                          f"with `python train.py --algo {needs} --out_dir={out}` and pass --init_from={out}, "
                          f"or run `python ladder.py`")
     if init == "scratch":
-        return
+        return (f"{cfg['algo']}: starting from scratch (a randomly initialised {cfg['n_layer']}-layer model); "
+                f"pass --init_from=DIR to start from a checkpoint")
     maker = needs or os.path.basename(os.path.normpath(init))  # out/pretrain is made by --algo pretrain
     if maker in ALGOS:
         raise ValueError(f"--algo {cfg['algo']} starts from a trained model: --init_from={init} has no ckpt.pt; "
@@ -542,7 +594,11 @@ def ladder_stage(root, algo, env):
     for name in sorted(names, key=lambda name: name != algo):
         stage = os.path.join(root, name)
         if os.path.isfile(os.path.join(stage, "ladder.json")) and os.path.isfile(os.path.join(stage, "ckpt.pt")):
-            cfg = json.load(open(os.path.join(stage, "config.json")))
+            try:
+                cfg = json.load(open(os.path.join(stage, "config.json")))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{os.path.join(stage, 'config.json')}: line {e.lineno}: invalid JSON ({e.msg}): "
+                                 f"restore it (train.py wrote it), or delete {stage}") from None
             if cfg["algo"] == algo and cfg["env"] == env:
                 return stage
     return None

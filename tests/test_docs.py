@@ -3,6 +3,7 @@ of the repository cannot open (a machine path, an issue tracker's numbers), no s
 how the project was made, and every documented command uses options its script really takes."""
 
 import argparse
+import ast
 import difflib
 import glob
 import os
@@ -333,15 +334,19 @@ def command_problems(words):
     return problems
 
 
-def test_every_documented_command_uses_options_its_script_takes():
-    found, checked = [], 0
+def every_documented_command():
+    """("page:line", the command's shell words) of every command of every page."""
     for page in PAGES:
         for number, text in documented_commands(page):
             for words in split_commands(text):
-                if script_of(words):
-                    checked += 1
-                for why in command_problems(words):
-                    found.append(f"{os.path.relpath(page, ROOT)}:{number}: `{' '.join(words)[:90]}`: {why}")
+                yield f"{os.path.relpath(page, ROOT)}:{number}", words
+
+
+def test_every_documented_command_uses_options_its_script_takes():
+    found, checked = [], 0
+    for where, words in every_documented_command():
+        checked += bool(script_of(words))
+        found += [f"{where}: `{' '.join(words)[:90]}`: {why}" for why in command_problems(words)]
     assert not found, "documented commands with options their scripts do not take:\n" + "\n".join(found)
     assert checked > 50
 
@@ -368,3 +373,97 @@ def test_the_command_checker_catches_what_it_is_for():
     assert problems("python bench.py rl_rollout")                                      # where it used to live
     for old, new in T.RENAMED.items():
         assert any(new in why for why in problems(f"python train.py --algo grpo --{old}=8")), old
+
+
+# ----------------------------------------------------------------------------------------------
+# Every documented `python -c "..."` imports what exists
+
+def python_c_code(words):
+    """The code of `python -c CODE` in a command's words (also inside `$(...)`), else None."""
+    for i, word in enumerate(words[:-2]):
+        if os.path.basename(word.lstrip("$(")) in ("python", "python3") and words[i + 1] == "-c":
+            # (in `$(python -c '...')` the closing parenthesis joins the quoted code as one shell word)
+            return words[i + 2][:-1] if word.startswith("$(") and words[i + 2].endswith(")") else words[i + 2]
+    return None
+
+
+def import_problems(code):
+    """What in a `python -c` line's code would fail before it runs: a syntax error, a module that does
+    not exist, a name a module lacks (`from M import name`, or `alias.name` after `import M as alias`)."""
+    import importlib
+    import importlib.util
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as e:
+        return [f"not Python: {e.msg}"]
+    problems, modules = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if importlib.util.find_spec(alias.name.split(".")[0]) is None:
+                    problems.append(f"no module {alias.name}")
+                else:
+                    modules[alias.asname or alias.name] = importlib.import_module(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if importlib.util.find_spec(node.module.split(".")[0]) is None:
+                problems.append(f"no module {node.module}")
+                continue
+            module = importlib.import_module(node.module)
+            problems += [f"{node.module} has no {a.name}" for a in node.names if not hasattr(module, a.name)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            if not hasattr(modules[node.value.id], node.attr):
+                problems.append(f"{modules[node.value.id].__name__} has no {node.attr}")
+    return problems
+
+
+def test_every_documented_python_c_line_imports_what_exists():
+    found, checked = [], 0
+    for where, words in every_documented_command():
+        code = python_c_code(words)
+        if code is not None:
+            checked += 1
+            found += [f"{where}: {why}" for why in import_problems(code)]
+    assert not found, "documented `python -c` lines that fail:\n" + "\n".join(found)
+    assert checked >= 2
+
+
+def test_the_python_c_checker_catches_what_it_is_for():
+    code = lambda text: python_c_code(split_commands(text)[0])
+    assert import_problems(code('''python -c "import common as C; print(C.gpu_memory_gib(8e9, 'ppo', 8, True))"''')) == [
+        "no module common"]
+    assert import_problems(code('python -c "from nanopost.distributed import gpu_memory_gib; print(1)"')) == []
+    assert import_problems(code('python -c "from nanopost.distributed import gone"')) == ["nanopost.distributed has no gone"]
+    assert import_problems(code('python -c "import nanopost.bands as B; B.nope(1)"')) == ["nanopost.bands has no nope"]
+    assert import_problems(code("echo $(python -c 'import site; print(site.getsitepackages()[0])')")) == []
+    assert import_problems(code('python -c "print(("')) == ["not Python: '(' was never closed"]
+
+
+def test_the_gpu_pages_commands_run_in_the_order_shown():
+    """docs/gpu.md's "Running on GPUs" opens with the CUDA install line, and each train.py command in it
+    starts from what an earlier one wrote and writes where none did: a refused start (RL from a
+    random model) or a refused out_dir (one that holds a run) would stop a reader there."""
+    from nanopost import options
+    text = open(os.path.join(ROOT, "docs", "gpu.md")).read()
+    block = text.split("## Running on GPUs\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert block[0].split()[:3] == ["pip", "install", "torch==2.13.0"]
+    written, runs = [], 0
+    for line in block:
+        words = split_commands(line)[0]
+        found = script_of(words)
+        if not found:
+            continue
+        cfg = options.make_config(options.parse_args(words[found[0] + 1:]))
+        needs = getattr(options.algo_module(cfg["algo"]), "starts_from", {}).get("init_from")
+        assert cfg["init_from"] in written or (cfg["init_from"] == "scratch" and not needs), line
+        assert cfg["out_dir"] not in written, line
+        written.append(cfg["out_dir"])
+        runs += 1
+    assert runs == 3
+
+
+def test_every_test_the_guarantees_name_exists():
+    """docs/guarantees.md backs each promise with a test by name: each name is a test of the suite."""
+    named = set(re.findall(r"`(test_\w+)`", open(os.path.join(ROOT, "docs", "guarantees.md")).read()))
+    defined = set(re.findall(r"^def (test_\w+)\(", "".join(open(f).read() for f in glob.glob(os.path.join(ROOT, "tests", "*.py"))), re.M))
+    assert len(named) > 40 and not named - defined, sorted(named - defined)

@@ -6,6 +6,7 @@ overwritten by accident; a resumed run checks that its frozen models are the one
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ import torch
 
 from nanopost import checkpoints as C
 from nanopost import options
+from nanopost import run_dir
 import sample
 import sft
 import train as T
@@ -340,4 +342,161 @@ def test_a_resumed_run_checks_its_frozen_models(tmp_path):
     with pytest.raises(ValueError, match=rf"resume: the reference in {start} is not the one this run started "
                                          rf"with \(its weights changed since\): restore {start} as it was") as e:
         T.train(dict(init_from="resume", out_dir=out, max_iters=3))
+    one_line(e)
+
+
+# ----------------------------------------------------------------------------------------------
+# Nothing lost (issue 48): --overwrite keeps the earlier run until the new one has a checkpoint, one
+# writer per out_dir, checksummed checkpoints, a full disk
+
+def test_overwrite_keeps_the_earlier_run_until_the_new_one_has_a_checkpoint(tmp_path, monkeypatch, capsys):
+    """The earlier run waits in out_dir/previous while the new one runs; a new run that ends without a
+    checkpoint of its own (a NaN, max_iters=0) puts it back as it was; one that writes a checkpoint, or
+    finishes under --checkpoint=False, replaces it."""
+    out = str(tmp_path / "run")
+    T.train(dict(RUN, max_iters=2, out_dir=out))
+    open(os.path.join(out, "ladder.json"), "w").write('{"stage": "sft"}')  # (as if a ladder stage)
+    before = {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)}
+    seen, real = [], sft.loss
+
+    def nan_loss(run, state, model, batch):
+        seen.append(sorted(os.listdir(out)))
+        loss_sum, count, metrics = real(run, state, model, batch)
+        return loss_sum * float("nan"), count, metrics
+    monkeypatch.setattr(sft, "loss", nan_loss)
+    with pytest.raises(ValueError, match="iteration 1: the loss is nan"):
+        T.train(dict(RUN, max_iters=2, out_dir=out, overwrite=True))
+    assert "ckpt.pt" not in seen[0] and "previous" in seen[0] and "train.lock" in seen[0]  # aside, and locked
+    assert {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)} == before  # put back
+    printed = capsys.readouterr().out
+    assert f"the run in {out} is kept in {os.path.join(out, 'previous')} until this run writes its first checkpoint" in printed
+    assert f"the earlier run in {out} is put back" in printed
+    monkeypatch.setattr(sft, "loss", real)
+    T.train(dict(RUN, max_iters=0, out_dir=out, overwrite=True))
+    assert {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)} == before  # (lock released)
+    T.train(dict(RUN, max_iters=1, out_dir=out, overwrite=True))
+    assert C.read_checkpoint(out)["iter"] == 1 and not os.path.exists(os.path.join(out, "previous"))
+    assert not os.path.exists(os.path.join(out, "ladder.json"))  # a run by hand is no longer the ladder's stage
+    T.train(dict(RUN, max_iters=1, checkpoint=False, out_dir=out, overwrite=True))  # finished: it replaced it
+    assert sorted(os.listdir(out)) == ["config.json", "metrics.jsonl", "passport.md"]
+    # a kill before the first checkpoint leaves the earlier run in out_dir/previous: said by a start and a resume
+    T.train(dict(RUN, max_iters=1, out_dir=out, overwrite=True))
+    run_dir.set_aside(out)  # (as a run killed at once would have left it)
+    with pytest.raises(ValueError, match=rf"--out_dir={out} holds a run in {out}/previous \(set aside by an --overwrite "
+                                         r"run killed before its first checkpoint\): move it back to keep it") as e:
+        T.train(dict(RUN, max_iters=1, out_dir=out))
+    one_line(e)
+    with pytest.raises(FileNotFoundError, match=rf"; {out}/previous holds the run an --overwrite set aside"):
+        T.train(dict(init_from="resume", out_dir=out))
+
+
+def test_a_second_writer_is_refused_and_a_stale_lock_is_taken_over(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    os.makedirs(out)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        with open(os.path.join(out, "train.lock"), "w") as f:
+            f.write(f"{holder.pid} {socket.gethostname()}\n")
+        with pytest.raises(ValueError, match=rf"--out_dir={out} is in use by another run \(pid {holder.pid} on "
+                                             rf"{socket.gethostname()}, its lock {out}/train.lock\)") as e:
+            T.train(dict(RUN, max_iters=1, out_dir=out))
+        one_line(e)
+        assert os.listdir(out) == ["train.lock"]  # nothing written, the holder's lock kept
+    finally:
+        holder.kill()
+        holder.wait()
+    T.train(dict(RUN, max_iters=1, out_dir=out))  # the holder is gone: its lock is stale
+    assert f"note: {out}/train.lock: taken over from pid {holder.pid}, which no longer runs" in capsys.readouterr().out
+    assert C.read_checkpoint(out)["iter"] == 1 and "train.lock" not in os.listdir(out)  # released at the end
+
+
+def test_a_flipped_bit_in_a_checkpoint_is_one_line(policy, tmp_path):
+    data = bytearray(open(os.path.join(policy, "ckpt.pt"), "rb").read())
+    weight = C.read_checkpoint(policy)["model"]["transformer.h.0.attn.c_attn.weight"]
+    at = bytes(data).find(weight.numpy().tobytes()[:64])
+    assert at > 0
+    data[at + 10] ^= 0x04  # one bit of one weight
+    os.makedirs(tmp_path / "flipped")
+    (tmp_path / "flipped" / "ckpt.pt").write_bytes(bytes(data))
+    message = rf"{tmp_path}/flipped/ckpt.pt: its contents do not match the checksum saved with them"
+    for load in (C.read_checkpoint, C.load_model):
+        with pytest.raises(ValueError, match=message) as e:
+            load(str(tmp_path / "flipped"))
+        one_line(e)
+    with pytest.raises(ValueError, match=message):
+        T.train(dict(init_from="resume", out_dir=str(tmp_path / "flipped")))
+
+
+def test_a_full_disk_keeps_the_earlier_checkpoint_and_removes_the_partial_file(tmp_path, monkeypatch):
+    out = str(tmp_path / "run")
+    real = torch.save
+
+    def full_disk(obj, path):  # the first checkpoint is written, the disk is full at the second
+        if obj["iter"] == 2:
+            open(path, "wb").write(b"partial")
+            raise OSError(28, "No space left on device")
+        real(obj, path)
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(ValueError, match=rf"{out}/ckpt.pt: the checkpoint of iteration 2 could not be written "
+                                         r"\(\[Errno 28\] No space left on device\): free space on that disk") as e:
+        T.train(dict(RUN, max_iters=2, eval_interval=1, eval_problems=4, out_dir=out))
+    one_line(e)
+    assert C.read_checkpoint(out)["iter"] == 1 and "ckpt.pt.tmp" not in os.listdir(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# One line naming the file and the fix (issue 48)
+
+def test_the_default_block_size_yields_to_a_shorter_checkpoint_and_says_so(tmp_path, capsys):
+    short = str(tmp_path / "short")
+    T.train(dict(RUN, block_size=112, max_iters=1, out_dir=short))
+    T.train(dict(RUN, init_from=short, max_iters=1, out_dir=str(tmp_path / "next")))  # (RUN's block_size: the default)
+    assert json.load(open(tmp_path / "next" / "config.json"))["block_size"] == 112
+    assert f"note: block_size=128 -> 112, the positions of init_from={short}" in capsys.readouterr().out
+
+
+def test_start_and_resume_mistakes_are_one_line(policy, tmp_path):
+    with pytest.raises(ValueError, match=rf"--algo grpo cannot resume {policy}: it is a run of --algo sft; resume "
+                                         r"it with --algo sft \(or no --algo\), or start a grpo run from it") as e:
+        T.train(dict(algo="grpo", init_from="resume", out_dir=policy))
+    one_line(e)
+    with pytest.raises(ValueError, match=rf"--block_size=256 cannot apply: init_from={policy} has 128 positions") as e:
+        T.train(dict(RUN, init_from=policy, block_size=256, out_dir=str(tmp_path / "long")))
+    one_line(e)
+    with pytest.raises(ValueError, match=rf"--block_size=64 cannot apply: the run resumed from {policy} has "
+                                         r"block_size=128"):
+        T.train(dict(init_from="resume", out_dir=policy, block_size=64))
+    no_ckpt = str(tmp_path / "no_ckpt")
+    T.train(dict(RUN, max_iters=1, checkpoint=False, out_dir=no_ckpt))  # config.json, no ckpt.pt
+    with pytest.raises(FileNotFoundError, match=rf"init_from={no_ckpt}: a train.py run's directory \(its config.json\) "
+                                                r"without ckpt.pt") as e:
+        T.train(dict(RUN, init_from=no_ckpt, out_dir=str(tmp_path / "next")))
+    one_line(e)
+    assert options.check_start(dict(algo="sft")) == ("sft: starting from scratch (a randomly initialised 4-layer "
+                                                     "model); pass --init_from=DIR to start from a checkpoint")
+    assert options.check_start(dict(algo="sft", init_from=policy)) is None
+
+
+def test_broken_config_files_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("batch_size = 4\nmax_iters = (10\n")
+    err, code = command("train.py", str(bad), cwd=tmp_path)
+    assert code == 1 and err.startswith(f"error: {bad}, line 2: ") and "fix that line" in err and "\n" not in err, err
+    stage = tmp_path / "out" / "sft"
+    os.makedirs(stage)
+    for name, text in (("ckpt.pt", ""), ("ladder.json", "{}"), ("config.json", '{"algo": "sft",')):
+        (stage / name).write_text(text)
+    with pytest.raises(ValueError, match=rf"{stage}/config.json: line 1: invalid JSON .*: restore it") as e:
+        options.ladder_stage(str(tmp_path / "out"), "sft", "arithmetic")
+    one_line(e)
+
+
+@pytest.mark.parametrize("option,message", [
+    ("--temperature=-1", "--temperature=-1.0 is out of range: it must be finite and >= 0"),
+    ("--temperature=nan", "--temperature=nan is out of range"), ("--temperature=inf", "--temperature=inf is out"),
+    ("--n=0", "--n=0 is out of range: it must be >= 1"), ("--max_new_tokens=-1", "--max_new_tokens=-1 is out"),
+])
+def test_sample_options_are_range_checked(policy, option, message):
+    with pytest.raises(ValueError, match=message) as e:
+        sample.main([policy, "What is 1 + 2?", option])
     one_line(e)

@@ -3,6 +3,7 @@ a failing stage, the missing-checkpoint message, and the loop's train_tokens cou
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -87,9 +88,13 @@ def test_done_stages_are_skipped_and_redo_reruns(ladder_root, capsys):
 def test_a_stage_whose_checkpoint_changed_is_not_done(ladder_root, capsys):
     """Another run wrote over out/sft (as `train.py --out_dir=out/sft --overwrite=True` does): the ladder
     says so, runs the stage again (its train.py gets --overwrite=True) and reuses no cached evaluation."""
+    copy = os.path.join(os.path.dirname(ladder_root), "copied")
+    shutil.copytree(ladder_root, copy, copy_function=shutil.copy)  # cp -r: new times, the same contents
+    assert all(ladder.done(os.path.join(copy, name)) for name in NAMES)
     before = checkpoint_times(ladder_root)
     path = os.path.join(ladder_root, "sft", "ckpt.pt")
-    os.utime(path, (before["sft"] + 5, before["sft"] + 5))  # a run outside the ladder rewrote it
+    shutil.copy(os.path.join(ladder_root, "pretrain", "ckpt.pt"), path)  # another checkpoint written over it
+    os.utime(path, (before["sft"] + 5, before["sft"] + 5))
     assert ladder.changed(os.path.join(ladder_root, "sft")) and not ladder.done(os.path.join(ladder_root, "sft"))
     ladder.main(TINY_LADDER[:-1] + [f"--out_root={ladder_root}", "--stages=pretrain,sft"])
     out = capsys.readouterr().out

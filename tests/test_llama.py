@@ -19,6 +19,7 @@ from nanopost.checkpoints import build_model, load_model
 from conftest import TINY, random_ids
 from nanopost.data import config_env, dataset_splits
 from envs import GSM8K
+from envs.gsm8k import final_number
 from nanopost.hf import from_pretrained, to_transformers
 from model import GPT, GPTConfig, sequence_logprobs
 from sampler import sample
@@ -305,6 +306,10 @@ def test_gsm8k_verifier_and_splits(tmp_path):
     assert train[0]["prompt"].endswith('output the final answer after "####".')
     assert env.verify(train[0], env.demonstration(train[0])) == 1.0
     assert env.parses("so #### 7") and not env.parses("so 7") and env.shows_work("3+4=7 #### 7")
+    # the dataset's form exactly: thousands commas only, no exponent, nothing that continues the number
+    assert [final_number(t) for t in ("#### 1,234", "#### 1,234,567", "#### -7 apples", "#### 72.")] == [1234, 1234567, -7, 72]
+    for text in ("#### 1e5", "#### 1,2,3", "#### 12,34", "#### 3.5.1", "#### 5\n#### 1e5"):
+        assert final_number(text) is None and not env.parses(text), text  # (the last "####" counts)
     path = write_jsonl(tmp_path / "bad.jsonl", gsm8k_rows(3)[:2] + [{"question": "Q?", "answer": "4"}])
     with pytest.raises(ValueError, match="bad.jsonl: row 3: field 'answer': no final number after '####'"):
         config_env(dict(env="gsm8k", env_data=path))

@@ -3,15 +3,21 @@ checkpoints, data files and the SFT loss mask."""
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
+from nanopost import checkpoints as C
 from nanopost import options
 import train as T
-from nanopost.checkpoints import build_model, load_model
+from nanopost.checkpoints import build_model, checksum, load_model
 from conftest import SFT_DATA, TINY, run_ddp
 from nanopost.data import load_rows
+import sft
 from sft import masked_nll
 from nanopost.tokenizer import Tokenizer
 
@@ -66,16 +72,109 @@ def test_ddp_and_accumulation_equal_one_process(tmp_path):
                for k, v in one_by_four.items())  # training moved the weights
 
 
-def test_resume_equals_uninterrupted(tmp_path):
-    """k steps, stop, resume to N == N steps straight (dropout on: RNG state is restored too)."""
-    base = dict(TINY, **SFT_DATA, algo="sft", dropout=0.1, lr_decay_iters=6, eval_interval=3, eval_problems=4)
-    straight = _final_weights(dict(base, out_dir=str(tmp_path / "a"), max_iters=6))
-    T.train(dict(base, out_dir=str(tmp_path / "b"), max_iters=3))
-    resumed = _final_weights(dict(init_from="resume", out_dir=str(tmp_path / "b"), max_iters=6, device="cpu"))
+def interrupt_at(monkeypatch, iteration, seen):
+    """sft's batches, sending this process a Ctrl-C (SIGINT) during `iteration` (0-based); `seen` gets
+    the SIGINT handler in force right after it (the default: a second Ctrl-C stops at once)."""
+    real = sft.batches
+
+    def batches(run, state, it):
+        if it == iteration:
+            os.kill(os.getpid(), signal.SIGINT)
+            seen.append(signal.getsignal(signal.SIGINT))
+        return real(run, state, it)
+    monkeypatch.setattr(sft, "batches", batches)
+
+
+def test_resume_equals_uninterrupted(tmp_path, monkeypatch):
+    """k steps, a Ctrl-C, resume to N == N steps straight, the schedule not pinned (dropout on: the RNG
+    state is restored too). The Ctrl-C saves a checkpoint at the end of its step (no evaluation was due)
+    and says how to resume; a second one would stop at once."""
+    base = dict(TINY, **SFT_DATA, algo="sft", dropout=0.1, max_iters=6)
+    straight = _final_weights(dict(base, out_dir=str(tmp_path / "a")))
+    out, seen, before = str(tmp_path / "b"), [], signal.getsignal(signal.SIGINT)
+    interrupt_at(monkeypatch, 2, seen)
+    with pytest.raises(T.Stopped, match=rf"^SIGINT at iteration 3: saved {out}/ckpt.pt; resume with: python train.py "
+                                        rf"--init_from=resume --out_dir={out}$"):
+        T.train(dict(base, out_dir=out))
+    assert seen == [signal.default_int_handler] and signal.getsignal(signal.SIGINT) is before  # (restored after)
+    assert C.read_checkpoint(out)["iter"] == 3
+    monkeypatch.undo()
+    resumed = _final_weights(dict(init_from="resume", out_dir=out, device="cpu"))
     for k in straight:
         assert torch.equal(straight[k], resumed[k]), k
     rows = [json.loads(line) for line in open(tmp_path / "b" / "metrics.jsonl")]
     assert [r["iter"] for r in rows if "loss" in r] == list(range(1, 7))  # no duplicated or missing lines
+
+
+def _stopped_by_rank_0(overrides):
+    """(run in each of two processes) A Ctrl-C reaching rank 0 alone, during iteration 2: what each rank raised."""
+    real = sft.batches
+
+    def batches(run, state, it):
+        if it == 1 and run.rank == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(run, state, it)
+    sft.batches = batches
+    try:
+        T.train(overrides)
+    except T.Stopped as e:
+        return str(e)
+
+
+def test_under_ddp_every_rank_stops_at_the_step_a_signal_reached_one(tmp_path):
+    """A Ctrl-C that reaches one rank stops all of them after the same step, with one checkpoint (its
+    writing is collective: ranks that disagreed would hang)."""
+    out = str(tmp_path / "ddp")
+    said = run_ddp(_stopped_by_rank_0, dict(TINY, **SFT_DATA, algo="sft", max_iters=6, out_dir=out))
+    assert said == [f"SIGINT at iteration 2: saved {out}/ckpt.pt; resume with: python train.py --init_from=resume "
+                    f"--out_dir={out}", f"a signal at iteration 2: saved {out}/ckpt.pt; resume with: python train.py "
+                    f"--init_from=resume --out_dir={out}"]
+    assert C.read_checkpoint(out)["iter"] == 2 and len(C.read_checkpoint(out)["rng"]) == 2
+
+
+def test_a_longer_resume_keeps_the_schedule_it_started_with(tmp_path):
+    """The schedule's length (lr_decay_iters=0: max_iters) is recorded at the first start: a resume that
+    asks for more iterations follows it, then holds min_lr; it never stretches the cosine mid-run."""
+    base = dict(TINY, **SFT_DATA, algo="sft", warmup_iters=1)
+    lrs = lambda out: [r["lr"] for r in map(json.loads, open(os.path.join(out, "metrics.jsonl"))) if "lr" in r]
+    T.train(dict(base, max_iters=3, out_dir=str(tmp_path / "short")))
+    assert json.load(open(tmp_path / "short" / "config.json"))["lr_decay_iters"] == 3
+    T.train(dict(base, max_iters=6, out_dir=str(tmp_path / "long")))
+    T.train(dict(init_from="resume", out_dir=str(tmp_path / "short"), max_iters=6))
+    cfg = options.make_config(dict(base, max_iters=3))
+    assert lrs(tmp_path / "short") == [T.lr_at(cfg, it) for it in range(3)] + [cfg["min_lr"]] * 3
+    assert lrs(tmp_path / "long")[3] > cfg["min_lr"]  # (what a stretched schedule would have given instead)
+
+
+def test_a_moved_run_directory_resumes_where_it_is(tmp_path, monkeypatch):
+    """The out_dir recorded in the checkpoint is where the run was: a resume writes where it is now."""
+    monkeypatch.chdir(tmp_path)
+    T.train(dict(TINY, **SFT_DATA, algo="sft", max_iters=2, out_dir="first"))
+    os.makedirs("out")
+    os.rename("first", "out/sft")  # the default --out_dir of --algo sft
+    run = T.train(dict(init_from="resume", max_iters=3))
+    assert run.cfg["out_dir"] == "out/sft" and not os.path.exists("first")
+    assert C.read_checkpoint("out/sft")["iter"] == 3
+
+
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_on_the_command_line_saves_and_prints_the_resume_command(tmp_path, sent):
+    """A real process: the first Ctrl-C (or SIGTERM) ends it at a step boundary with a checkpoint and the command that
+    resumes (exit 130), in one line after the progress bar, no traceback."""
+    out = tmp_path / "run"
+    args = [f"--{k}={v}" for k, v in dict(TINY, **SFT_DATA, max_iters=100_000, out_dir=str(out)).items()]
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], stderr=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline = time.time() + 120
+    while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text().count("loss"):
+        assert time.time() < deadline and process.poll() is None, "the run did not start"
+        time.sleep(0.2)
+    process.send_signal(sent)
+    err = process.communicate(timeout=120)[1]
+    last = err.strip().splitlines()[-1]
+    assert process.returncode == 130 and "Traceback" not in err, err
+    it = C.read_checkpoint(str(out))["iter"]
+    assert last == f"{sent.name} at iteration {it}: saved {out}/ckpt.pt; resume with: python train.py --init_from=resume --out_dir={out}"
 
 
 def test_checkpoint_is_atomic_and_loadable_with_lora(tmp_path):
@@ -225,6 +324,18 @@ def test_malformed_rows_name_file_row_and_field(tmp_path, tiny, bad, field, why)
 def test_missing_data_file_is_a_clear_error(tiny):
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         T.train(dict(tiny, algo="sft", data="nope.jsonl"))
+
+
+def test_an_unreachable_hub_dataset_is_one_line(tiny, monkeypatch):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'owner/name' on the Hub (LocalEntryNotFoundError)")
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(ValueError, match=r"^dataset 'owner/name': cannot load it \(Couldn't reach 'owner/name' on the "
+                                         r"Hub \(LocalEntryNotFoundError\)\): check the name and that this machine "
+                                         r"is online, or pass a local file$"):
+        T.train(dict(tiny, **SFT_DATA, algo="sft", data="owner/name"))
 
 
 def test_broken_json_line_names_its_line(tmp_path, tiny):
@@ -432,6 +543,6 @@ def test_old_key_names_work_for_one_release_and_say_the_new_one(tmp_path, tiny, 
     path = os.path.join(tiny["out_dir"], "ckpt.pt")
     ckpt = torch.load(path, weights_only=True)
     ckpt["config"]["prompts_pool"] = ckpt["config"].pop("prompt_pool")
-    torch.save(ckpt, path)
+    torch.save(dict(ckpt, checksum=checksum(ckpt)), path)  # (as that older version wrote it: its checksum matches)
     resumed = T.train(dict(algo="ppo", init_from="resume", out_dir=tiny["out_dir"], max_iters=2))
     assert resumed.cfg["prompt_pool"] == 16 and "'prompts_pool' is now 'prompt_pool'" in capsys.readouterr().out
