@@ -510,8 +510,8 @@ def test_staleness_1_resumes_exactly_with_lora_and_enforces_its_bound(tmp_path, 
     (bit for bit); a rollout batch more than one update old is an error."""
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
     cfg = dict(TINY, **dict(SMALL, checkpoint=True, algo="one_step_off"), learning_rate=1e-3, lora_rank=2)
-    straight = T.train(dict(cfg, max_iters=4, out_dir=str(tmp_path / "straight")))
-    T.train(dict(cfg, max_iters=2, out_dir=str(tmp_path / "resumed")))
+    straight = T.train(dict(cfg, max_iters=4, lr_decay_iters=4, out_dir=str(tmp_path / "straight")))
+    T.train(dict(cfg, max_iters=2, lr_decay_iters=4, out_dir=str(tmp_path / "resumed")))  # (the schedule of 4)
     resumed = T.train(dict(algo="one_step_off", init_from="resume", max_iters=4, out_dir=str(tmp_path / "resumed")))
     assert weights_hash(resumed.raw_model) == weights_hash(straight.raw_model)
     resumed.state.sampler_iter = 2

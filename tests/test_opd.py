@@ -323,8 +323,8 @@ def test_trains_logs_and_evaluates(models, tmp_path, algo, extra):
 
 
 def test_resume_continues_exactly(models, tmp_path):
-    straight = opd_run(models, tmp_path / "a", max_iters=2, checkpoint=True, eval_interval=0)
-    opd_run(models, tmp_path / "b", max_iters=1, checkpoint=True, eval_interval=0)
+    straight = opd_run(models, tmp_path / "a", max_iters=2, lr_decay_iters=2, checkpoint=True, eval_interval=0)
+    opd_run(models, tmp_path / "b", max_iters=1, lr_decay_iters=2, checkpoint=True, eval_interval=0)  # (the schedule of 2)
     resumed = T.train(dict(algo="opd", init_from="resume", out_dir=str(tmp_path / "b" / "run"), max_iters=2))
     for k, v in straight.raw_model.state_dict().items():
         torch.testing.assert_close(resumed.raw_model.state_dict()[k], v)

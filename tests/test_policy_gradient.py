@@ -137,8 +137,8 @@ EDGE = dict(TINY, algo="edge_prompts", prompts_per_iter=4, group_size=4, max_new
 def test_edge_sampling_resumes_exactly(tmp_path, monkeypatch):
     """2 iterations + resume to 4 draw what 4 straight do: the pool's success is checkpointed."""
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
-    straight = T.train(dict(EDGE, max_iters=4, out_dir=str(tmp_path / "straight")))
-    T.train(dict(EDGE, max_iters=2, out_dir=str(tmp_path / "resumed")))
+    straight = T.train(dict(EDGE, max_iters=4, lr_decay_iters=4, out_dir=str(tmp_path / "straight")))
+    T.train(dict(EDGE, max_iters=2, lr_decay_iters=4, out_dir=str(tmp_path / "resumed")))  # (the schedule of 4)
     resumed = T.train(dict(algo="edge_prompts", init_from="resume", max_iters=4, out_dir=str(tmp_path / "resumed")))
     assert np.array_equal(straight.state.success, resumed.state.success, equal_nan=True)
     assert all(torch.equal(a, b) for a, b in zip(straight.raw_model.state_dict().values(),
