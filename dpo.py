@@ -25,7 +25,7 @@ response mask):
 π_ref enters only through these sums on the fixed pairs, so they are computed once at setup and
 cached, in memory and in out_dir (keyed by a hash of the tokenizer, every token id and the reference
 weights: change any of them and the cache is rebuilt). No reference forward runs during training;
-π_ref is loaded again only at evaluation, to estimate the KL drift on the policy's own samples.
+π_ref stays loaded for the evaluation, which estimates the KL drift on the policy's own samples.
 
 The family, each a file of the lab that imports this one and shows what it changes (--algo NAME):
 lab/ipo.py, lab/kto.py, lab/simpo.py, lab/orpo.py, and lab/online_dpo.py (the pairs sampled each

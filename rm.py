@@ -7,7 +7,7 @@ Reward model (Bradley–Terry). SPEC §3 "Reward model"; M14 §3–5.
 r_φ is the language model with a scalar head (ScalarHeadGPT), read at the last response token (the
 end token), where causal attention has seen the whole prompt and answer (rollouts.score_responses).
 Only differences of r_φ are learnt: its offset is arbitrary. The checkpoint (kind "scalar") is
-what ppo.py loads as its reward model, through checkpoints.load_model.
+what lab/ppo_rm.py (and online DPO's rm labeler) loads as its reward model, through checkpoints.load_model.
 
     python train.py --algo rm --init_from=out/sft
 

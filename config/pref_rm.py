@@ -1,7 +1,7 @@
 # A reward model on a preference set in TRL's conversational form with an implicit prompt
 # (trl-lib/ultrafeedback_binarized: "chosen" and "rejected" are whole conversations that share
 # their first messages), rendered through the checkpoint's own chat template (pairs.py).
-#   python train.py config/pref_rm.py            # then config/pref_dpo.py, or PPO with --reward=rm
+#   python train.py config/pref_rm.py            # then config/pref_dpo.py, or --algo ppo_rm
 algo = "rm"
 data = "trl-lib/ultrafeedback_binarized"
 init_from = "Qwen/Qwen2.5-0.5B-Instruct"

@@ -274,7 +274,7 @@ def read_reward_model(run):
     it was trained (PPO's critic may start from it)."""
     cfg = run.cfg
     if not cfg["reward_model"]:
-        raise ValueError("reward=rm and critic_init=reward_model need --reward_model=<checkpoint dir of --algo rm>")
+        raise ValueError("--algo ppo_rm (and critic_init=reward_model) needs --reward_model=<checkpoint dir of --algo rm>")
     model = load_model(cfg["reward_model"])
     if not isinstance(model, ScalarHeadGPT):
         raise ValueError(f"reward_model={cfg['reward_model']!r} is a language-model checkpoint, not a reward "

@@ -46,7 +46,7 @@ DEFAULTS = dict(
     bias=True,                  # biases in the linear layers and layer norms (GPT-2 has them)
     # optimisation
     max_iters=1000,             # training iterations
-    lr_decay_iters=0,           # iterations of the cosine decay; 0 = max_iters
+    lr_decay_iters=0,           # iterations of the cosine decay; 0 = max_iters, recorded at the start (a resume to more iterations keeps it, then holds min_lr)
     batch_size=32,              # rows per micro-batch
     gradient_accumulation_steps=1,  # micro-batches per optimizer step (per process)
     learning_rate=2e-3,         # peak learning rate, after the warm-up
@@ -74,7 +74,7 @@ DEFAULTS = dict(
     device="auto",              # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
     compile=False,              # torch.compile the training forward and backward (sampling stays eager)
     fsdp=False,                 # torchrun: shard weights, gradients and AdamW state over the ranks (FSDP2), not DDP copies
-    overwrite=False,            # a new run may replace a run already in out_dir (its ckpt.pt); False = refuse (init_from=resume continues it)
+    overwrite=False,            # a new run may replace a run already in out_dir (kept in out_dir/previous until the new run's first checkpoint); False = refuse (init_from=resume continues it)
     fsdp_rollouts="gathered",   # --fsdp: gathered = all-gather each model's full weights for sampling and scoring (fast, a full bf16 copy per GPU); sharded = forwards stay sharded, all ranks step together (models whose full weights do not fit one GPU)
 )
 
@@ -94,6 +94,9 @@ MOVED_TO_LAB = {
     ("kl_estimator", "sampled"): "opd_sampled", ("kl_estimator", "topk"): "opd_topk",
     ("kl_estimator", "teacher_samples"): "opd_teacher_samples", ("kl_estimator", "full"): "opd",
     ("teacher", "self"): "opsd", ("privileged", "answer"): "opsd",
+    # the reward modes grpo and ppo shared: a variant of each
+    ("reward_mode", "outcome"): ("grpo", "ppo"), ("reward_mode", "process"): ("process_reward", "ppo_process"),
+    ("reward_mode", "rlvp"): ("rlvp", "ppo_rlvp"),
     # the GRPO family (a value that names a textbook algorithm was its plain choice: dropped)
     ("estimator", "grpo"): "grpo", ("estimator", "rloo"): "rloo", ("estimator", "reinforce"): "reinforce",
     ("estimator", "dr_grpo"): "dr_grpo", ("loss_agg", "seq_mean_token_mean"): "grpo", ("loss_agg", "token_mean"): "dapo",
@@ -186,8 +189,9 @@ def renamed(overrides):
             continue
         if spelling in GONE:
             raise ValueError(GONE[spelling])
-        moved = MOVED_TO_LAB.get(spelling)
-        if moved is not None and base_of(moved) == base_of(given):  # (another algorithm's value is its own)
+        # (a spelling two algorithms shared names a variant of each; another algorithm's value is its own)
+        moved = next((name for name in as_tuple(MOVED_TO_LAB.get(spelling)) if base_of(name) == base_of(given)), None)
+        if moved is not None:
             if moved not in ALGOS:  # (a plain choice, e.g. --estimator=grpo, is dropped)
                 out["algo"] = switched_algo(key, value, moved, given, out.get("algo", given))
         elif key in REMOVED:
@@ -198,6 +202,11 @@ def renamed(overrides):
         else:
             out[key] = value
     return out
+
+
+def as_tuple(names):
+    """MOVED_TO_LAB's value as a tuple: one variant's name, or a variant of each algorithm that shared the key."""
+    return names if isinstance(names, tuple) else () if names is None else (names,)
 
 
 def switched_algo(key, value, moved, given, algo):
@@ -388,7 +397,22 @@ def resumed(overrides):
     check_resumable(ckpt, out_dir)
     check_model_keys(overrides, {**ckpt["model_args"], "block_size": ckpt["config"]["block_size"]},
                      f"the run resumed from {out_dir}", MODEL_KEYS + ("block_size",))
-    return ckpt, {**ckpt["config"], **{k: v for k, v in overrides.items() if k != "init_from"}, "out_dir": out_dir}
+    return ckpt, {**saved_config(ckpt, out_dir), **{k: v for k, v in overrides.items() if k != "init_from"},
+                  "out_dir": out_dir}
+
+
+def saved_config(ckpt, out_dir):
+    """A checkpoint's config in this version's spelling: an earlier version's old option that is now a
+    variant of the lab resumes as that variant (renamed), and a key no option of the run takes any more
+    is dropped, with a note naming it."""
+    config = renamed(dict(ckpt["config"]))
+    module = algo_module(config.get("algo", DEFAULTS["algo"]))
+    known = set(DEFAULTS) | set(module.defaults)
+    dropped = sorted(key for key in config if key not in known)
+    if dropped:
+        print(f"note: {out_dir}/ckpt.pt was written by an earlier version: its config keys {', '.join(dropped)} "
+              f"are no option of --algo {config.get('algo', DEFAULTS['algo'])} now; dropped")
+    return {key: value for key, value in config.items() if key in known}
 
 
 def checkpoint_to_resume(out_dir, overrides):
@@ -511,9 +535,10 @@ def help_text(overrides):
     if hasattr(module, "base"):  # a variant of the lab: what it adds first, then its algorithm's options
         base = algo_module(module.base)
         described = {**config_comments(base, "defaults"), **described}
-        groups = [(f"--algo {cfg['algo']}'s own options (lab/{cfg['algo']}.py: what it adds to {module.base})",
-                   [k for k in own if k not in base.defaults]),
-                  (f"{module.base}'s options ({base.__name__}.py defaults)", [k for k in own if k in base.defaults])]
+        changed = [k for k in own if k not in base.defaults or module.defaults[k] != base.defaults[k]]
+        groups = [(f"--algo {cfg['algo']}'s own options (lab/{cfg['algo']}.py: what it adds to {module.base} "
+                   f"or sets otherwise)", changed),
+                  (f"{module.base}'s options ({base.__name__}.py defaults)", [k for k in own if k not in changed])]
     shared = [key for key in DEFAULTS if applies(key, cfg, module)]
     groups += [("shared options (options.DEFAULTS; * = not the shared default: set by this algorithm, its task, "
                "the ladder or the command line)", shared)]

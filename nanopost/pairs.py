@@ -7,7 +7,7 @@ model", "DPO"; M14 §3–5.
   so the two never share an equation). The model named by init_from samples `group_size`
   answers per prompt at `pair_temperature`, and --pairs picks the kind of preference:
     verifier  chosen = an answer the verifier accepts, rejected = one it refuses; demo_chosen: when
-              no sample is correct, the solver's demonstration (also verified) stands in as chosen
+              no sample is correct, the solver's demonstration stands in as chosen (demo_chosen)
               (counted as demo_chosen in the printed counts);
     style     both correct: chosen = the concise demonstration, rejected = the same answer padded
               with filler sentences, so that length effects can be seen;

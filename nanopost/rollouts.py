@@ -236,8 +236,8 @@ def last_response_column(mask):
 
 def score_responses(scalar_model, ids, mask):
     """r_φ of each row: a ScalarHeadGPT's value at its last response token, where causal attention
-    has seen the whole prompt and answer (the reward model's read-out; ppo.py scores rollouts with
-    it). ids (N, T) right-padded prompt + response; mask (N, T-1) aligned with ids[:, 1:] (1 on
+    has seen the whole prompt and answer (the reward model's read-out; lab/ppo_rm.py scores rollouts
+    with it). ids (N, T) right-padded prompt + response; mask (N, T-1) aligned with ids[:, 1:] (1 on
     response tokens, as from rollouts), so the last t with mask[i, t] = 1 points at token
     ids[i, t+1]. Returns (N,)."""
     has_response = mask.sum(1) > 0

@@ -403,7 +403,7 @@ def test_old_ppo_options_name_their_variant(capsys):
     assert "--reward='rm' is now --algo ppo_rm" in capsys.readouterr().out
     with pytest.raises(ValueError, match="'kl_target' for --algo ppo; it is an option of --algo ppo_adaptive_kl"):
         options.make_config(dict(algo="ppo", kl_target=0.5))
-    with pytest.raises(ValueError, match="is now --algo ppo_k3, which does not run with --algo ppo_rm"):
+    with pytest.raises(ValueError, match="\\(now --algo ppo_k3\\) and --algo ppo_rm are no one variant"):
         options.make_config(dict(algo="ppo", reward="rm", kl_estimator="k3"))
     plain = set(options.make_config(dict(algo="ppo")))  # the variants' keys are theirs alone
     assert not {"reward_model", "critic_init", "kl_target", "early_stop_kl", "rlvp_beta", "kl_estimator"} & plain

@@ -546,3 +546,31 @@ def test_old_key_names_work_for_one_release_and_say_the_new_one(tmp_path, tiny, 
     torch.save(dict(ckpt, checksum=checksum(ckpt)), path)  # (as that older version wrote it: its checksum matches)
     resumed = T.train(dict(algo="ppo", init_from="resume", out_dir=tiny["out_dir"], max_iters=2))
     assert resumed.cfg["prompt_pool"] == 16 and "'prompts_pool' is now 'prompt_pool'" in capsys.readouterr().out
+
+
+def test_a_checkpoint_of_an_earlier_version_resumes_in_this_versions_spelling(capsys):
+    """An earlier version's saved config: its old option that is now a variant of the lab resumes as that
+    variant, a renamed key under its new name, and a key no option takes any more is dropped with a note."""
+    import grpo
+    old = dict(options.DEFAULTS, **grpo.defaults, algo="grpo", estimator="rloo", ppo_epochs=2, simpo_beta=2.0)
+    config = options.saved_config(dict(config=old), "out/old")
+    assert config["algo"] == "rloo" and "estimator" not in config and "simpo_beta" not in config
+    assert config["inner_epochs"] == 2 and options.make_config(config)["algo"] == "rloo"
+    assert "out/old/ckpt.pt was written by an earlier version: its config keys simpo_beta are no option of --algo rloo" \
+        in capsys.readouterr().out
+
+
+def test_a_spelling_two_algorithms_shared_switches_to_the_variant_of_the_algorithm_given(capsys):
+    """--reward_mode was grpo's and ppo's: each old value is now a variant of each (options.MOVED_TO_LAB)."""
+    assert options.renamed(dict(algo="ppo", reward_mode="rlvp")) == dict(algo="ppo_rlvp")
+    assert options.renamed(dict(algo="grpo", reward_mode="rlvp")) == dict(algo="rlvp")
+    assert options.renamed(dict(algo="grpo", reward_mode="process")) == dict(algo="process_reward")
+    assert options.renamed(dict(algo="ppo", reward_mode="outcome")) == dict(algo="ppo")  # the plain one: dropped
+    assert "--reward_mode='rlvp' is now --algo ppo_rlvp" in capsys.readouterr().out
+
+
+def test_a_variants_help_lists_what_it_sets_otherwise_among_its_own_options():
+    """--algo opsd's teacher ('self') is opsd's own default, so it is listed with opsd's options, not opd's."""
+    text = options.help_text(dict(algo="opsd"))
+    own, base = text.split("opd's options", 1)
+    assert "--teacher='self'" in own and "--teacher=" not in base
