@@ -51,7 +51,8 @@ from nanopost.distributed import setup_device
 from nanopost.evaluation import evaluate_policy
 from model import ScalarHeadGPT
 from nanopost.monitors import alarms, fired_text
-from nanopost.options import DEFAULTS, coerce, config_comments, make_config, parse_args, renamed
+from nanopost.options import DEFAULTS, coerce, make_config, parse_args, renamed
+from nanopost.usage import config_comments
 from nanopost.tokenizer import Tokenizer
 
 # The ladder, in order: (stage = its directory under OUT_ROOT, train.py arguments beyond the
@@ -368,7 +369,6 @@ def seeds_row(name, runs, options):
     figures = runs[0][2]
     if figures["kind"] == "reward_model":
         return f"| {name} | {len(runs)} | pair acc " + " ".join(fmt(f["pair_acc"], ".3f") for _, _, f in runs) + " |" + " – |" * 7
-    n = options["eval_n"]
     cells = [bands.cell([f[key] for _, _, f in runs], n) for key, n in (("greedy_acc", options["eval_n"]),
                                                                           ("sampled_acc", options["eval_pass_n"]))]
     cells += [" ".join(f"{f['greedy_acc']:.3f}" for _, _, f in runs), " ".join(f"{f['sampled_acc']:.3f}" for _, _, f in runs)]
@@ -464,7 +464,7 @@ def write_report(root, results, options):
              f"alarms of monitors.py over the stage's metrics.jsonl and the first iteration of each, \"none\" on a "
              f"healthy stage (docs/failures.md). Ran with {runtime}.", ""]
     if seeds > 1:
-        lines += [f"## Across seeds", "",
+        lines += ["## Across seeds", "",
                   f"The whole ladder run with {seeds} seeds (pretraining and SFT retrained for each). Each figure is "
                   f"the mean over the seeds; ± is t(0.975, k−1) standard errors across the k seeds, or the binomial "
                   f"half-width of the mean (n = {options['eval_n']} problems greedy, {options['eval_pass_n']} sampled) "

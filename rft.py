@@ -103,7 +103,6 @@ def sample_pool(run, state, round_):
 def setup(run, saved):
     """The checks and the verifier's own error rate; the pool comes at the first iteration of a round
     (resuming: the interrupted run's pool, saved)."""
-    cfg = run.cfg
     state = SimpleNamespace(pool=None, round_figures={}, verifier_check=verifier_check(run.env, run.env.verify))
     if saved is not None:
         state.pool, state.round_figures = saved["pool"], saved["round_figures"]

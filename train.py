@@ -72,9 +72,11 @@ from nanopost.evaluation import plot_metrics, read_metrics
 from model import GPT, apply_lora, count_parameters
 from nanopost.monitors import watcher
 from nanopost.options import (MODEL_KEYS, after_the_ladder, algo_module, check_model_keys, check_out_dir, check_start,
-                     help_text, make_config, optional_dependency, parse_args, resumed)
+                              make_config, optional_dependency, parse_args)
+from nanopost.resume import resumed
 from nanopost.run_dir import leave, set_aside, take_lock, write_out
 from nanopost.tokenizer import make_tokenizer
+from nanopost.usage import help_text
 
 
 def lr_at(cfg, it):
@@ -97,7 +99,7 @@ def as_means(sums):
 
 
 def load_resume(overrides):
-    """init_from=resume: (the checkpoint, the overrides it implies: options.resumed); else (None, overrides)."""
+    """init_from=resume: (the checkpoint, the overrides it implies: resume.resumed); else (None, overrides)."""
     if overrides.get("init_from") != "resume":
         return None, overrides
     return resumed(overrides)

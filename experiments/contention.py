@@ -80,7 +80,7 @@ def main(argv=None):
         print(f"{name:20s} alone {results[name][0]:.3f} s/step, beside a busy core {results[name][1]:.3f} s/step, "
               f"x{results[name][1] / results[name][0]:.2f}", flush=True)
     base = results.get("threads=2 passive", next(iter(results.values())))[0]
-    print(f"\n| setting | s/step alone | s/step beside a busy process | beside / alone | alone vs threads=2 passive |")
+    print("\n| setting | s/step alone | s/step beside a busy process | beside / alone | alone vs threads=2 passive |")
     print("|---|---|---|---|---|")
     for name, (a, b) in results.items():
         print(f"| {name} | {a:.3f} | {b:.3f} | {b / a:.2f} | {a / base:.2f} |")

@@ -309,7 +309,7 @@ def print_tables(results, start, teacher, n):
 
 
 def print_profiles(profiles):
-    print(f"\nreverse KL to the teacher on the student's samples: mean per token, and share per token role")
+    print("\nreverse KL to the teacher on the student's samples: mean per token, and share per token role")
     print(f"{'model':<12} {'KL/token':>8} " + " ".join(f"{r:>9}" for r in ROLES))
     for name, p in profiles.items():
         print(f"{name:<12} {p['mean_kl_per_token']:>8.3f} " + " ".join(f"{p['by_role'][r]['share']:>9.2f}" for r in ROLES))

@@ -2,7 +2,9 @@
 The machinery every algorithm shares, one module per concern; it never imports an algorithm, the lab
 or an entry point (tests/test_layout.py):
 
-    options       configuration: the shared keys, --key=value and config files, --help, renamed keys
+    options       configuration: the shared keys, --key=value and config files, range checks, renamed keys
+    usage         --help: every option the run can use, with its value and the comment beside its key
+    resume        init_from=resume: the checkpoint a run continues, its config in this version's spelling
     distributed   devices, ranks, DDP and FSDP2, the collectives the algorithms call
     checkpoints   atomic checkpoints, exact resume, the frozen models (reference, teacher, reward model)
     run_dir       the files a run writes beside its checkpoint

@@ -4,7 +4,7 @@ algorithm module's own `defaults`, overridden by `--key=value` (a Python literal
 `config/x.py` files (their top-level names). An unknown key or a value of the wrong type is an
 error naming the closest valid keys; an old key name still works for one release and says its new
 one (RENAMED). `python train.py --algo NAME --help` prints every option with its value and its
-description, read from the comments beside the keys (config_comments). After `python ladder.py` the
+description, read from the comments beside the keys (usage.py). After `python ladder.py` the
 command line's defaults start from the ladder's checkpoints (after_the_ladder).
 """
 
@@ -12,14 +12,12 @@ import ast
 import difflib
 import importlib
 import importlib.util
-import io
 import json
 import math
 import os
 import sys
-import tokenize
 
-from nanopost.checkpoints import check_resumable, is_hf_checkpoint, read_checkpoint
+from nanopost.checkpoints import is_hf_checkpoint
 from nanopost.run_dir import PREVIOUS
 from envs import ENVS
 
@@ -388,49 +386,6 @@ def check_out_dir(cfg):
                          f"before its first checkpoint): move it back to keep it, --overwrite=True to replace it")
 
 
-def resumed(overrides):
-    """init_from=resume: (the checkpoint, the overrides it implies): its saved config, changed only by what
-    is given again on the command line, and out_dir where the checkpoint is now (a run directory moved
-    since writes where it is). Keys that cannot apply to it (model shape, block_size) are errors."""
-    out_dir = fill_out_dir(overrides.get("out_dir", DEFAULTS["out_dir"]), overrides.get("algo", DEFAULTS["algo"]))
-    ckpt = checkpoint_to_resume(out_dir, overrides)
-    check_resumable(ckpt, out_dir)
-    check_model_keys(overrides, {**ckpt["model_args"], "block_size": ckpt["config"]["block_size"]},
-                     f"the run resumed from {out_dir}", MODEL_KEYS + ("block_size",))
-    return ckpt, {**saved_config(ckpt, out_dir), **{k: v for k, v in overrides.items() if k != "init_from"},
-                  "out_dir": out_dir}
-
-
-def saved_config(ckpt, out_dir):
-    """A checkpoint's config in this version's spelling: an earlier version's old option that is now a
-    variant of the lab resumes as that variant (renamed), and a key no option of the run takes any more
-    is dropped, with a note naming it."""
-    config = renamed(dict(ckpt["config"]))
-    module = algo_module(config.get("algo", DEFAULTS["algo"]))
-    known = set(DEFAULTS) | set(module.defaults)
-    dropped = sorted(key for key in config if key not in known)
-    if dropped:
-        print(f"note: {out_dir}/ckpt.pt was written by an earlier version: its config keys {', '.join(dropped)} "
-              f"are no option of --algo {config.get('algo', DEFAULTS['algo'])} now; dropped")
-    return {key: value for key, value in config.items() if key in known}
-
-
-def checkpoint_to_resume(out_dir, overrides):
-    """The checkpoint init_from=resume continues: out_dir/ckpt.pt, of the --algo given if one is."""
-    path = os.path.join(out_dir, "ckpt.pt")
-    if not os.path.isfile(path):
-        aside = os.path.join(out_dir, PREVIOUS)
-        raise FileNotFoundError(f"init_from=resume: no checkpoint at {path}" + (
-            f"; {aside} holds the run an --overwrite set aside (killed before its first checkpoint): move its files "
-            f"back into {out_dir} to resume it" if os.path.isfile(os.path.join(aside, "ckpt.pt")) else ""))
-    ckpt = read_checkpoint(out_dir)
-    algo, was = overrides.get("algo"), ckpt["config"]["algo"]
-    if algo is not None and algo != was:
-        raise ValueError(f"--algo {algo} cannot resume {out_dir}: it is a run of --algo {was}; resume it with --algo "
-                         f"{was} (or no --algo), or start a {algo} run from it with --init_from={out_dir} --out_dir=NEW")
-    return ckpt
-
-
 def parse_args(argv):
     """`--key=value` (a Python literal, else a string), `--algo name`, and config files `x.py`."""
     overrides = {}
@@ -470,112 +425,6 @@ def read_config_file(path):
     except Exception as e:  # it runs as Python: whatever it raised, named with the file
         raise ValueError(f"{path}: {type(e).__name__}: {e}: fix the file") from None
     return {k: v for k, v in scope.items() if not k.startswith("_") and not callable(v) and not isinstance(v, type(sys))}
-
-
-def config_comments(module, name):
-    """{key: its description} for `name = dict(...)` in `module`'s source: the comment at the end of
-    the key's line with the comment lines that continue it below (indented past the key), else the
-    comment lines right above the key. Keys merged in from another module's dict
-    (`dict(pairs.PAIR_DEFAULTS, ...)`, `**X.KEYS`, `name.update(X.KEYS)`, or KEYS imported by
-    `from X import KEYS`) take that dict's comments."""
-    source = open(module.__file__).read()
-    comments = {}  # line -> (text, column of its '#', whether the comment stands alone on its line)
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT:
-            comments[token.start[0]] = (token.string.lstrip("#").strip(), token.start[1],
-                                        not token.line[:token.start[1]].strip())
-    body = ast.parse(source).body
-    call = next(node.value for node in body if isinstance(node, ast.Assign)
-                and any(getattr(target, "id", None) == name for target in node.targets))
-    updates = [node.value.args[0] for node in body if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-               and ast.unparse(node.value.func) == f"{name}.update"]
-    merged = call.args + [keyword.value for keyword in call.keywords if keyword.arg is None] + updates
-    imported = {alias.asname or alias.name: node.module for node in body if isinstance(node, ast.ImportFrom)
-                for alias in node.names}  # `from rewards import REWARD_KEYS`: REWARD_KEYS's module
-    found = {}
-    for other in merged:
-        if isinstance(other, ast.Attribute) and isinstance(other.value, ast.Name):
-            found.update(config_comments(getattr(module, other.value.id), other.attr))
-        elif isinstance(other, ast.Name) and other.id in imported:
-            found.update(config_comments(importlib.import_module(imported[other.id]), other.id))
-    for keyword in (keyword for keyword in call.keywords if keyword.arg):
-        line = keyword.value.end_lineno
-        text, _, alone = comments.get(line, ("", 0, True))
-        if alone:  # no comment at the end of its line: the comment lines right above, at the key's indent
-            above, line = [], keyword.lineno - 1
-            while line in comments and comments[line][2] and comments[line][1] <= keyword.col_offset:
-                above.insert(0, comments[line][0])
-                line -= 1
-            text = " ".join(above)
-        else:  # the lines below that continue it: alone, and indented past the key (not a heading)
-            line += 1
-            while line in comments and comments[line][2] and comments[line][1] > keyword.col_offset:
-                text += " " + comments[line][0]
-                line += 1
-        found[keyword.arg] = text
-    return found
-
-
-def help_text(overrides):
-    """--help for the run the command line describes: the algorithm's own options first, then the
-    shared ones, each with the value it takes (the ladder's stages included: after_the_ladder) and
-    its whole description."""
-    overrides, chosen = after_the_ladder(overrides)
-    cfg = make_config(overrides)
-    module = algo_module(cfg["algo"])
-    # a shared key keeps its shared description where an algorithm changes its default
-    described = {**config_comments(module, "defaults"), **config_comments(sys.modules[__name__], "DEFAULTS")}
-    lines = [f"usage: python train.py --algo {cfg['algo']} [config/FILE.py ...] [--key=value ...]",
-             "       (torchrun --standalone --nproc_per_node=N train.py ... on N processes)",
-             f"--algo: {', '.join(available_algos())}; `python train.py --algo NAME --help` shows its options.",
-             "A value is a Python literal (--learning_rate=3e-4, --lora_rank=8), else a string."]
-    lines += [chosen] if chosen else []
-    own = [k for k in module.defaults if k not in DEFAULTS]
-    groups = [(f"--algo {cfg['algo']}'s own options ({module.__name__.replace('.', '/')}.py defaults)", own)]
-    if hasattr(module, "base"):  # a variant of the lab: what it adds first, then its algorithm's options
-        base = algo_module(module.base)
-        described = {**config_comments(base, "defaults"), **described}
-        changed = [k for k in own if k not in base.defaults or module.defaults[k] != base.defaults[k]]
-        groups = [(f"--algo {cfg['algo']}'s own options (lab/{cfg['algo']}.py: what it adds to {module.base} "
-                   f"or sets otherwise)", changed),
-                  (f"{module.base}'s options ({base.__name__}.py defaults)", [k for k in own if k not in changed])]
-    shared = [key for key in DEFAULTS if applies(key, cfg, module)]
-    groups += [("shared options (options.DEFAULTS; * = not the shared default: set by this algorithm, its task, "
-               "the ladder or the command line)", shared)]
-    for title, keys in groups:
-        lines += ["", title + ":"]
-        for key in keys:
-            mark = "*" if key in DEFAULTS and cfg[key] != DEFAULTS[key] and key != "out_dir" else " "
-            lines.append(f"  --{key}={cfg[key]!r}{mark}".ljust(40) + " " + described.get(key, ""))
-    left = [key for key in DEFAULTS if key not in shared]
-    if left:
-        lines += ["", "not listed, as they cannot apply to this run (another start, task or algorithm): "
-                  + ", ".join(f"--{key}" for key in left)]
-    return "\n".join(lines)
-
-
-def applies(key, cfg, module):
-    """Whether a shared key can change this run: a model's shape only for a model built from scratch,
-    dropout only off-policy (on-policy RL scores with dropout off), --data only for the algorithms that
-    read it, a task's keys only for that task, the sharded rollouts only under --fsdp."""
-    scratch = cfg["init_from"] == "scratch" and not getattr(module, "starts_from", {}).get("init_from")
-    if key in MODEL_KEYS or key == "block_size":
-        return scratch
-    if key == "dropout":
-        return not getattr(module, "on_policy", False)
-    if key in ("data", "skip_bad_rows"):
-        return cfg["algo"] in READS_DATA or getattr(module, "base", None) in READS_DATA
-    if key in ("env_digits", "env_ops"):
-        return cfg["env"] in ("arithmetic", "calculator")
-    if key == "env_direct_frac":
-        return cfg["env"] in ("arithmetic", "calculator", "generalpoints")
-    if key == "env_data":
-        return cfg["env"] == "gsm8k"
-    if key == "max_tool_calls":
-        return cfg["env"] in ("calculator", "treasure")
-    if key == "fsdp_rollouts":
-        return cfg["fsdp"]
-    return True
 
 
 def check_start(overrides):

@@ -6,7 +6,6 @@ the environment's solver, and the parse-error check.
 """
 
 from model import count_parameters
-from nanopost.rewards import reward_weights
 from nanopost.rollouts import shard_size
 from nanopost.run_dir import write_out
 

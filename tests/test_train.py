@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nanopost import checkpoints as C
-from nanopost import options
+from nanopost import options, resume, usage
 import train as T
 from nanopost.checkpoints import build_model, checksum, load_model
 from conftest import SFT_DATA, TINY, run_ddp
@@ -418,7 +418,7 @@ def test_config_comments_read_the_line_then_the_lines_above_then_merged_dicts(tm
         ")\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import main_cfg
-    assert options.config_comments(main_cfg, "defaults") == {
+    assert usage.config_comments(main_cfg, "defaults") == {
         "merged": "from the other file", "a": "a's own comment, continued below it", "b": "b's comment, on two lines",
         "c": "shared by c and d", "d": "shared by c and d"}
 
@@ -426,12 +426,12 @@ def test_config_comments_read_the_line_then_the_lines_above_then_merged_dicts(tm
 @pytest.mark.parametrize("algo", options.available_algos())
 def test_help_describes_every_option_with_its_default(algo):
     """Every key the run can use is described with its value; the shared keys that cannot apply to it
-    (options.applies: a model's shape for a checkpoint start, --data for RL, another task's keys) are
+    (usage.applies: a model's shape for a checkpoint start, --data for RL, another task's keys) are
     named in one line instead."""
     cfg = options.make_config(options.after_the_ladder(dict(algo=algo))[0])
-    text = options.help_text(dict(algo=algo))
+    text = usage.help_text(dict(algo=algo))
     lines = {line.split("=", 1)[0].strip(): line for line in text.splitlines() if line.startswith("  --")}
-    left = {key for key in options.DEFAULTS if not options.applies(key, cfg, options.algo_module(algo))}
+    left = {key for key in options.DEFAULTS if not usage.applies(key, cfg, options.algo_module(algo))}
     assert set(lines) == {f"--{key}" for key in cfg if key not in left}
     if left:
         named = text.splitlines()[-1].split(": ", 1)[1].split(", ")
@@ -453,7 +453,7 @@ def test_help_on_the_command_line():
 
 def help_lines(overrides):
     """{key: its --help line's description}, and the keys in the order --help prints them."""
-    lines = [line for line in options.help_text(overrides).splitlines() if line.startswith("  --")]
+    lines = [line for line in usage.help_text(overrides).splitlines() if line.startswith("  --")]
     return {line.split("=", 1)[0].strip()[2:]: line[40:].strip() for line in lines}, [line.split("=", 1)[0][4:] for line in lines]
 
 
@@ -479,10 +479,10 @@ def test_help_shows_the_defaults_after_the_ladder(tmp_path, monkeypatch):
             (tmp_path / "out" / name / file).write_text("{}")
         (tmp_path / "out" / name / "config.json").write_text(json.dumps(dict(algo=name, env="arithmetic")))
     monkeypatch.chdir(tmp_path)
-    text = options.help_text(dict(algo="grpo"))
+    text = usage.help_text(dict(algo="grpo"))
     assert "--init_from='out/sft'*" in text and "--out_dir='out/my_grpo'" in text
     assert "grpo: --init_from=out/sft (the ladder's sft stage)" in text
-    assert "--init_from='x'*" in options.help_text(dict(algo="grpo", init_from="x"))
+    assert "--init_from='x'*" in usage.help_text(dict(algo="grpo", init_from="x"))
 
 
 def test_after_the_ladder_a_run_starts_from_its_stages_and_writes_elsewhere(tmp_path, monkeypatch):
@@ -553,7 +553,7 @@ def test_a_checkpoint_of_an_earlier_version_resumes_in_this_versions_spelling(ca
     variant, a renamed key under its new name, and a key no option takes any more is dropped with a note."""
     import grpo
     old = dict(options.DEFAULTS, **grpo.defaults, algo="grpo", estimator="rloo", ppo_epochs=2, simpo_beta=2.0)
-    config = options.saved_config(dict(config=old), "out/old")
+    config = resume.saved_config(dict(config=old), "out/old")
     assert config["algo"] == "rloo" and "estimator" not in config and "simpo_beta" not in config
     assert config["inner_epochs"] == 2 and options.make_config(config)["algo"] == "rloo"
     assert "out/old/ckpt.pt was written by an earlier version: its config keys simpo_beta are no option of --algo rloo" \
@@ -571,6 +571,6 @@ def test_a_spelling_two_algorithms_shared_switches_to_the_variant_of_the_algorit
 
 def test_a_variants_help_lists_what_it_sets_otherwise_among_its_own_options():
     """--algo opsd's teacher ('self') is opsd's own default, so it is listed with opsd's options, not opd's."""
-    text = options.help_text(dict(algo="opsd"))
+    text = usage.help_text(dict(algo="opsd"))
     own, base = text.split("opd's options", 1)
     assert "--teacher='self'" in own and "--teacher=" not in base
