@@ -36,10 +36,9 @@ from nanopost.checkpoints import load_reference
 from nanopost.distributed import chunks
 from nanopost.evaluation import evaluate_policy
 from nanopost.rollout_figures import rollout_figures
-from model import kl_estimate, token_logprobs_and_entropy
+from model import SharedPrompts, clipped_surrogate, kl_estimate, token_logprobs_and_entropy
 from nanopost.passports import grpo_passport, verifier_check, write_passport
 from nanopost.rollouts import Rollout, old_logprobs_mode, rollouts, score_tokens, shard_problems, shard_size
-from model import SharedPrompts
 
 starts_from = {"init_from": "sft"}  # RL selects among what a trained policy does: no random start
 on_policy = True  # the loss scores the function that sampled; every rank makes the same forwards
@@ -137,7 +136,7 @@ def score(run, state, model, ro):
         ro.old_logprobs = score_tokens(run, model, ro.ids, ro.prompt_lens) * ro.mask
     if run.cfg["kl_coef"]:
         ro.ref_logprobs = score_tokens(run, state.reference, ro.ids, ro.prompt_lens) * ro.mask
-    ro.score_time = time.time() - t0
+    ro.time_score = time.time() - t0
 
 
 def group_advantages(rewards, G):
@@ -231,15 +230,6 @@ def token_ratio(logp, old_logp, on):
 def per_token_advantages(batch):
     """The advantages as (B, 1), one per response, broadcast over its tokens (or (B, T) as they are)."""
     return batch.advantages[:, None] if batch.advantages.dim() == 1 else batch.advantages
-
-
-def clipped_surrogate(ratio, adv, on, eps_low, eps_high):
-    """−min(ρ·A, clip(ρ, 1 − eps_low, 1 + eps_high)·A) per token, and the tokens whose gradient the clip cut."""
-    low, high = 1 - eps_low, 1 + eps_high
-    per_token = -torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
-    with torch.no_grad():
-        clipped = on & (((adv > 0) & (ratio > high)) | ((adv < 0) & (ratio < low)))
-    return per_token, clipped
 
 
 def k3(logp, ref_logp, on):

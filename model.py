@@ -452,6 +452,17 @@ def kl_estimate(logprobs, ref_logprobs, estimator="k1"):
     raise ValueError(f"kl estimator {estimator!r}: choose k1 or k3")
 
 
+def clipped_surrogate(ratio, adv, on, eps_low, eps_high):
+    """PPO's clipped surrogate per token, −min(ρ·A, clip(ρ, 1 − eps_low, 1 + eps_high)·A) (Schulman et al.
+    2017; ppo.py and grpo.py alike), and the tokens of `on` whose gradient the clip cut: A > 0 with
+    ρ > 1 + eps_high, A < 0 with ρ < 1 − eps_low."""
+    low, high = 1 - eps_low, 1 + eps_high
+    per_token = -torch.minimum(ratio * adv, ratio.clamp(low, high) * adv)
+    with torch.no_grad():
+        clipped = on & (((adv > 0) & (ratio > high)) | ((adv < 0) & (ratio < low)))
+    return per_token, clipped
+
+
 # ----------------------------------------------------------------------------------------------
 # LoRA: frozen W plus a trainable low-rank update B·A·(α/r), B zero-initialised (no change at init)
 

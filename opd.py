@@ -112,7 +112,7 @@ def graded(run, teacher, ro, prompts):
     Returns (ro, its response tokens left ungraded)."""
     t0 = time.time()
     ro.teacher_logprobs, graded_mask = teacher_logprobs(run, teacher, ro, prompts)
-    ro.score_time = time.time() - t0
+    ro.time_score = time.time() - t0
     ungraded = float((ro.mask - graded_mask).sum())
     ro.mask, ro.seq_len = graded_mask, last_response_column(graded_mask) + 2
     return ro, ungraded
@@ -167,7 +167,7 @@ def figures(run, state, shards):
     return dict(verifier_acc=sums["verified"] / sums["answers"], len_mean=sums["tokens"] / sums["answers"],
                 truncated_frac=sums["truncated"] / sums["answers"], rollout_tokens=sums["tokens"],
                 ungraded_frac=sums["ungraded"] / max(sums["tokens"], 1.0),
-                time_decode=sum(ro.decode_time for ro in rolls), time_teacher=sum(ro.score_time for ro in rolls),
+                time_decode=sum(ro.time_decode for ro in rolls), time_teacher=sum(ro.time_score for ro in rolls),
                 work_frac=sums["work"] / sums["answers"], parse_error_rate=sums["parse_errors"] / sums["answers"],
                 verifier_error_rate=state.verifier_check["verifier_error_rate"])
 

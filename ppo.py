@@ -49,7 +49,7 @@ import torch.nn as nn
 from nanopost.checkpoints import load_reference
 from nanopost.distributed import all_reduce_sum, role_memory_gib, seeded_rng, shard
 from nanopost.evaluation import evaluate_policy
-from model import GPT, ScalarHeadGPT, kl_estimate, sequence_logprobs, token_logprobs, token_logprobs_and_entropy
+from model import GPT, ScalarHeadGPT, clipped_surrogate, kl_estimate, sequence_logprobs, token_logprobs, token_logprobs_and_entropy
 from nanopost.passports import ppo_passport, unparsed, verifier_check, write_passport
 from nanopost.rollouts import Rollout, last_response_column, old_logprobs_mode, rollouts
 
@@ -273,20 +273,13 @@ def global_sums(run, micro):
                  kl=total(mb.kl for mb in micro), verified=total(roll.verified for roll in rolls),
                  length=total(roll.lengths for roll in rolls), truncated=total(roll.truncated for roll in rolls),
                  sampler_gap=total((mb.rollout.old_logprobs - mb.old_logprobs).abs() * mb.mask for mb in micro),
-                 time_decode=sum(roll.decode_time for roll in rolls), work=float(sum(map(run.env.shows_work, texts))),
+                 time_decode=sum(roll.time_decode for roll in rolls), work=float(sum(map(run.env.shows_work, texts))),
                  parse_errors=float(sum(unparsed(run.env, t) for t in texts)))
     return all_reduce_sum(local, run)
 
 
 # ----------------------------------------------------------------------------------------------
 # The loss: the clipped surrogate and the clipped value loss, per token
-
-def clipped_surrogate(logprobs, old_logprobs, advantages, clip_eps):
-    """Per-token −min(ρ·Â, clip(ρ, 1−ε, 1+ε)·Â), ρ = π_θ/π_old, and whether the clipped term was the smaller one."""
-    ratio = torch.exp(logprobs - old_logprobs)
-    unclipped, clipped = ratio * advantages, ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages
-    return -torch.min(unclipped, clipped), (clipped < unclipped).float()
-
 
 def clipped_value_loss(values, old_values, returns, value_clip):
     """Per-token ½·max((V − R)², (V_old + clip(V − V_old, ±ε_v) − R)²): the critic cannot move
@@ -302,7 +295,8 @@ def loss(run, state, model, batch):
     ids, mask = batch.ids, batch.mask
     logits, values = model(ids[:, :-1])
     logprobs, entropy = token_logprobs_and_entropy(logits, ids[:, 1:], cfg["temperature"])
-    policy_loss, clipped = clipped_surrogate(logprobs, batch.old_logprobs, batch.advantages, cfg["clip_eps"])
+    ratio = torch.exp(logprobs - batch.old_logprobs)  # ρ_t = π_θ/π_old
+    policy_loss, clipped = clipped_surrogate(ratio, batch.advantages, mask > 0, cfg["clip_eps"], cfg["clip_eps"])
     value_loss = clipped_value_loss(values.float(), batch.old_values, batch.returns, cfg["value_clip"])
     n = mask.sum()
     loss_sum = ((policy_loss + cfg["vf_coef"] * value_loss) * mask).sum()
@@ -310,7 +304,7 @@ def loss(run, state, model, batch):
         approx_kl = (kl_estimate(batch.old_logprobs, logprobs, "k3") * mask).sum()  # KL(π_old‖π_θ)
         # clip_frac: share of tokens where the clipped term is the active one (no gradient from them)
         metrics = dict(policy_loss=(policy_loss * mask).sum(), value_loss=(value_loss * mask).sum(),
-                       clip_frac=(clipped * mask).sum(), approx_kl=approx_kl,
+                       clip_frac=clipped.sum(), approx_kl=approx_kl,
                        entropy=(entropy * mask).sum())
     return loss_sum, n, {**{k: v / n for k, v in metrics.items()}, "tokens": n}  # tensors: read once per step
 

@@ -11,7 +11,7 @@ those plus N(0, 1), π_old (the off-policy sampler) π_θ's plus N(0, 0.3).
 
 Estimators of ∇J(θ), J = E_π[r], each from groups of G responses (the batch), repeated --trials times;
 each per-token weight comes from grpo.py's and its lab's own advantages and loss pieces
-(grpo.group_advantages, grpo.clipped_surrogate, lab/rloo, dr_grpo, gspo, cispo, dapo):
+(grpo.group_advantages, model.clipped_surrogate, lab/rloo, dr_grpo, gspo, cispo, dapo):
     reinforce     r_i · Σ_t ∇log π (no baseline)                      unbiased
     rloo          leave-one-out baseline, Σ_t                           unbiased
     grpo          (r − mean)/std, per-response token mean               std and length normalisation
@@ -48,7 +48,7 @@ sys.path.insert(0, ROOT)
 import grpo  # noqa: E402  (after the path: the script runs from anywhere)
 from lab import cispo, dapo, dr_grpo, gspo, rloo  # noqa: E402
 from experiments.study import pyplot, save_figure  # noqa: E402
-from model import kl_estimate  # noqa: E402
+from model import clipped_surrogate, kl_estimate  # noqa: E402
 
 A, B, END, L = 0, 1, 2, 4
 
@@ -105,7 +105,7 @@ def surrogate(ratio=grpo.token_ratio, eps=(0.2, 0.2), capped=False):
         rho = ratio(logp, old_logp, on)
         if capped:
             return cispo.cispo_surrogate(rho, adv[:, None], logp, on, *eps)[0]
-        return grpo.clipped_surrogate(rho, adv[:, None], on, *eps)[0]
+        return clipped_surrogate(rho, adv[:, None], on, *eps)[0]
     return per_token
 
 

@@ -11,6 +11,7 @@ import torch
 
 import grpo
 from grpo import batches, evaluate, on_policy, setup, starts_from  # noqa: F401  (what GSPO does not change)
+from model import clipped_surrogate
 
 base = "grpo"
 defaults = dict(
@@ -27,7 +28,7 @@ def loss(run, state, model, batch):
     logp, entropy = grpo.policy_logprobs(run, model, batch)
     ratio = sequence_ratio(logp, batch.old_logprobs, on)
     eps = run.cfg["clip_eps"]
-    per_token, clipped = grpo.clipped_surrogate(ratio, grpo.per_token_advantages(batch), on, eps, eps)
+    per_token, clipped = clipped_surrogate(ratio, grpo.per_token_advantages(batch), on, eps, eps)
     per_token, kl_figures = grpo.with_kl_term(run, per_token, logp, batch)
     loss_sum, count = grpo.seq_mean_token_mean(per_token, batch.mask)
     return loss_sum, count, dict(grpo.ratio_figures(ratio, clipped, on), **kl_figures, **grpo.sample_figures(batch, entropy))

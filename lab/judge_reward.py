@@ -45,7 +45,7 @@ def batches(run, state, it):
     for ro in shards:
         t0 = time.time()
         ro.reward, figures = judged_reward(run, state.judge, ro)  # r_i = (1/k) Σ_j P(correct | x, y_i, j)
-        ro.verify_time += time.time() - t0  # (the judge's judgements: verifying)
+        ro.time_verify += time.time() - t0  # (the judge's judgements: verifying)
         ro.advantages = grpo.group_advantages(ro.reward, run.cfg["group_size"])
         sums = dict(agree=sums["agree"] + float(figures["judge_agree"].sum()),
                     written=sums["written"] + float(figures["judge_verdict_written"].sum()), n=sums["n"] + len(ro.reward))

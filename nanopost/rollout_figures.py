@@ -58,8 +58,8 @@ def rollout_figures(run, state, shards):
         len_mean=len_mean, len_std=max(sums["len_sq"] / n - len_mean ** 2, 0.0) ** 0.5,
         truncated_frac=sums["truncated"] / n, work_frac=sums["work"] / n, parse_error_rate=sums["parse_errors"] / n,
         reward_len_corr=correlation(sums), verifier_error_rate=state.verifier_check["verifier_error_rate"],
-        time_decode=ro.decode_time, time_verify=ro.verify_time, time_score=ro.score_time,
-        decode_tok_per_s=float(ro.lengths.sum()) / max(ro.decode_time, 1e-9))
+        time_decode=ro.time_decode, time_verify=ro.time_verify, time_score=ro.time_score,
+        decode_tok_per_s=float(ro.lengths.sum()) / max(ro.time_decode, 1e-9))
     if "kl" in sums:
         figures["kl_ref"] = sums["kl"] / max(sums["tokens"], 1.0)
     if "gap" in sums:

@@ -107,9 +107,9 @@ class Rollout:
     problems: list               # each row's problem
     texts: list                  # each row's decoded response
     responses: list              # each row's response ids
-    decode_time: float = 0.0     # seconds sampling, verifying, and scoring (an algorithm's forwards)
-    verify_time: float = 0.0
-    score_time: float = 0.0
+    time_decode: float = 0.0     # seconds sampling, verifying, and scoring (an algorithm's forwards)
+    time_verify: float = 0.0
+    time_score: float = 0.0
     # what an algorithm adds before it trains on the rows; None until then
     sampler_logprobs: torch.Tensor = None  # (N, T-1) the sampler's own, where old_logprobs are recomputed
     ref_logprobs: torch.Tensor = None      # (N, T-1) π_ref's of the sampled tokens, or (N, T-1, V) its whole
@@ -184,7 +184,7 @@ def rollouts(run, model, problems, group_size, temperature=1.0, max_new_tokens=N
     t2 = time.time()
     return Rollout(**layout(run, prompts, tokens, logprobs, forced), verified=verified.to(run.device),
                    group=torch.arange(len(problems), device=run.device).repeat_interleave(group_size),
-                   problems=rows, texts=texts, decode_time=t1 - t0, verify_time=t2 - t1)
+                   problems=rows, texts=texts, time_decode=t1 - t0, time_verify=t2 - t1)
 
 
 def layout(run, prompts, tokens, logprobs, forced):

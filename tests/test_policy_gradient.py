@@ -19,6 +19,7 @@ from nanopost.distributed import rollout_cost
 from experiments.failures import lax_verify
 from lab import cispo, dapo, dr_grpo, gspo, reinforce_pp, tis
 from lab.edge_prompts import edge_draw, edge_update
+from model import clipped_surrogate
 from nanopost.passports import unparsed, verification_text, verifier_check
 
 
@@ -32,7 +33,7 @@ def grad(logp, old, adv, mask, ratio_level="token", surrogate="clip", aggregate=
     if surrogate == "cispo":
         per_token, clipped = cispo.cispo_surrogate(ratio, adv[:, None], logp, on, eps, eps)
     else:
-        per_token, clipped = grpo.clipped_surrogate(ratio, adv[:, None], on, eps, eps)
+        per_token, clipped = clipped_surrogate(ratio, adv[:, None], on, eps, eps)
     loss_sum, count = aggregate(per_token * weights, mask)
     (loss_sum / count).backward()
     return logp.grad, grpo.ratio_figures(ratio, clipped, on)

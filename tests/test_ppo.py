@@ -21,7 +21,7 @@ from lab import ppo_process, ppo_rlvp, ppo_rm
 from nanopost.checkpoints import load_model
 from conftest import forward_calls, run_ddp
 from nanopost.distributed import stage_memory_gib
-from model import GPT, GPTConfig, ScalarHeadGPT, kl_estimate, sequence_logprobs, token_logprobs
+from model import GPT, GPTConfig, ScalarHeadGPT, clipped_surrogate, kl_estimate, sequence_logprobs, token_logprobs
 from nanopost.rollouts import old_logprobs_mode, score_responses
 
 
@@ -161,10 +161,10 @@ def test_clipped_surrogate_worked_values_and_gradients():
     ratio = torch.tensor([1.5, 0.5, 1.5, 0.5])
     adv = torch.tensor([1.0, 1.0, -1.0, -1.0])
     logp = ratio.log().requires_grad_()
-    loss, clipped = ppo.clipped_surrogate(logp, old, adv, 0.2)
+    loss, clipped = clipped_surrogate(torch.exp(logp - old), adv, torch.ones(4, dtype=torch.bool), 0.2, 0.2)
     # min(ρÂ, clip(ρ)Â): 1.2 (clipped), 0.5, −1.5, −0.8 (clipped); the loss is its negative
     assert loss.tolist() == pytest.approx([-1.2, -0.5, 1.5, 0.8])
-    assert clipped.tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert clipped.tolist() == [True, False, False, True]
     loss.sum().backward()
     # ∂(−ρÂ)/∂log ρ = −ρÂ where unclipped, 0 where the clipped term is active
     assert logp.grad.tolist() == pytest.approx([0.0, -0.5, 1.5, 0.0])
