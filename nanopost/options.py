@@ -22,7 +22,7 @@ from nanopost.run_dir import PREVIOUS
 from envs import ENVS
 
 DEFAULTS = dict(
-    algo="sft",                 # the algorithm: pretrain, sft, rm, dpo, ppo, grpo, opd, rft
+    algo="sft",                 # the algorithm: pretrain, sft, rm, dpo, ppo, grpo, opd, rft, or a variant of the lab (lab/NAME.py)
     out_dir="out/{algo}",       # where the run writes; {algo} is filled in
     init_from="scratch",        # scratch | resume | a checkpoint dir | a transformers dir or hub name (GPT-2, Llama, Qwen2, Qwen3)
     tokenizer="byte",           # byte (built in) | gpt2 | a dir with GPT-2's vocab.json | a checkpoint's own (dir or hub name, with its chat template)

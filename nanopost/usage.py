@@ -96,19 +96,21 @@ def help_text(overrides):
 
 def applies(key, cfg, module):
     """Whether a shared key can change this run: a model's shape only for a model built from scratch,
-    dropout only off-policy (on-policy RL scores with dropout off), --data only for the algorithms that
-    read it, a task's keys only for that task, the sharded rollouts only under --fsdp."""
+    dropout only off-policy (on-policy RL scores with dropout off), --data and the share of bare
+    demonstrations only for the algorithms that read demonstrations, a task's keys only for that task,
+    the sharded rollouts only under --fsdp."""
     scratch = cfg["init_from"] == "scratch" and not getattr(module, "starts_from", {}).get("init_from")
     if key in MODEL_KEYS or key == "block_size":
         return scratch
     if key == "dropout":
         return not getattr(module, "on_policy", False)
+    reads_demonstrations = cfg["algo"] in READS_DATA or getattr(module, "base", None) in READS_DATA
     if key in ("data", "skip_bad_rows"):
-        return cfg["algo"] in READS_DATA or getattr(module, "base", None) in READS_DATA
+        return reads_demonstrations
     if key in ("env_digits", "env_ops"):
         return cfg["env"] in ("arithmetic", "calculator")
-    if key == "env_direct_frac":
-        return cfg["env"] in ("arithmetic", "calculator", "generalpoints")
+    if key == "env_direct_frac":  # (the demonstrations: SFT's data and the preference pairs' gold answer)
+        return cfg["env"] in ("arithmetic", "calculator", "generalpoints") and reads_demonstrations
     if key == "env_data":
         return cfg["env"] == "gsm8k"
     if key == "max_tool_calls":
