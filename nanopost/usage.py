@@ -84,9 +84,13 @@ def help_text(overrides):
                "the ladder or the command line)", shared)]
     for title, keys in groups:
         lines += ["", title + ":"]
+        needs = getattr(module, "starts_from", {})  # (a key the algorithm refuses at its default: required)
         for key in keys:
             mark = "*" if key in DEFAULTS and cfg[key] != DEFAULTS[key] and key != "out_dir" else " "
-            lines.append(f"  --{key}={cfg[key]!r}{mark}".ljust(40) + " " + described.get(key, ""))
+            value = "REQUIRED" if key in needs and cfg[key] == DEFAULTS.get(key) == "scratch" else repr(cfg[key])
+            text = described.get(key, "") + (f" (required: a --algo {needs[key]} checkpoint, e.g. out/{needs[key]})"
+                                             if value == "REQUIRED" else "")
+            lines.append(f"  --{key}={value}{mark}".ljust(40) + " " + text)
     left = [key for key in DEFAULTS if key not in shared]
     if left:
         lines += ["", "not listed, as they cannot apply to this run (another start, task or algorithm): "
