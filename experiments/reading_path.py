@@ -31,11 +31,13 @@ BUDGETS = dict(grpo=(1000, 10), dpo=(800, 9), sft=(600, 7))  # the issue's targe
 
 
 def project_file(path):
-    """Whether `path` is the project's own source, on a reading path (not tests/, experiments/)."""
+    """Whether `path` is the project's own source, on a reading path (not tests/, experiments/, nor a
+    virtual environment or any installed package inside the checkout, such as CI's .venv)."""
     path = os.path.abspath(path)
     if not path.startswith(ROOT + os.sep) or not path.endswith(".py"):
         return False
-    return os.path.relpath(path, ROOT).split(os.sep)[0] not in NOT_THE_PATH
+    parts = os.path.relpath(path, ROOT).split(os.sep)
+    return parts[0] not in NOT_THE_PATH and not parts[0].startswith(".") and "site-packages" not in parts
 
 
 def definitions(path, cache={}):
@@ -127,7 +129,19 @@ def make_starts(workdir, tiny=False):
 
 
 def reading_path(algo, workdir):
-    """The summary of `algo`'s reading path, run in `workdir` (which make_starts prepared)."""
+    """The summary of `algo`'s reading path, run in `workdir` (which make_starts prepared), traced in a
+    fresh process as a learner launches it: in a process that has imported the project already, what runs
+    at import time (a module's constants computed by a function) would be missed."""
+    import json
+    from subprocess import run
+    out = run([sys.executable, os.path.abspath(__file__), "--trace", algo, workdir], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"tracing --algo {algo} failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def traced(algo, workdir):
+    """`algo`'s reading path traced in this process (reading_path runs it in a fresh one)."""
     start = "out/pretrain" if algo in ("sft", "pretrain") else "out/sft"
     argv = [f"--algo={algo}", f"--init_from={start}", "--max_iters=1", "--eval_interval=0",
             f"--out_dir=out/path_{algo}", "--overwrite=True"] + (["--teacher=out/sft"] if algo == "opd" else [])
@@ -212,6 +226,11 @@ def write_docs(results, path=os.path.join(ROOT, "docs", "internals.md")):
 
 
 def main(argv):
+    if argv[:1] == ["--trace"]:  # (reading_path's fresh process: the summary as JSON on the last line)
+        import json
+        summary = traced(argv[1], argv[2])
+        print("\n" + json.dumps(summary))
+        return
     algos = [a.split("=", 1)[1] for a in argv if a.startswith("--algo=")] or \
         ([argv[argv.index("--algo") + 1]] if "--algo" in argv else ["sft", "dpo", "grpo"])
     if "--write-docs" in argv:  # (not rft: a start of two SFT iterations verifies no candidate to keep)
