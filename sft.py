@@ -112,6 +112,14 @@ def builtin_examples(run, split, n):
     return out
 
 
+def corpus_examples(run, split, n):
+    """Pre-training's (ids, loss mask) examples: n documents of the environment's corpus (seed 0 for
+    train, 1 for val), each between <|bos|> and <|eos|>, every token in the loss."""
+    docs = ([run.tok.bos] + run.tok.encode(text) + [run.tok.eos]
+            for text in run.env.corpus(n, seed=0 if split == "train" else 1))
+    return [(ids, [1] * len(ids)) for ids in docs]
+
+
 def setup(run, saved):
     """The demonstrations: (ids, loss mask) examples for training and for the validation loss; for
     pre-training, the training documents packed into one stream of tokens."""
@@ -119,15 +127,12 @@ def setup(run, saved):
     if cfg["reader_frac"] and (cfg["data"] or cfg["algo"] == "pretrain"):
         raise ValueError("reader_frac mixes reading rows into the built-in SFT demonstrations: not with --data or pretrain")
     if cfg["data"]:
-        examples, state.skipped_rows = encode_rows(run, cfg["data"], load_rows(cfg["data"]),
-                                                   lambda row: encode_row(run, row))
+        examples, state.skipped_rows = encode_rows(run, cfg["data"], load_rows(cfg["data"]), encode_row)
         n_val = max(1, min(cfg["val_examples"], len(examples) // 20))
         state.train_examples, state.val_examples = examples[:-n_val] or examples, examples[-n_val:]
     elif cfg["algo"] == "pretrain":
-        docs = lambda split, n: [(ids, [1] * len(ids)) for ids in
-                                 ([run.tok.bos] + run.tok.encode(t) + [run.tok.eos]
-                                  for t in run.env.corpus(n, seed=0 if split == "train" else 1))]
-        state.train_examples, state.val_examples = docs("train", cfg["corpus_docs"]), docs("val", cfg["val_examples"])
+        state.train_examples = corpus_examples(run, "train", cfg["corpus_docs"])
+        state.val_examples = corpus_examples(run, "val", cfg["val_examples"])
     else:
         state.train_examples = builtin_examples(run, "train", cfg["train_problems"])
         state.val_examples = builtin_examples(run, "heldout", cfg["val_examples"])

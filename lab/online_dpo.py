@@ -51,8 +51,9 @@ from nanopost.checkpoints import load_judge, load_reference, load_reward_model
 from nanopost.distributed import seeded_rng
 from dpo import evaluate, loss, starts_from  # noqa: F401  (what online DPO does not change: DPO's loss)
 from nanopost.evaluation import write_samples
-from nanopost.judge import JUDGE_KEYS, judge_scores, rollout_seed
+from nanopost.judge import JUDGE_KEYS
 from nanopost.passports import preference_passport, write_passport
+from nanopost.rewards import judged_reward
 from nanopost.rollouts import rollouts, score_rollout
 
 base = "dpo"
@@ -176,16 +177,12 @@ def label(run, state, roll):
     """(one score per answer, higher preferred; {figure: per-answer values, logged as online_<figure>}):
         verifier   the environment's 0/1
         rm         r_φ(x, y), the reward model's scalar at the answer's last token (rollouts.score_rollout)
-        judge      the judge's P(Verdict: correct), the mean over judge_samples judgements (judge.judge_scores)"""
+        judge      the judge's P(Verdict: correct), the mean over judge_samples judgements (rewards.judged_reward)"""
     cfg = run.cfg
     if cfg["online_labeler"] == "rm":
         return score_rollout(run, state.reward_model, roll), {}
     if cfg["online_labeler"] == "judge":
-        p, wrote = judge_scores(run, state.judge, roll.problems, roll.texts, cfg["judge_samples"],
-                                cfg["judge_temperature"], seed=rollout_seed(roll.ids))
-        value = p.mean(1)  # r = (1/k) Σ_i P(correct | x, y, j_i)
-        agree = ((value > 0.5).float() == roll.verified).float()
-        return value, dict(judge_agree=agree, judge_verdict_written=wrote.float().mean(1))
+        return judged_reward(run, state.judge, roll)
     return roll.verified, {}
 
 
@@ -196,7 +193,7 @@ def best_and_worst(scores, group_size):
     made = []
     for prompt, start in enumerate(range(0, len(scores), group_size)):
         group = range(start, start + group_size)
-        best, worst = max(group, key=lambda i: scores[i]), min(group, key=lambda i: scores[i])
+        best, worst = max(group, key=scores.__getitem__), min(group, key=scores.__getitem__)
         if scores[best] > scores[worst]:
             made.append((prompt, best, worst))
     return made

@@ -104,13 +104,13 @@ def dataset_splits(path, check):
 
 
 def encode_rows(run, path, rows, encode):
-    """encode(row) -> example, raising RowError for a bad row. A bad row is an error naming the
+    """encode(run, row) -> example (sft.encode_row, pairs.encode_row), raising RowError for a bad row. A bad row is an error naming the
     file, row (1-based: the line of a jsonl file without blank lines) and field, or, with
     skip_bad_rows, skipped and counted. Returns (examples, the number skipped)."""
     examples, skipped = [], 0
     for i, row in enumerate(rows, start=1):
         try:
-            examples.append(encode(row))
+            examples.append(encode(run, row))
         except RowError as e:
             if not run.cfg["skip_bad_rows"]:
                 raise ValueError(f"{path}: row {i}: {e} (pass --skip_bad_rows=True to skip such rows)") from None

@@ -214,7 +214,7 @@ def load_preferences(run, reference, singles=False):
 def file_preferences(run, singles):
     """(train, heldout, skipped rows) of --data: its last rows held out."""
     cfg = run.cfg
-    encoded, skipped = encode_rows(run, cfg["data"], load_rows(cfg["data"]), lambda row: encode_row(run, row))
+    encoded, skipped = encode_rows(run, cfg["data"], load_rows(cfg["data"]), encode_row)
     kinds = {kind for kind, _ in encoded}
     if len(kinds) > 1:
         raise ValueError(f"{cfg['data']}: mixes pair rows (prompt, chosen, rejected) and single rows "

@@ -1,13 +1,14 @@
 """
-The reward modes that grpo.py and ppo.py share (SPEC §3 "Process vs outcome rewards", "RLVP"):
+The reward modes of the lab's process and RLVP variants of grpo and ppo (SPEC §3 "Process vs outcome
+rewards", "RLVP"):
 outcome = the verifier's one reward at the end; process = a reward at the last token of each
 verifiable step (env.step_rewards); rlvp = R = O + β·Φ with Φ from the environment's rule engine
 (env.path_signals: −λ per bad action, +μ per compliant one); path = Φ alone, the inaction trap the
-chapter warns of, kept for the experiment. Their keys, their check, and signals placed on tokens.
+chapter warns of, kept for the experiment. Their check, and signals placed on tokens.
 
 And the rewards beside the verifier (Ch7 "The evolution of reward paradigms": scalar, vector,
 generative): a vector reward's named dimensions (DIMENSIONS, reward_weights: lab/vector_reward.py) and a
-judge's P(Verdict: correct) (judged: lab/judge_reward.py, dpo_online.py).
+judge's P(Verdict: correct) (judged_reward: lab/judge_reward.py, lab/online_dpo.py).
 """
 
 import difflib
@@ -15,17 +16,7 @@ import difflib
 import numpy as np
 import torch
 
-from nanopost.checkpoints import load_judge
 from nanopost.judge import judge_scores, rollout_seed
-
-
-# the keys ppo.py takes (lab/rlvp.py names its own)
-REWARD_KEYS = dict(
-    reward_mode="outcome",  # outcome (the verifier, at the end) | process (each verifiable step) | rlvp (O + β·Φ) | path (Φ alone)
-    rlvp_beta=0.5,          # RLVP: weight β of the path signal Φ next to the outcome O
-    rlvp_penalty=1.0,       # RLVP: λ, the penalty per action the rule engine flags
-    rlvp_bonus=1.0,         # RLVP: μ, the bonus per compliant action
-)
 
 
 REWARD_MODES = ("outcome", "process", "rlvp", "path")
@@ -73,18 +64,6 @@ def token_rewards(run, roll, signals):
     return values, marked
 
 
-def token_signals(run):
-    """The reward mode's per-token signals of a rollout, a function (rollout) -> (N, T-1): process,
-    each verifiable step's reward at its last token; rlvp and path, the rule engine's −λ | +μ at each
-    action it judges; outcome, none."""
-    mode = run.cfg["reward_mode"]
-    if mode == "process":
-        return lambda roll: token_rewards(run, roll, run.env.step_rewards)[0]
-    if mode in ("rlvp", "path"):
-        return lambda roll: token_rewards(run, roll, path_signals(run))[0]
-    return lambda roll: None
-
-
 # ----------------------------------------------------------------------------------------------
 # A vector reward's named dimensions (lab/vector_reward.py) and a judge's reward (lab/judge_reward.py, dpo_online.py)
 
@@ -124,12 +103,6 @@ def reward_weights(text):
     if not any(weights.values()):
         raise ValueError(f"reward_weights={text!r}: every weight is 0, so every answer would earn the same")
     return weights
-
-
-def judged(run):
-    """A function (rollout) -> judged_reward's, the judge loaded once, frozen (checkpoints.load_judge)."""
-    judge = load_judge(run)
-    return lambda ro: judged_reward(run, judge, ro)
 
 
 def judged_reward(run, judge, ro):

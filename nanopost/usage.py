@@ -31,7 +31,7 @@ def config_comments(module, name):
                and ast.unparse(node.value.func) == f"{name}.update"]
     merged = call.args + [keyword.value for keyword in call.keywords if keyword.arg is None] + updates
     imported = {alias.asname or alias.name: node.module for node in body if isinstance(node, ast.ImportFrom)
-                for alias in node.names}  # `from rewards import REWARD_KEYS`: REWARD_KEYS's module
+                for alias in node.names}  # `from judge import JUDGE_KEYS`: JUDGE_KEYS's module
     found = {}
     for other in merged:
         if isinstance(other, ast.Attribute) and isinstance(other.value, ast.Name):
