@@ -360,7 +360,7 @@ def table_row(root, name, record, figures, options):
 
 def across_seeds(runs, key, n):
     """(mean, half-width or None) of a figure over the seeds' runs [(k, record, figures)], by the
-    project's band rule (bands.across_seeds: t·SE from 3 seeds, floored by the binomial band)."""
+    project's band rule (bands.across_seeds: t·SE from 3 seeds and the binomial band, added in variance)."""
     return bands.across_seeds([figures[key] for _, _, figures in runs], n)
 
 
@@ -454,7 +454,7 @@ def write_report(root, results, options):
     lines = ["# The post-training ladder", "",
              f"Held-out accuracy greedy on {options['eval_n']} problems and sampled at T = 1, {k} answers to each of "
              f"{options['eval_pass_n']} (their mean, and pass@{k}), OOD greedy on {options['eval_ood_n']}; ± is the 95% "
-             f"binomial half-width 1.96·sqrt(p(1−p)/n), n the problems. Length (tokens) and work share (answers that write a step before the answer) "
+             f"binomial band (Wilson's 95% interval as p ± its larger side, bands.py), n the problems. Length (tokens) and work share (answers that write a step before the answer) "
              f"are of the T = 1 samples; KL to SFT: mean over the stage's own T = 1 samples of "
              f"Σ_t log π_stage − log π_SFT (nats per answer), π_SFT the SFT stage of its task "
              f"({' or '.join(KL_REFERENCES)}). "
@@ -466,9 +466,9 @@ def write_report(root, results, options):
     if seeds > 1:
         lines += ["## Across seeds", "",
                   f"The whole ladder run with {seeds} seeds (pretraining and SFT retrained for each). Each figure is "
-                  f"the mean over the seeds; ± is t(0.975, k−1) standard errors across the k seeds, or the binomial "
-                  f"half-width of the mean (n = {options['eval_n']} problems greedy, {options['eval_pass_n']} sampled) "
-                  f"where that is wider; with two seeds, both values and their range (bands.py).", "",
+                  f"the mean over the seeds; ± is t(0.975, k−1) standard errors across the k seeds and the binomial "
+                  f"band of the mean (n = {options['eval_n']} problems greedy, {options['eval_pass_n']} sampled) "
+                  f"added in variance; with two seeds, both values and their range (bands.py).", "",
                   f"| stage | seeds | held-out greedy | sampled | greedy per seed | sampled per seed | pass@{k} | "
                   f"OOD greedy | length | KL to SFT |", "|---" * 10 + "|"]
         lines += [seeds_row(name, runs, options) for name, runs in results.items()]

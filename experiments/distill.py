@@ -303,7 +303,7 @@ def print_tables(results, start, teacher, n):
             improved = [r for r in rows if r["grpo_reached"]["iter"] > 0]
             ratios = (f"× GRPO's tokens {over_seeds([r['token_ratio'] for r in improved])}, × its seconds "
                       f"{over_seeds([r['seconds_ratio'] for r in improved])}; " if improved else "")
-            gap = bands.paired_across_seeds([r["end_gap"] for r in rows])
+            gap = bands.paired_across_seeds([r["end_gap"] for r in rows], None)  # (no per-problem results kept)
             gap = f"{gap[0]:+.3f} ± {gap[1]:.3f}" if gap[1] is not None else ", ".join(f"{r['end_gap']:+.3f}" for r in rows)
             print(f"{name:<12} {'; '.join(cells)}; {ratios}end − GRPO {gap}")
 

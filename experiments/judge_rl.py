@@ -28,7 +28,7 @@ verifier part, the answers it rates correct that are wrong: up to --examples per
 evaluation, highest P first, kept in results.json and tabled (what the policy learned to exploit).
 
 Bands (bands.py): each figure at each point, the seeds' mean ± t(0.975, k − 1)·SE (accuracies and the
-false-pass share floored by the binomial band over the problems; the judge's reward and the RM's score
+false-pass share with the binomial band over the problems added in variance; the judge's reward and the RM's score
 with the t band alone); at the last point each arm minus grpo_verifier paired by seed (the same seed:
 the same start and problems; paired_across_seeds) for every figure, and each arm's judge reward − gold,
 the judge's over-estimate. It writes results.json, judge_rl.md (the tables) and judge_rl.png (one line
@@ -166,7 +166,7 @@ def summarise(results, n):
         last = [r["curve"][-1] for r in results["arms"][arm].values()]
         for key in FIGURES:
             per_seed = [a[key] - b[key] for a, b in zip(last, base)]
-            mean, band = bands.paired_across_seeds(per_seed)
+            mean, band = bands.paired_across_seeds(per_seed, None)  # (no per-problem results kept)
             paired.append(dict(figure=key, arms=f"{arm} − grpo_verifier", mean=mean, band=band, per_seed=per_seed))
     return points, final, paired, gap
 
@@ -178,7 +178,7 @@ def table(results):
              f"iteration in every arm, seeds {', '.join(map(str, results['seeds']))}; grpo_judge trained on "
              f"{'one greedy judgement' if not results['judge_samples'] else str(results['judge_samples']) + ' sampled judgements'}"
              f" per answer. Held out: the greedy answers to {n} problems, scored by the verifier, the judge (one greedy "
-             "judgement) and the RM; the seeds' mean ± t·SE (accuracies floored by the binomial band; bands.py).", "",
+             "judgement) and the RM; the seeds' mean ± t·SE (accuracies with the binomial band added in variance; bands.py).", "",
              "| arm | " + " | ".join(f"{label} (start → it. {iters})" for label, _ in FIGURES.values())
              + " | judge − gold |", "|---" * (len(FIGURES) + 2) + "|"]
     for arm, figures in results["final"].items():
@@ -191,7 +191,7 @@ def table(results):
             lines.append(f"| {arm} | {FIGURES[key][0]} | " + " | ".join(map(cell, per_figure[key])) + " |")
     lines += ["", f"Each arm minus grpo_verifier at it. {iters}, paired by seed (t band from 3 seeds; fewer: none claimed):", ""]
     for d in results["paired"]:
-        lines.append(f"- {d['arms']}, {FIGURES[d['figure']][0]}: {bands.paired_cell(d['per_seed'])}")
+        lines.append(f"- {d['arms']}, {FIGURES[d['figure']][0]}: {bands.paired_cell(d['per_seed'], None)}")
     lines += ["", f"### Where they part: wrong answers the judge rates correct (P > 0.5), it. {iters}", "",
               "| arm | seed | problem | the policy's answer | right answer | judge P(correct) | RM score |", "|---|---|---|---|---|---|---|"]
     for arm, runs in results["arms"].items():

@@ -24,9 +24,10 @@ arms' seeds also change what they sample. Every seed starts from the same SFT ch
 Measured: greedy held-out accuracy (the verifier) on --eval_problems problems, the same for every arm and
 seed, at iteration 0 and every --eval_every iterations (with the worked share and the length); per online
 round its pairs, the share of prompts with a pair (1 − the no-pair share) and the verifier's accuracy on
-its answers. Bands (bands.py): each arm at each point, the mean over the seeds ± t(0.975, k − 1)·SE floored
-by the binomial band (across_seeds); the arms at the last point paired by seed (the same seed: the same
-start and held-out problems): online − offline, online − GRPO, offline − GRPO (paired_across_seeds). It
+its answers. Bands (bands.py): each arm at each point, the mean over the seeds ± t(0.975, k − 1)·SE and
+the binomial band added in variance (across_seeds); the arms at the last point paired by seed (the same seed: the same
+start and held-out problems): online − offline, online − GRPO, offline − GRPO (paired_across_seeds, the t band alone:
+no per-problem results are kept). It
 writes results.json, online_dpo.md (the table) and online_dpo.png (accuracy against the iteration, each
 arm's seed mean with its band shaded; the online rounds' pair share) into --out. Runs already finished in
 --out with the same settings are read, not run again.
@@ -132,7 +133,7 @@ def summarise(results, n):
                    + [(arm, "online_dpo") for arm in online if arm != "online_dpo" and "online_dpo" in arms_])
     for a, b in comparisons:
         per_seed = [x - y for x, y in zip(final[a]["per_seed"], final[b]["per_seed"])]
-        mean, band = bands.paired_across_seeds(per_seed)
+        mean, band = bands.paired_across_seeds(per_seed, None)  # (no per-problem results kept)
         paired.append(dict(arms=f"{a} − {b}", mean=mean, band=band, per_seed=per_seed))
     return points, final, paired
 
@@ -142,7 +143,7 @@ def table(results):
     lines = [f"From `{results['init_from']}`, {iters} iterations per arm, {results['answers_per_iter']} answers sampled "
              f"per iteration on average ({iters * results['answers_per_iter']:,} in all; offline DPO's before its first "
              f"step), seeds {', '.join(map(str, results['seeds']))}. Greedy held-out accuracy on {n} problems; "
-             "mean over the seeds ± t·SE, at least the binomial band (bands.py).", "",
+             "mean over the seeds ± t·SE and the binomial band, added in variance (bands.py).", "",
              "| arm | answers sampled | " + " | ".join(f"it. {i}" for i in results["eval_iters"])
              + f" | per seed at it. {iters} | worked share | length |", "|---" * (len(results["eval_iters"]) + 5) + "|"]
     cell = lambda p: f"{p['mean']:.3f}" + ("" if p["band"] is None else f" ± {p['band']:.3f}")
@@ -153,7 +154,7 @@ def table(results):
                      + f" | {', '.join(f'{v:.3f}' for v in f['per_seed'])} | {f['work']:.3f} | {f['length']:.1f} |")
     lines += ["", f"Paired by seed at it. {iters} (t band from 3 seeds or more; fewer: none claimed):", ""]
     for d in results["paired"]:
-        lines.append(f"- {d['arms']}: {bands.paired_cell(d['per_seed'])}")
+        lines.append(f"- {d['arms']}: {bands.paired_cell(d['per_seed'], None)}")
     for arm, per_seed in results["rounds"].items():
         first = [r[0] for r in per_seed.values()]
         last = [r[-1] for r in per_seed.values()]

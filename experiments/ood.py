@@ -250,7 +250,7 @@ def gap(results, mode, split):
     across-seed mean and band, each seed's per-problem band)."""
     grpo, sft = results["arms"]["grpo"], results["arms"]["sft"]
     per_seed = [bands.paired(grpo[s][-1][mode][split]["correct"], sft[s][-1][mode][split]["correct"]) for s in grpo]
-    return per_seed, bands.paired_across_seeds([d for d, _ in per_seed])
+    return per_seed, bands.paired_across_seeds([d for d, _ in per_seed], [h for _, h in per_seed])
 
 
 def signed(mean, half):

@@ -243,7 +243,7 @@ def report(results, record, args):
             seeds = {r["seed"]: r["points"][-1]["acc"] for r in results[control]}
             diffs = [r["points"][-1]["acc"] - seeds[r["seed"]] for r in results[name] if r["seed"] in seeds]
             if diffs:
-                mean, half = bands.paired_across_seeds(diffs)
+                mean, half = bands.paired_across_seeds(diffs, None)  # (no per-problem results kept)
                 spread = f"± {half:.3f}" if half is not None else "(per seed: " + ", ".join(f"{d:+.3f}" for d in diffs) + ")"
                 print(f"{name} − {control} at the last iteration, paired per seed: {mean:+.3f} {spread}")
     print("\nheld-out accuracy / worked share at each evaluation, per seed")

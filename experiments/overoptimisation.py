@@ -18,8 +18,8 @@ against the KL to the SFT model:
 
 Bands follow bands.py. Best-of-N's gold: the binomial band over the prompts; its proxy (each
 prompt's kept answers minus the mean of all its samples): the paired band. PPO's figures: the mean
-over the seeds, gold with the band across seeds (t·SE from 3 seeds, floored by the binomial band
-of a bin's rollouts), the other figures with the t band alone; two seeds: no band.
+over the seeds, gold with the band across seeds (t·SE from 3 seeds and the binomial band of a bin's
+rollouts added in variance), the other figures with the t band alone; two seeds: no band.
 
 The turning point: the point of highest mean gold, tested against every later point.
     Best-of-N   paired, since every N keeps answers from the same samples of the same prompts: per
@@ -214,7 +214,7 @@ def ppo_turning_point(runs, mean):
     drops = []
     for j in range(best + 1, len(mean)):
         per_seed = [r["curve"][best]["gold"] - r["curve"][j]["gold"] for r in runs]
-        drop, band = bands.paired_across_seeds(per_seed)
+        drop, band = bands.paired_across_seeds(per_seed, None)  # (each bin's own rollouts: no shared problems)
         drops.append(dict(iters=mean[j]["iters"], kl=mean[j]["kl"], gold=mean[j]["gold"], drop=drop, band=band,
                           per_seed=per_seed, significant=band is not None and drop - band > 0))
     return dict(iters=mean[best]["iters"], kl=mean[best]["kl"], gold=mean[best]["gold"], drops=drops,

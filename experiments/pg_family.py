@@ -67,7 +67,7 @@ def curve(out_dir):
 
 def final(curves, n):
     """(mean, band or None) of the final accuracy over the seeds' curves, by the project's band rule
-    (bands.across_seeds: t·SE from 3 seeds, floored by the binomial band; None for 2 seeds)."""
+    (bands.across_seeds: t·SE from 3 seeds and the binomial band, added in variance; None for 2 seeds)."""
     return bands.across_seeds([points[-1][2] for points in curves], n)
 
 
@@ -120,7 +120,7 @@ def kl_test(seeds, common, out, n):
             lines.append(f"| {recipe} | {label} | {bands.cell(ends, n)} ({', '.join(f'{v:.3f}' for v in ends)}) | "
                          f"{sum(falls) / len(falls):.3f} ({', '.join(f'{v:.3f}' for v in falls)}) |")
         end_gap = [a[-1][2] - b[-1][2] for a, b in zip(pair["with KL"], pair["without KL"])]
-        mean, half = bands.paired_across_seeds(end_gap)
+        mean, half = bands.paired_across_seeds(end_gap, None)  # (no per-problem results kept)
         diffs.append(f"- {recipe}: with KL minus without at it. {common['max_iters']}: {mean:+.3f}"
                      + (f" ± {half:.3f}" if half is not None else " (two seeds: no band)")
                      + f" (per seed {', '.join(f'{d:+.3f}' for d in end_gap)})")

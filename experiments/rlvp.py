@@ -150,11 +150,13 @@ def summary(results):
             if arm in ("outcome", "frozen"):
                 continue
             seeds = [s for s in runs if s in base]
-            wins = [bands.paired(last_eval(runs[s])["heldout_correct"], last_eval(base[s])["heldout_correct"])[0] for s in seeds]
+            paired = [bands.paired(last_eval(runs[s])["heldout_correct"], last_eval(base[s])["heldout_correct"]) for s in seeds]
+            wins = [d for d, _ in paired]
             rollout = [mean_all(runs[s], "reward") - mean_all(base[s], "reward") for s in seeds]
             over_evals = [mean_evals(runs[s]) - mean_evals(base[s]) for s in seeds]
-            out[arm]["vs_outcome"] = dict(heldout_acc=bands.paired_across_seeds(wins), reward=bands.paired_across_seeds(rollout),
-                                          heldout_mean=bands.paired_across_seeds(over_evals), per_seed_heldout=wins,
+            out[arm]["vs_outcome"] = dict(heldout_acc=bands.paired_across_seeds(wins, [h for _, h in paired]),
+                                          reward=bands.paired_across_seeds(rollout, None),  # (fresh rollouts: no shared problems)
+                                          heldout_mean=bands.paired_across_seeds(over_evals, None), per_seed_heldout=wins,
                                           per_seed_reward=rollout, per_seed_heldout_mean=over_evals)
     return out
 
@@ -177,7 +179,7 @@ def table(results):
                      f"{results['start']['ood_acc']:.3f} → {cell(f['ood_acc'])} |")
     seeds = sorted({int(s) for runs in results["arms"].values() for s in runs})
     lines += ["", f"Means over {len(seeds)} seeds ({', '.join(map(str, seeds))}) ± the band "
-              f"(bands.py: t·SE over the seeds, floored by the binomial band for win rates; none for two seeds). "
+              f"(bands.py: t·SE over the seeds, with the binomial band added in variance for win rates; none for two seeds). "
               f"Rollout figures over the first and the last third of {results['iters']} iterations of {P} maps × {G} "
               f"plays; greedy wins on all {n_maps} held-out and {results['ood_problems']} OOD maps, the start → the last "
               f"evaluation.", ""]

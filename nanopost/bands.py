@@ -2,17 +2,24 @@
 The project's one band rule: how sure a measured accuracy is, for one run, across seeds, and for two
 arms compared on the same problems. The ladder and every study call these; nothing else computes a band.
 
-    one evaluation of n problems:   p ± 1.96·√(p(1 − p)/n)                        (binomial, 95%)
-    k ≥ 3 seeds:                    mean ± t(0.975, k − 1)·s/√k, at least the binomial band of the mean
-                                    (a figure that is no accuracy, an entropy: the t band alone)
+    one evaluation of n problems:   Wilson's 95% interval (low, high) of p; as a band p ± the larger of
+                                    p − low and high − p, so that 0/n and n/n still claim an error
+                                    (0 of 1,000: 0.000 ± 0.004), where the Wald p ± 1.96·√(p(1 − p)/n)
+                                    claims none
+    k ≥ 3 seeds:                    mean ± √((t(0.975, k − 1)·s/√k)² + b²), b the one-evaluation band of
+                                    the mean (a figure that is no accuracy, an entropy: the t band alone)
     2 seeds:                        both values and their range; no band is claimed
     two arms on the same problems:  the per-problem differences d_i ∈ {−1, 0, 1}:
                                     mean(d) ± 1.96·sd(d)/√n            (one seed, paired)
-                                    the per-seed paired differences with the k-seed rule (several seeds)
+                                    the per-seed paired differences with the k-seed rule, b the seeds'
+                                    per-problem paired band (root mean square) (several seeds)
 
 Why the floor: seeds evaluated on the same n problems share those problems, so their agreement says
-nothing about how the n problems were drawn; the binomial band of one evaluation stays the least
-uncertainty of the mean. Why nothing for 2 seeds: t(0.975, 1) = 12.7, a band wider than the figure.
+nothing about how the n problems were drawn: the seeds' spread and the problems' draw are two errors,
+and independent errors add in variance (a max() of the two would claim less than either with the
+other). The same holds for a paired difference over seeds: its floor is the per-problem paired band,
+which only a script that keeps each problem's result can give (None: the t band alone, and the cell
+says so). Why nothing for 2 seeds: t(0.975, 1) = 12.7, a band wider than the figure.
 """
 
 import math
@@ -33,15 +40,32 @@ def t_975(df):
     return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
 
 
+Z_975 = 1.959964
+
+
+def wilson(p, n):
+    """Wilson's 95% interval (low, high) of an accuracy p measured on n problems (n·p of them right):
+    (p + z²/2n ∓ z·√(p(1 − p)/n + z²/4n²)) / (1 + z²/n); inside [0, 1], and wider than nothing at 0 and 1
+    (0 of n: 0 to z²/(n + z²))."""
+    z2 = Z_975 ** 2
+    center = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z_975 / (1 + z2 / n) * math.sqrt(max(p * (1 - p), 0.0) / n + z2 / (4 * n * n))
+    return max(center - half, 0.0), min(center + half, 1.0)
+
+
 def binomial(p, n):
-    """95% half-width of an accuracy p measured on n problems: 1.96·√(p(1 − p)/n)."""
-    return 1.96 * math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")
+    """95% half-width of an accuracy p measured on n problems: Wilson's interval written as p ± h, h the
+    larger of its two sides (it covers the interval; near 0.5 it is the Wald 1.96·√(p(1 − p)/n))."""
+    if not n:
+        return float("nan")
+    low, high = wilson(p, n)
+    return max(p - low, high - p)
 
 
 def across_seeds(values, n):
     """(mean, half-width) of one figure over k seeds' runs, each measured on n problems (the same n).
     k = 1: the binomial band; k = 2: half-width None (report both values and their range, claim
-    nothing beyond them); k ≥ 3: t(0.975, k − 1)·SE, floored by the binomial band of the mean.
+    nothing beyond them); k ≥ 3: t(0.975, k − 1)·SE and the binomial band of the mean added in variance.
     n = None: a figure that is no accuracy (an entropy): the t band alone (k = 1: none claimed)."""
     k = len(values)
     mean = sum(values) / k
@@ -50,7 +74,7 @@ def across_seeds(values, n):
     if k == 2:
         return mean, None
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (k - 1))
-    return mean, max(t_975(k - 1) * sd / math.sqrt(k), binomial(mean, n) if n else 0.0)
+    return mean, math.hypot(t_975(k - 1) * sd / math.sqrt(k), binomial(mean, n) if n else 0.0)
 
 
 def envelope(values, n):
@@ -74,16 +98,19 @@ def paired(a, b):
     return mean, 1.96 * sd / math.sqrt(n)
 
 
-def paired_across_seeds(differences):
+def paired_across_seeds(differences, problem_bands):
     """(mean, half-width) of per-seed paired differences (seed k's arm a minus its arm b, on the same
-    problems): t(0.975, k − 1)·SE for k ≥ 3; None for k = 2 (report both); the one seed's own value
-    with no band for k = 1 (use `paired` on its per-problem results)."""
+    problems), `problem_bands` each seed's per-problem paired half-width (`paired`'s), or None where the
+    script keeps no per-problem results: k ≥ 3: t(0.975, k − 1)·SE and the bands' root mean square added
+    in variance (None: the t band alone); None for k = 2 (report both); the one seed's own value with no
+    band for k = 1 (use `paired` on its per-problem results)."""
     k = len(differences)
     mean = sum(differences) / k
     if k < 3:
         return mean, None
     sd = math.sqrt(sum((v - mean) ** 2 for v in differences) / (k - 1))
-    return mean, t_975(k - 1) * sd / math.sqrt(k)
+    floor = math.sqrt(sum(h * h for h in problem_bands) / len(problem_bands)) if problem_bands else 0.0
+    return mean, math.hypot(t_975(k - 1) * sd / math.sqrt(k), floor)
 
 
 def cell(values, n, digits=3):
@@ -96,9 +123,10 @@ def cell(values, n, digits=3):
     return f"{mean:.{digits}f} ± {half:.{digits}f}"
 
 
-def paired_cell(differences):
+def paired_cell(differences, problem_bands):
     """A paired difference over seeds as text: '+mean ± h (per seed +a, +b, ...)', paired_across_seeds' band
-    (none under 3 seeds)."""
-    mean, half = paired_across_seeds(differences)
-    return (f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "")
+    (none under 3 seeds; "no per-problem floor" where problem_bands is None)."""
+    mean, half = paired_across_seeds(differences, problem_bands)
+    unfloored = half is not None and problem_bands is None
+    return (f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "") + (" (t band alone: no per-problem floor)" if unfloored else "")
             + f" (per seed {', '.join(f'{v:+.3f}' for v in differences)})")

@@ -13,6 +13,7 @@ import pytest
 
 import envs
 from experiments import judge_rl
+from nanopost import bands
 from test_judge import write_scalar_checkpoint
 from test_opd import write_checkpoint
 
@@ -38,8 +39,10 @@ def test_summary_by_hand():
     assert gold["mean"] == pytest.approx(0.2) and gold["band"] == pytest.approx(4.303 * 0.1 / math.sqrt(3))
     assert gap["grpo_judge"]["mean"] == pytest.approx(0.4 / 3) and gap["grpo_judge"]["per_seed"] == pytest.approx([0.3, 0.1, 0.0])
     assert final["grpo_judge"]["heldout_acc"]["mean"] == pytest.approx(0.8) and final["grpo_judge"]["heldout_acc"]["start"] == 0.3
-    # gold is an accuracy: its band at least the binomial one of the mean (0.3 on 500 problems at it. 0: 0.0402)
-    assert points["grpo_verifier"]["heldout_acc"][0]["band"] == pytest.approx(1.96 * math.sqrt(0.3 * 0.7 / 500))
+    # gold is an accuracy: seeds that agree keep the binomial band of the mean (0.3 on 500 problems at it. 0:
+    # Wilson's larger side, 0.0416, against the Wald 1.96·√(0.3·0.7/500) = 0.0402)
+    assert points["grpo_verifier"]["heldout_acc"][0]["band"] == pytest.approx(bands.binomial(0.3, 500))
+    assert bands.binomial(0.3, 500) == pytest.approx(1.96 * math.sqrt(0.3 * 0.7 / 500), rel=0.05)
     assert points["grpo_verifier"]["heldout_judge_reward"][0]["band"] == pytest.approx(0.0, abs=1e-12)  # no floor: the t band of equal seeds
 
 

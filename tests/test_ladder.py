@@ -2,11 +2,13 @@
 a failing stage, the missing-checkpoint message, and the loop's train_tokens count."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from nanopost import bands
@@ -132,38 +134,114 @@ def test_seeds_retrain_the_whole_ladder(ladder_root, capsys):
 def test_the_band_drawn_is_the_band_rule():
     """bands.envelope, what the studies' plots shade: mean ± the band from three seeds, the two seeds'
     range where no band is claimed, a single figure with no accuracy band as itself."""
-    assert bands.envelope([0.5, 0.6, 0.7], 1000) == pytest.approx((0.6, 0.6 - 0.24844, 0.6 + 0.24844), abs=1e-5)
+    half = math.hypot(4.303 * 0.1 / 3 ** 0.5, bands.binomial(0.6, 1000))
+    assert bands.envelope([0.5, 0.6, 0.7], 1000) == pytest.approx((0.6, 0.6 - half, 0.6 + half), abs=1e-5)
     assert bands.envelope([0.2, 0.5], 1000) == pytest.approx((0.35, 0.2, 0.5))
     assert bands.envelope([4.0], None) == (4.0, 4.0, 4.0)
 
 
+def test_the_one_evaluation_band_is_wilsons_interval():
+    """Worked by hand, z = 1.959964, z² = 3.841459: 0 of 100 right gives Wilson's interval 0 to
+    z²/(100 + z²) = 0.036993 (the Wald band claims 0.000 ± 0.000); 50 of 100: center 0.5, half-width
+    z/(1 + z²/n)·√(0.25/100 + z²/4n²) = 1.887457 · 0.050951 = 0.096168 (Wald: 0.098). As a band, p ± the
+    larger side: 0 and 1 of 1,000 print ± 0.004, not ± 0.000."""
+    assert bands.wilson(0.0, 100) == pytest.approx((0.0, 3.841459 / 103.841459), abs=1e-6)
+    low, high = bands.wilson(0.5, 100)
+    assert (low, high) == pytest.approx((0.5 - 0.096168, 0.5 + 0.096168), abs=1e-5)
+    assert bands.binomial(0.5, 100) == pytest.approx(0.096168, abs=1e-5)
+    assert bands.binomial(0.0, 1000) == pytest.approx(bands.binomial(1.0, 1000)) == pytest.approx(3.841459 / 1003.841459)
+    assert bands.cell([0.0, 0.0, 0.0], 1000) == "0.000 ± 0.004" and bands.cell([1.0], 200) == "1.000 ± 0.019"
+    assert bands.binomial(0.6, 1000) == pytest.approx(1.96 * (0.24 / 1000) ** 0.5, rel=0.02)  # near 0.5: the Wald band
+
+
+def test_the_one_evaluation_band_covers_by_enumeration():
+    """The coverage of p ± h, summed exactly over the binomial outcomes k = 0..n, for true p on a grid of
+    0.005 to 0.995 (the Wald band's is the known failure: 0.18 at p = 0.01, n = 20, and 0.39 at n = 50,
+    since 0 right claims ± 0): the band keeps at least 0.92 at every p and 0.95 on average."""
+    def coverage(n, p, half):
+        return sum(math.comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(n + 1) if abs(k / n - p) <= half(k / n, n))
+
+    def wald(q, n):
+        return 1.96 * math.sqrt(q * (1 - q) / n)
+    for n, wald_at_001 in ((20, 0.18205), (50, 0.39485)):
+        grid = [i / 200 for i in range(1, 200)]
+        band = [coverage(n, p, bands.binomial) for p in grid]
+        assert min(band) > 0.92 and sum(band) / len(band) > 0.95
+        assert coverage(n, 0.01, wald) == pytest.approx(wald_at_001, abs=1e-5) and coverage(n, 0.01, bands.binomial) > 0.99
+        assert min(coverage(n, p, wald) for p in grid) < 0.25
+
+
 def test_the_band_rule_on_known_answers():
     """bands.across_seeds: t(0.975, 2)·s/√3 for three seeds (values 0.5, 0.6, 0.7: s = 0.1, 4.303 · 0.1 / √3
-    = 0.2484), floored by the binomial band; two seeds claim no band; one seed is the binomial band."""
+    = 0.24843) and the binomial band of the mean (0.03069 at 0.6 of 1,000) added in variance:
+    √(0.24843² + 0.03069²) = 0.25032; values 0.600, 0.610, 0.605: √(0.01242² + 0.03065²) = 0.03307, where a
+    max() of the two would say 0.03065; two seeds claim no band; one seed is the binomial band."""
     mean, half = bands.across_seeds([0.5, 0.6, 0.7], 1000)
-    assert mean == pytest.approx(0.6) and half == pytest.approx(0.24844, abs=1e-5)
-    assert bands.across_seeds([0.60, 0.61, 0.605], 1000)[1] == pytest.approx(1.96 * (0.605 * 0.395 / 1000) ** 0.5)
+    assert mean == pytest.approx(0.6) and half == pytest.approx(0.25032, abs=1e-5)
+    assert bands.across_seeds([0.60, 0.61, 0.605], 1000)[1] == pytest.approx(0.03307, abs=1e-5)
     assert bands.across_seeds([0.60, 0.61], 1000) == (pytest.approx(0.605), None)
     assert bands.cell([0.60, 0.61], 1000) == "0.600, 0.610 (range 0.010)"
-    assert bands.across_seeds([0.5], 100)[1] == pytest.approx(0.098)
+    assert bands.across_seeds([0.5], 100)[1] == pytest.approx(0.096168, abs=1e-5)
+    assert bands.across_seeds([4.0, 5.0, 6.0], None)[1] == pytest.approx(4.303 / 3 ** 0.5)  # no accuracy: the t band
     assert bands.t_975(1) == 12.706 and bands.t_975(31) == pytest.approx(2.0395, abs=2e-4)
     assert bands.t_975(120) == pytest.approx(1.9799, abs=2e-4)
     runs = [(k, None, dict(acc=v)) for k, v in enumerate((0.5, 0.6, 0.7), 1)]
     assert ladder.across_seeds(runs, "acc", 1000) == bands.across_seeds([0.5, 0.6, 0.7], 1000)
 
 
+def test_the_seed_band_covers_when_seeds_share_their_problems():
+    """A simulation (numpy seed 0, 4,000 trials): n = 200 problems of latent difficulty u_i ~ U(0, 1)
+    drawn once per trial and shared by 3 seeds, seed s right where u_i < θ_s, θ_s = 0.6 + 0.02·N(0, 1):
+    the seeds agree closely, and the problems' draw is most of the error. The band adding the two errors
+    in variance covers the truth 0.6 in 0.971 of the trials; the max() of the two covered 0.944."""
+    rng = np.random.default_rng(0)
+    hits = [0, 0]
+    for _ in range(4000):
+        u = rng.random(200)
+        values = [float((u < theta).mean()) for theta in 0.6 + 0.02 * rng.standard_normal(3)]
+        mean, half = bands.across_seeds(values, 200)
+        old = max(4.303 * float(np.std(values, ddof=1)) / 3 ** 0.5, 1.96 * math.sqrt(mean * (1 - mean) / 200))
+        hits[0] += abs(mean - 0.6) <= half
+        hits[1] += abs(mean - 0.6) <= old
+    assert hits == [3884, 3777]  # 0.971 against 0.944
+
+
 def test_paired_band_on_known_answers():
     """Arms that agree on 90 of 100 problems and differ on 10 (a right on 8 of them, b on 2): the mean
-    difference 0.06 with 1.96·sd/√n, sd of the d_i ∈ {1 ×8, −1 ×2, 0 ×90} = √((0.1 − 0.0036)·100/99)."""
+    difference 0.06 with 1.96·sd/√n, sd of the d_i ∈ {1 ×8, −1 ×2, 0 ×90} = √((0.1 − 0.0036)·100/99).
+    Over seeds: differences 0.05, 0.07, 0.06 (s = 0.01, t band 4.303 · 0.01/√3 = 0.02484) with per-problem
+    bands 0.03, 0.04, 0.05 (root mean square 0.04082): √(0.02484² + 0.04082²) = 0.04779."""
     a = [1] * 8 + [0] * 2 + [1] * 50 + [0] * 40
     b = [0] * 8 + [1] * 2 + [1] * 50 + [0] * 40
     mean, half = bands.paired(a, b)
     sd = ((10 * 1 - 100 * 0.06 ** 2) / 99) ** 0.5  # Σd² = 10, n·mean² = 0.36
     assert mean == pytest.approx(0.06) and half == pytest.approx(1.96 * sd / 10)
     assert half < bands.binomial(0.58, 100) + bands.binomial(0.52, 100)  # far tighter than two independent bands
-    assert bands.paired_across_seeds([0.05, 0.07, 0.06]) == (pytest.approx(0.06), pytest.approx(4.303 * 0.01 / 3 ** 0.5))
+    assert bands.paired_across_seeds([0.05, 0.07, 0.06], [0.03, 0.04, 0.05]) == (pytest.approx(0.06), pytest.approx(0.04779, abs=1e-5))
+    assert bands.paired_across_seeds([0.05, 0.07, 0.06], None) == (pytest.approx(0.06), pytest.approx(4.303 * 0.01 / 3 ** 0.5))
+    assert bands.paired_cell([0.05, 0.07, 0.06], None) == ("+0.060 ± 0.025 (t band alone: no per-problem floor) "
+                                                           "(per seed +0.050, +0.070, +0.060)")
+    assert bands.paired_cell([0.05, 0.07], [0.03, 0.04]) == "+0.060 (per seed +0.050, +0.070)"
     with pytest.raises(ValueError, match="share their problems"):
         bands.paired([1, 0], [1])
+
+
+def test_the_paired_seed_band_covers_when_seeds_share_their_problems():
+    """A simulation (numpy seed 0, 2,000 trials): 200 shared problems u_i ~ U(0, 1), per seed arm a right
+    where u_i < 0.62 + 0.005·N(0, 1), arm b where u_i < 0.58 + 0.005·N(0, 1) (true difference 0.04). The
+    seeds' differences agree, so their t band alone covers the truth in 0.704 of the trials; floored by
+    the per-problem paired band, in 0.950."""
+    rng = np.random.default_rng(0)
+    hits = [0, 0]
+    for _ in range(2000):
+        u = rng.random(200)
+        a, b = 0.62 + 0.005 * rng.standard_normal(3), 0.58 + 0.005 * rng.standard_normal(3)
+        per_seed = [bands.paired((u < x).astype(int).tolist(), (u < y).astype(int).tolist()) for x, y in zip(a, b)]
+        d = [m for m, _ in per_seed]
+        for i, floor in enumerate(([h for _, h in per_seed], None)):
+            mean, half = bands.paired_across_seeds(d, floor)
+            hits[i] += abs(mean - 0.04) <= half
+    assert hits == [1899, 1407]  # 0.950 against 0.704
 
 
 def test_a_failing_stage_stops_the_ladder_and_keeps_the_others(ladder_root):

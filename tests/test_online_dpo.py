@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import envs
-from nanopost import options
+from nanopost import bands, options
 import train as T
 from nanopost.checkpoints import frozen, load_model
 from conftest import TINY, run_ddp
@@ -253,7 +253,7 @@ def test_online_dpo_study_summary_by_hand():
     assert gap["band"] == pytest.approx(4.303 * 0.07 / 3 ** 0.5)
     assert final["online_dpo"]["mean"] == pytest.approx(0.6) and final["online_dpo"]["start"] == 0.3
     # seeds that agree: the band is the binomial one of the mean (0.6 on 500 problems), not 0
-    assert final["grpo"]["band"] == pytest.approx(1.96 * (0.6 * 0.4 / 500) ** 0.5)
+    assert final["grpo"]["band"] == pytest.approx(bands.binomial(0.6, 500)) == pytest.approx(1.96 * (0.6 * 0.4 / 500) ** 0.5, rel=0.03)
     assert [p["iter"] for p in points["grpo"]] == [0, 10]
 
 
