@@ -5,7 +5,7 @@ The worked solution is "7+8=15. 15-3=12. 12+5=17. Answer: 17"; a demonstration i
 `direct_frac` share of the problems (fixed per problem by a hash) only the answer ("Answer: 17").
 
 Difficulty knobs: `digits` (operand size) and `n_ops` (chain length); the default is 1 digit, 3 ops,
-and the OOD split (2-digit start values) is far harder. `direct_frac` (default 0.5 through
+and the OOD split (a 2-digit start, 10-99, and every operand drawn from 0-99) is far harder. `direct_frac` (default 0.5 through
 train.py's env_direct_frac) mixes two strategies in the demonstrations, both correct: the tiny model
 can write the steps reliably but cannot add three numbers in one token, so SFT leaves a policy that
 answers directly about half the time and mostly wrongly, and RL with the verifier has a behaviour to
@@ -101,7 +101,8 @@ class Arithmetic:
 
     def problems(self, split, n, seed=0):
         """n problems of `split` ("train", "heldout" or "ood"). Train and held-out are disjoint by
-        the underlying equation (not just the wording); "ood" has (digits+1)-digit start values."""
+        the underlying equation (not just the wording); "ood" has a (digits+1)-digit start value and
+        draws every operand from 0 to 10^(digits+1) - 1 (a subtraction never below 0)."""
         if split not in ("train", "heldout", "ood"):
             raise ValueError(f"split must be train, heldout or ood, got {split!r}")
         rng = random.Random(f"{self.name}-{split}-{seed}")

@@ -7,7 +7,7 @@ Step 1, --search: greedy accuracy of a checkpoint on every candidate split of it
 problems each, the binomial band beside it): shifts just outside training that keep the task's
 format, so that the start partly solves them.
 
-    arithmetic  ood          the built-in split: a 2-digit start value
+    arithmetic  ood          the built-in split: a 2-digit start, every operand from 0-99
                 steps+1      one step more than training (4 one-digit steps)
                 steps+2      two steps more (5)
                 steps-1      one step fewer (2)
