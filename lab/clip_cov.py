@@ -5,8 +5,10 @@ entropy falls at the rate of the covariance of its log-prob and advantage, so th
     cov_t = (log π_θ(y_t) − mean log π_θ) · (A_t − mean A)      (means over the micro-batch's response tokens)
 
 (a confident token with a positive advantage, an unlikely one with a negative advantage) have their
-policy gradient cut: weight 0 on the clip_cov share of response tokens with the largest positive cov_t
-(verl draws them at random among the tokens in a band; here the largest). clip_cov_frac: the share cut.
+policy gradient cut: weight 0 on the clip_cov share of response tokens with the largest positive cov_t,
+at least one token (verl draws them at random among the tokens in a band; here the largest). The default
+is the paper's ratio, 2e-4: one token in every micro-batch of fewer than 10,000 response tokens (a ratio
+of 0.2 cuts a thousand times as many, docs/failures.md's entropy study). clip_cov_frac: the share cut.
 Everything else is grpo.py's."""
 
 import torch
@@ -17,7 +19,7 @@ from grpo import batches, evaluate, on_policy, setup, starts_from  # noqa: F401 
 base = "grpo"
 defaults = dict(
     grpo.defaults,
-    clip_cov=0.2,       # the share of response tokens (those of largest positive covariance) whose gradient is cut
+    clip_cov=2e-4,      # the share of response tokens (those of largest positive covariance) whose gradient is cut
 )
 
 
@@ -33,11 +35,12 @@ def loss(run, state, model, batch):
 
 
 def clip_cov_weights(logp, adv, mask, share):
-    """Per token 0 on the `share` of response tokens of largest positive cov_t, else 1; and the share cut."""
+    """Per token 0 on the `share` of response tokens of largest positive cov_t (at least one token where
+    share > 0, as verl counts them), else 1; and the share cut."""
     on = mask > 0
     lp, a = logp.detach()[on], adv.expand_as(logp)[on]
     cov = (lp - lp.mean()) * (a - a.mean())
-    largest = cov.topk(int(share * len(cov))).indices
+    largest = cov.topk(min(max(int(share * len(cov)), 1 if share > 0 else 0), len(cov))).indices
     cut, picked = torch.zeros_like(on), torch.zeros_like(cov, dtype=torch.bool)
     picked[largest[cov[largest] > 0]] = True  # (a token of cov ≤ 0 does not lower the entropy)
     cut[on] = picked

@@ -165,6 +165,24 @@ def test_clip_cov_cuts_the_tokens_of_largest_covariance():
     assert weights.tolist() == [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]] and float(cut) == 0.25
 
 
+def test_clip_cov_at_the_papers_ratio_cuts_one_token_per_five_thousand():
+    """The default is Cui et al.'s 2e-4 of the response tokens, at least one: of the 4 tokens above the one of
+    largest cov (not 2e-4 · 4 = 0 tokens); of 12,000 tokens int(2.4) = 2, the two of largest cov_t; at 0 none."""
+    from lab import clip_cov
+    assert clip_cov.defaults["clip_cov"] == 2e-4
+    logp = torch.tensor([[-0.1, -2.0, 0.0], [-0.2, -0.5, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    weights, cut = clip_cov_weights(logp, torch.tensor([[1.0], [-1.0]]), mask, 2e-4)
+    assert weights.tolist() == [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]] and float(cut) == 0.25
+    assert clip_cov_weights(logp, torch.tensor([[1.0], [-1.0]]), mask, 0.0)[0].eq(1.0).all()
+    g = torch.Generator().manual_seed(0)
+    logp, adv = -torch.rand(120, 100, generator=g) * 3, torch.randn(120, 1, generator=g)
+    weights, cut = clip_cov_weights(logp, adv, torch.ones(120, 100), 2e-4)
+    cov = (logp - logp.mean()) * (adv - adv.mean())
+    assert weights.eq(0).sum() == 2 and set(weights.flatten().eq(0).nonzero().flatten().tolist()) == set(cov.flatten().topk(2).indices.tolist())
+    assert float(cut) == pytest.approx(2 / 12000)
+
+
 def test_top_entropy_mask_keeps_the_forks():
     entropy = torch.tensor([[0.1, 2.0, 0.3, 9.0], [1.5, 0.0, 0.2, 9.0]])
     weights, kept = top_entropy_mask(entropy, torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]]), 1 / 3)
@@ -184,7 +202,7 @@ def test_mask_truncated_leaves_a_cut_answer_out_of_the_loss(tmp_path):
 def test_the_entropy_controls_run_and_log(tmp_path, monkeypatch):
     """Clip-Cov cuts at most its share of each micro-batch's tokens (those of positive cov only), the entropy
     mask keeps about its quantile; neither fires a monitor."""
-    fired, rows = logged(tmp_path, "cov", monkeypatch, algo="clip_cov", clip_cov=0.2)
+    fired, rows = logged(tmp_path, "cov", monkeypatch, algo="clip_cov", clip_cov=0.2)  # (the entropy study's 0.2, not the default 2e-4)
     quiet, masked = logged(tmp_path, "mask", monkeypatch, algo="entropy_mask", top_entropy_quantile=0.5)
     assert all(0.05 < r["clip_cov_frac"] <= 0.2 for r in rows if "loss" in r), rows
     assert all(0.45 < r["entropy_kept_frac"] <= 0.55 for r in masked if "loss" in r), masked
