@@ -100,9 +100,8 @@ class Arithmetic:
         return "heldout" if int(hashlib.sha1(key.encode()).hexdigest(), 16) % 100 < HELDOUT_PERCENT else "train"
 
     def problems(self, split, n, seed=0):
-        """n problems of `split` ("train", "heldout" or "ood"). Train and held-out are disjoint by
-        the underlying equation (not just the wording); "ood" has a (digits+1)-digit start value and
-        draws every operand from 0 to 10^(digits+1) - 1 (a subtraction never below 0)."""
+        """n problems of `split` ("train", "heldout" or "ood"), train and held-out disjoint by equation
+        (not just wording); "ood" has a (digits+1)-digit start and operands from 0 to 10^(digits+1) - 1."""
         if split not in ("train", "heldout", "ood"):
             raise ValueError(f"split must be train, heldout or ood, got {split!r}")
         rng = random.Random(f"{self.name}-{split}-{seed}")

@@ -19,7 +19,8 @@ each scored three ways by this study's evaluation, which runs after the algorith
     heldout_acc                the verifier, the gold (the loop's; heldout_gold: the same, recomputed here)
     heldout_judge_reward       the judge's mean P(correct), ONE GREEDY judgement per answer for every arm and
                                point (a fixed measurement, whatever k trained grpo_judge)
-    heldout_judge_false_pass   the share of answers the judge rates correct (P > 0.5) and the verifier wrong;
+    heldout_judge_false_pass   the share of ALL answers that the judge rates correct (P > 0.5) and the verifier
+                               wrong (a share of all answers, not a rate among the wrong ones);
     heldout_judge_false_fail   the other way round
     heldout_rm_score           the reward model's mean score, shown as the change from the run's start (a
                                Bradley–Terry RM's offset is arbitrary)
@@ -73,7 +74,7 @@ SEEDS = (1337, 1338, 1339)
 EXAMPLES_FILE = "judge_passes.jsonl"  # per run: each evaluation's wrong answers the judge rates correct
 FIGURES = dict(  # the figures of an evaluation: (what the table and the plot call it, problems for its band: None = t alone)
     heldout_acc=("gold: the verifier's accuracy", True), heldout_judge_reward=("the judge's reward", None),
-    heldout_judge_false_pass=("judge P > 0.5, verifier wrong", True), heldout_rm_delta=("RM score − start", None),
+    heldout_judge_false_pass=("wrong and passed by the judge (P > 0.5), share of all answers", True), heldout_rm_delta=("RM score − start", None),
     heldout_work=("worked share", None), heldout_len=("length (tokens)", None))
 
 

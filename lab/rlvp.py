@@ -4,8 +4,9 @@
 
     A_i = Â(O)_i + β · Â(Φ)_i          Â(x)_i = (x_i − mean(x_1..G)) / std(x_1..G)
 
-so a dense path signal cannot drown the sparse outcome however many actions it counts; β ≤ 1 keeps the
-outcome the main driver. path_only: Φ alone, without the outcome (the inaction trap: an experiment, not
+so a dense path signal cannot drown the sparse outcome however many actions it counts, and β ≤ 1 keeps the
+outcome the main driver in a group whose outcomes differ; in a group where every sample failed, Â(O) = 0
+and the advantage is β·Â(Φ), the path signal alone at unit scale (docs/rlvp.md). path_only: Φ alone, without the outcome (the inaction trap: an experiment, not
 a recipe). Everything else is grpo.py's."""
 
 import torch

@@ -10,11 +10,17 @@ import math
 import os
 from types import SimpleNamespace
 
+from nanopost.bands import binomial
+
 
 # ----------------------------------------------------------------------------------------------
 # The monitors: each reads figures of one logged row (r) and what the run logged before it (h: each
-# figure's first value, the best reward so far); a healthy run fires none of them (docs/failures.md
+# figure's first value and its best so far); a healthy run fires none of them (docs/failures.md
 # runs a control beside every failure). alarm: (the figures it reads, its threshold, the test)
+
+# The reward a policy trains on, as each algorithm logs it: the GRPO family's `reward`, PPO's `rm_score` on a
+# reward model and `verifier_acc` on the verifier (PPO, RFT; OPD's, which it only logs)
+TRAINED_ON = ("reward", "rm_score", "verifier_acc")
 
 ALARMS = dict(
     sampler_mismatch=(("sampler_logprob_gap", "tis_capped_frac"),
@@ -46,11 +52,12 @@ ALARMS = dict(
     misaligned_advantages=(("adv_sign_error_frac",), "adv_sign_error_frac > 0.01: advantages whose sign is not "
                                                      "that of r − its group's mean reward",
                            lambda r, h: r.get("adv_sign_error_frac", 0) > 0.01),
-    reward_hacking=(("reward", "heldout_acc"), "reward up > 0.05 from its first value while heldout_acc fell > 0.02 "
-                                               "from its first evaluation: the training reward pays for something "
-                                               "the environment's own verifier does not",
-                    lambda r, h: "heldout_acc" in r and h.best_reward - h.first.get("reward", math.inf) > 0.05
-                    and r["heldout_acc"] < h.first["heldout_acc"] - 0.02),
+    reward_hacking=(TRAINED_ON + ("heldout_acc",),
+                    "the training reward (reward, rm_score or verifier_acc) up > 0.05 from its first value while "
+                    "heldout_acc fell below its best evaluation so far by more than that evaluation's binomial band "
+                    "(at least 0.02): the training reward pays for something the environment's own verifier does not",
+                    lambda r, h: "heldout_acc" in r and max(h.best.get(k, -math.inf) - h.first.get(k, math.inf) for k in TRAINED_ON) > 0.05
+                    and r["heldout_acc"] < h.best["heldout_acc"] - max(0.02, binomial(h.best["heldout_acc"], h.eval_n) if h.eval_n else 0.0)),
 )
 
 
@@ -58,7 +65,7 @@ def check(h, row):
     """The alarms that hold on `row` (the run's rows before it summed up in h, which it updates)."""
     for key, value in row.items():
         h.first.setdefault(key, value)
-    h.best_reward = max(h.best_reward, row.get("reward", -math.inf))
+        h.best[key] = max(h.best.get(key, value), value) if isinstance(value, (int, float)) else value
     holding = [name for name, (_, _, test) in ALARMS.items() if test(row, h)]
     fresh = [name for name in holding if name not in h.fired]
     h.fired.update({name: row["iter"] for name in fresh})
@@ -68,7 +75,7 @@ def check(h, row):
 def history(cfg):
     """A run's monitors before its first row: fired {alarm: the first iteration it did}."""
     on_policy = cfg.get("minibatches", 1) == 1 and cfg.get("inner_epochs", 1) == 1
-    return SimpleNamespace(first={}, best_reward=-math.inf, fired={}, on_policy=on_policy)
+    return SimpleNamespace(first={}, best={}, eval_n=cfg.get("eval_problems"), fired={}, on_policy=on_policy)
 
 
 def alarms(rows, cfg):

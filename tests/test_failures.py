@@ -152,6 +152,30 @@ def test_reward_hacking_fires_when_reward_rises_and_held_out_accuracy_falls():
     assert monitors.alarms(rows, cfg) == {}
 
 
+def test_reward_hacking_is_measured_against_the_best_evaluation_so_far():
+    """GRPO on the judge (docs/reward_sources.md): held-out 0.304 → 0.484 → 0.329 on 500 problems while the
+    judge's reward rose. Against the first evaluation the fall never shows (0.329 > 0.304 − 0.02); against
+    the best so far it does: 0.329 < 0.484 − 0.0438 (the binomial band of 0.484 on 500 problems), at the
+    third evaluation. A fall inside the best evaluation's band is noise: 0.55 → 0.52 on 200 problems
+    (band 0.069) fires nothing. PPO logs no `reward`: its verifier_acc, or rm_score on a reward model, is
+    the reward it trains on, and the monitor reads it."""
+    cfg = dict(minibatches=1, inner_epochs=1, eval_problems=500)
+    judge = [dict(iter=0, reward=0.30, heldout_acc=0.304), dict(iter=10, reward=0.55, heldout_acc=0.484),
+             dict(iter=20, reward=0.80, heldout_acc=0.329)]
+    assert monitors.alarms(judge, cfg) == {"reward_hacking": 20}
+    assert 0.329 > 0.304 - 0.02 and monitors.binomial(0.484, 500) == pytest.approx(0.0438, abs=1e-4)
+    ppo = [{k.replace("reward", "verifier_acc"): v for k, v in row.items()} for row in judge]
+    assert monitors.alarms(ppo, cfg) == {"reward_hacking": 20}
+    rm = [dict(row, rm_score=row["verifier_acc"] * 4, verifier_acc=0.3) for row in ppo]
+    assert monitors.alarms(rm, cfg) == {"reward_hacking": 20}  # the RM's score rose, the verifier's did not
+    noise = [dict(iter=0, reward=0.30, heldout_acc=0.50), dict(iter=10, reward=0.55, heldout_acc=0.55),
+             dict(iter=20, reward=0.80, heldout_acc=0.52)]
+    assert monitors.alarms(noise, dict(cfg, eval_problems=200)) == {}
+    assert monitors.alarms(noise[:2] + [dict(noise[2], heldout_acc=0.47)], dict(cfg, eval_problems=200)) == {"reward_hacking": 20}
+    flat = [dict(row, reward=0.30) for row in judge]  # the fall alone, with no reward rising: not this alarm
+    assert monitors.alarms(flat, cfg) == {}
+
+
 # ----------------------------------------------------------------------------------------------
 # The entropy controls and the truncated-answer mask
 
