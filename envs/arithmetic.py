@@ -5,11 +5,11 @@ The worked solution is "7+8=15. 15-3=12. 12+5=17. Answer: 17"; a demonstration i
 `direct_frac` share of the problems (fixed per problem by a hash) only the answer ("Answer: 17").
 
 Difficulty knobs: `digits` (operand size) and `n_ops` (chain length); the default is 1 digit, 3 ops,
-and the OOD split (a 2-digit start, 10-99, and every operand drawn from 0-99) is far harder. `direct_frac` (default 0.5 through
-train.py's env_direct_frac) mixes two strategies in the demonstrations, both correct: the tiny model
-can write the steps reliably but cannot add three numbers in one token, so SFT leaves a policy that
-answers directly about half the time and mostly wrongly, and RL with the verifier has a behaviour to
-select (README, "The default task"). direct_frac = 0 is the old default: every demonstration worked,
+and the OOD split (a 2-digit start, 10-99, and every operand drawn from 0-99) is far harder.
+`direct_frac` (default 0.5 through train.py's env_direct_frac) mixes two strategies in the
+demonstrations, both correct: the tiny model can write the steps reliably but cannot add three
+numbers in one token, so SFT leaves a policy that answers directly about half the time and mostly
+wrongly, and RL with the verifier has a behaviour to select (README, "The default task"). direct_frac = 0 is the old default: every demonstration worked,
 nothing to select, and RL gains little.
 
 parse_answer and the held-out share are shared by the other environments.
