@@ -19,6 +19,11 @@ at inference]; SPEC §3 "Reward model". The judge, its judgements and its reward
                   pair accuracy   over each problem's (correct, incorrect) answer pairs, the share the
                                   reward ranks right (a tie counts 1/2), a problem's pairs averaged
                                   first: the Bradley–Terry RM's figure, on the same pairs
+                  AUROC           over every (correct, incorrect) pair of answers, any problems: the share
+                                  the reward ranks right (a tie 1/2); free of the 0.5 threshold
+                  balanced acc.   the mean of the verdict's accuracy on the correct answers and on the
+                                  incorrect ones at r > 0.5: 0.5 for a judge that always gives one
+                                  verdict, whatever the base rate (agreement counts that base rate)
                 --reward_model=DIR scores the same pairs with that RM (rollouts.score_rollout), and
                 its own held-out pair accuracy is read from its metrics.jsonl.
 
@@ -112,13 +117,27 @@ def measure(p, labels, problems):
     pairs = pair_scores(labels.view(problems, -1), p.view(problems, N // problems, B))
     paired = [x for x in pairs if x is not None]
     right, wrong = p[labels > 0], p[labels == 0]
+    auroc, balanced = threshold_free(p, labels)
     agreement = float(agree.mean())
     pair_acc = sum(paired) / len(paired) if paired else None  # (no problem with a correct and an incorrect answer)
     return dict(agreement=agreement, agreement_band=bands.binomial(agreement, problems), pair_acc=pair_acc,
                 pair_acc_band=bands.binomial(pair_acc, len(paired)) if paired else None, pair_problems=len(paired),
                 reward_correct=float(right.mean()) if len(right) else None,
-                reward_incorrect=float(wrong.mean()) if len(wrong) else None,
+                reward_incorrect=float(wrong.mean()) if len(wrong) else None, auroc=auroc, balanced_acc=balanced,
                 per_problem_agreement=agree.tolist(), per_problem_pairs=pairs)
+
+
+def threshold_free(p, labels):
+    """(AUROC, balanced accuracy) of verdict probabilities p (N, B) against the verifier's labels (N,), each
+    the mean over the B blocks: AUROC over every (correct, incorrect) pair of answers, a tie 1/2; balanced
+    accuracy (share of the correct answers with p > 0.5 + share of the incorrect with p ≤ 0.5) / 2. None
+    without both kinds of answer."""
+    right, wrong = p[labels > 0], p[labels == 0]
+    if not len(right) or not len(wrong):
+        return None, None
+    diff = right[:, None, :] - wrong[None, :, :]
+    auroc = float(((diff > 0).float() + 0.5 * (diff == 0).float()).mean())
+    return auroc, float(((right > 0.5).float().mean() + (wrong <= 0.5).float().mean()) / 2)
 
 
 def scaling(p_sampled, labels, problems):
@@ -170,15 +189,16 @@ def table(results):
              f"at T = 1, share correct {held['correct_share']:.3f} (a judge that always gives the majority verdict "
              f"agrees {held['majority']:.3f}); {held['pair_problems']} problems have a (correct, incorrect) pair. "
              "Bands 95% (bands.py): binomial over the problems; changes paired per problem.", "",
-             "| judgements | agreement with the verifier | change from k = 1 | pair accuracy | mean reward, correct "
-             "answers | mean reward, incorrect answers | verdict written |", "|---|---|---|---|---|---|---|"]
+             "| judgements | agreement with the verifier | change from k = 1 | pair accuracy | AUROC | balanced accuracy "
+             "| mean reward, correct answers | mean reward, incorrect answers | verdict written |", "|---" * 9 + "|"]
     fmt = lambda x: "–" if x is None else f"{x:.3f}"
     rows = [("greedy", results["greedy"])] + [(f"k = {p['k']} sampled", p) for p in results["sampled"]]
     for name, p in rows:
         change = "" if "gain_vs_1" not in p or p["k"] == 1 else f"{p['gain_vs_1']:+.3f} ± {p['gain_vs_1_band']:.3f}"
         band = "" if p["pair_acc_band"] is None else f" ± {p['pair_acc_band']:.3f}"
         lines.append(f"| {name} | {p['agreement']:.3f} ± {p['agreement_band']:.3f} | {change} | {fmt(p['pair_acc'])}"
-                     f"{band} | {fmt(p['reward_correct'])} | {fmt(p['reward_incorrect'])} | {p['verdict_written']:.3f} |")
+                     f"{band} | {fmt(p['auroc'])} | {fmt(p['balanced_acc'])} | {fmt(p['reward_correct'])} | "
+                     f"{fmt(p['reward_incorrect'])} | {p['verdict_written']:.3f} |")
     rm = results.get("reward_model")
     if rm:
         own = "" if rm["own_val_pair_acc"] is None else f"; on its own held-out pairs {rm['own_val_pair_acc']:.3f}"

@@ -275,6 +275,19 @@ def test_agreement_and_pair_accuracy_grow_with_k_on_a_hand_made_case():
     assert points[0]["reward_correct"] == pytest.approx(0.55) and points[1]["reward_incorrect"] == pytest.approx(0.45)
 
 
+def test_auroc_and_balanced_accuracy_do_not_count_the_base_rate():
+    """Four answers, labels 1, 0, 1, 0, P = 0.9, 0.2, 0.4, 0.4: AUROC over the 4 (correct, incorrect) pairs
+    (0.9 > 0.2, 0.9 > 0.4, 0.4 > 0.2, 0.4 = 0.4: a tie, 1/2) = 3.5/4 = 0.875; at 0.5 the correct answers are
+    passed 1 of 2, the incorrect failed 2 of 2: balanced accuracy 0.75. A judge that says "incorrect" to
+    everything (P = 0.1) on 78 wrong answers of 100 agrees 0.78, but its AUROC and balanced accuracy are 0.5."""
+    auroc, balanced = study.threshold_free(torch.tensor([[0.9], [0.2], [0.4], [0.4]]), torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    assert auroc == pytest.approx(0.875) and balanced == pytest.approx(0.75)
+    labels = torch.tensor([1.0] * 22 + [0.0] * 78)
+    point = study.measure(torch.full((100, 1), 0.1), labels, problems=100)
+    assert point["agreement"] == pytest.approx(0.78) and point["auroc"] == 0.5 and point["balanced_acc"] == 0.5
+    assert study.threshold_free(torch.full((3, 1), 0.7), torch.ones(3)) == (None, None)
+
+
 def test_pair_scores_count_a_tie_as_half_and_skip_problems_without_a_pair():
     labels = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     scores = torch.tensor([[[0.7], [0.7], [0.1]], [[0.2], [0.3], [0.4]]])
