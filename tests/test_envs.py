@@ -144,3 +144,84 @@ def test_gsm8k_reads_a_number_only_where_the_earlier_pattern_read_the_same_one()
             assert old and Decimal(old.group(1).replace(",", "")) == number, repr(text)
             read += 1
     assert read > 1000  # (the strings do reach numbers)
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluation splits hold distinct problems (envs/arithmetic.py: distinct_problems)
+
+def every_chain(n_ops, hi=9):
+    """Every chain the 1-digit task can draw, listed by recursion: (start, steps)."""
+    out = []
+
+    def extend(start, value, steps):
+        if len(steps) == n_ops:
+            out.append((start, tuple(steps)))
+            return
+        for b in range(hi + 1):
+            extend(start, value + b, steps + [("+", b)])
+        for b in range(min(value, hi) + 1 if value > 0 else 0):
+            extend(start, value - b, steps + [("-", b)])
+    for start in range(hi + 1):
+        extend(start, start, [])
+    return out
+
+
+def drawn_with_replacement(env, split, n):
+    """The first n problems env.draw gives with the evaluation's seeded generator, repeats kept (how a
+    held-out set was drawn before)."""
+    import random
+    rng, out = random.Random(f"{env.name}-{split}-0"), []
+    while len(out) < n:
+        problem = env.draw(rng, split)
+        if problem is not None:
+            out.append(problem)
+    return out
+
+
+def test_an_evaluation_split_holds_distinct_problems():
+    """1,000 held-out problems of the default task are 1,000 distinct equations: the draws with replacement,
+    whose first 1,000 hold 814 distinct ones, in their order with every repeat dropped. OOD likewise."""
+    env = Arithmetic()
+    heldout = env.problems("heldout", 1000)
+    assert len({_equation(p) for p in heldout}) == 1000
+    old = drawn_with_replacement(env, "heldout", 1000)
+    assert len({_equation(p) for p in old}) == 814
+    first = []  # the first occurrence of each equation, in the order drawn
+    for p in old:
+        first += [_equation(p)] if _equation(p) not in first else []
+    assert [_equation(p) for p in heldout[:814]] == first
+    assert len({_equation(p) for p in env.problems("ood", 500)}) == 500
+    assert env.problems("heldout", 10) == heldout[:10]  # a prefix: fewer problems are the first of more
+
+
+def test_a_split_smaller_than_asked_is_evaluated_whole():
+    """The default task's chains, listed by recursion: 45,400, of which 4,414 held out; with two steps,
+    the held-out split is all of its chains that hash there, and asking for more gives every one (a census,
+    with a warning)."""
+    chains = every_chain(3)
+    assert len(chains) == 45400 and sum(Arithmetic._split_of(s, list(st)) == "heldout" for s, st in chains) == 4414
+    env = Arithmetic(n_ops=2)
+    held = {(s, st) for s, st in every_chain(2) if Arithmetic._split_of(s, list(st)) == "heldout"}
+    with pytest.warns(UserWarning, match=f"holds {len(held)} distinct problems, not the 1000 asked"):
+        census = env.problems("heldout", 1000)
+    assert {_equation(p) for p in census} == held and len(census) == len(held)
+
+
+def test_generalpoints_and_the_treasure_hunt_evaluate_on_every_hand_and_map():
+    """GeneralPoints' held-out split, counted over the 1,820 hands of four faces, is 119 solvable hands (200
+    draws with replacement held 88); the treasure hunt's is 87 of its 729 maps (100 draws held 60). Asked
+    for 200 and 100, each gives all of them once."""
+    import itertools
+    from envs import FACES, ROOM_NAMES, ROOMS, GeneralPoints, Treasure, card_value, solutions
+    gp, hunt = GeneralPoints(), Treasure()
+    hands = {cards for cards in itertools.combinations_with_replacement(FACES, 4)
+             if GeneralPoints._split_of(list(cards)) == "heldout" and solutions(tuple(card_value(c, "tens") for c in cards))}
+    maps = {names for names in itertools.product(*(ROOM_NAMES[r] for r in ROOMS))
+            if Treasure._split_of(dict(zip(ROOMS, names))) == "heldout"}
+    assert len(hands) == 119 and len(maps) == 87
+    with pytest.warns(UserWarning, match="a census"):
+        assert sorted(tuple(p["cards"]) for p in gp.problems("heldout", 200)) == sorted(hands)
+    with pytest.warns(UserWarning, match="a census"):
+        assert sorted(tuple(p["names"][r] for r in ROOMS) for p in hunt.problems("heldout", 100)) == sorted(maps)
+    assert len({tuple(p["cards"]) for p in drawn_with_replacement(gp, "heldout", 200)}) == 88
+    assert len({tuple(p["names"].values()) for p in drawn_with_replacement(hunt, "heldout", 100)}) == 60
