@@ -77,6 +77,9 @@ DEFAULTS = dict(
 )
 
 READS_DATA = ("pretrain", "sft", "rm", "dpo", "ipo", "kto", "simpo", "orpo")  # the algorithms that train on --data (RL reads its env)
+# the algorithms (and their variants) whose optimizer step is gradient_accumulation_steps micro-batches; GRPO's
+# steps are its rollout batch's minibatches, OPD's one step of micro-batches of its iteration's answers
+ACCUMULATES = ("pretrain", "sft", "rm", "dpo", "ppo", "rft")
 # The textbook: --algo NAME -> the module that is the algorithm, plain. The lab: every variant is its own
 # file lab/NAME.py, chosen by --algo NAME; it names the algorithm it changes (`base`) and imports it.
 ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo", "grpo": "grpo", "opd": "opd", "rft": "rft"}
@@ -313,6 +316,9 @@ def make_config(overrides):
     if cfg["data"] and algo not in READS_DATA:  # never ignored silently
         raise ValueError(f"--algo {algo} takes its prompts from the environment, not --data: for a dataset's "
                          f"prompts and reference answers use --env=gsm8k --env_data=NAME_OR_FILE")
+    if cfg["gradient_accumulation_steps"] != 1 and getattr(module, "base", algo) not in ACCUMULATES:
+        raise ValueError(f"--gradient_accumulation_steps cannot apply to --algo {algo}: its optimizer steps are set by "
+                         f"its own options (--help); drop the key")
     check_values(cfg, defaults)
     return cfg
 
