@@ -45,12 +45,16 @@ def parse_answer(response):
 class Arithmetic:
     name = "arithmetic"
 
-    def __init__(self, digits=1, n_ops=3, word_frac=0.5, direct_frac=0.0):
+    def __init__(self, digits=1, n_ops=3, word_frac=0.5, direct_frac=0.0, train_pool=0):
         if digits < 1 or n_ops < 1:
             raise ValueError("digits and n_ops must be >= 1")
         if not 0.0 <= direct_frac <= 1.0:
             raise ValueError(f"direct_frac must be in [0, 1], got {direct_frac}")
         self.digits, self.n_ops, self.word_frac, self.direct_frac = digits, n_ops, word_frac, direct_frac
+        # train_pool = N: the training split is N fixed problems, which every draw of "train" repeats
+        # (SFT's demonstrations, RL's prompts): a small training set to memorise (docs/ood.md)
+        self.pool = None
+        self.pool = self.problems("train", train_pool, seed="pool") if train_pool else None
 
     # -- problems ---------------------------------------------------------------------------
     def _chain(self, rng, digits, need_big):
@@ -104,6 +108,9 @@ class Arithmetic:
         the underlying equation (not just the wording); "ood" has (digits+1)-digit start values."""
         if split not in ("train", "heldout", "ood"):
             raise ValueError(f"split must be train, heldout or ood, got {split!r}")
+        if split == "train" and self.pool:  # n draws from the fixed pool (copies: a caller may reword them)
+            rng = random.Random(f"{self.name}-pool-draw-{seed}")
+            return [dict(rng.choice(self.pool)) for _ in range(n)]
         rng = random.Random(f"{self.name}-{split}-{seed}")
         out = []
         while len(out) < n:

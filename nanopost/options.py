@@ -34,6 +34,7 @@ DEFAULTS = dict(
     env_digits=1,               # digits of each operand
     env_ops=3,                  # operations per problem
     env_direct_frac=0.5,        # share of SFT demonstrations that give only the answer; 0.0 = every one worked
+    env_train_pool=0,           # 0 = fresh train problems in every draw; N = the training split is N fixed problems (all algorithms)
     env_data="openai/gsm8k:main",  # --env=gsm8k's rows: a hub dataset NAME[:CONFIG] (train/test splits) or a local file (last tenth held out)
     # the model, when init_from=scratch
     n_layer=4,                  # transformer blocks
@@ -126,7 +127,7 @@ GONE = {("kl", "off"): "--kl=off is now --kl_coef=0 (no KL term)",
 # Every float must also be finite. A new numeric option needs a line here (tests/test_errors.py).
 SCORED = "> 0 (its samples are scored: a log-probability at temperature 0 is not defined)"
 RANGES = dict(
-    env_digits=">= 1", env_ops=">= 1", env_direct_frac="[0, 1]",
+    env_digits=">= 1", env_ops=">= 1", env_direct_frac="[0, 1]", env_train_pool=">= 0",
     n_layer=">= 1", n_head=">= 1", n_embd=">= 1", block_size=">= 1", dropout="[0, 1)",
     max_iters=">= 0", lr_decay_iters=">= 0", batch_size=">= 1", gradient_accumulation_steps=">= 1",
     learning_rate=">= 0", min_lr=">= 0", warmup_iters=">= 0", weight_decay=">= 0", beta1="[0, 1)",
@@ -316,6 +317,9 @@ def make_config(overrides):
     if cfg["data"] and algo not in READS_DATA:  # never ignored silently
         raise ValueError(f"--algo {algo} takes its prompts from the environment, not --data: for a dataset's "
                          f"prompts and reference answers use --env=gsm8k --env_data=NAME_OR_FILE")
+    if cfg["env_train_pool"] and cfg["env"] != "arithmetic":
+        raise ValueError(f"--env_train_pool cannot apply to --env={cfg['env']}: it fixes the training problems of "
+                         f"--env=arithmetic; drop the key")
     if cfg["gradient_accumulation_steps"] != 1 and getattr(module, "base", algo) not in ACCUMULATES:
         raise ValueError(f"--gradient_accumulation_steps cannot apply to --algo {algo}: its optimizer steps are set by "
                          f"its own options (--help); drop the key")

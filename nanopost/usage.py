@@ -81,8 +81,10 @@ def help_text(overrides):
                    f"or sets otherwise)", changed),
                   (f"{module.base}'s options ({base.__name__}.py defaults)", [k for k in own if k not in changed])]
     shared = [key for key in DEFAULTS if applies(key, cfg, module)]
+    task = [key for key in shared if key in TASK_KEYS]
     groups += [("shared options (options.DEFAULTS; * = not the shared default: set by this algorithm, its task, "
-               "the ladder or the command line)", shared)]
+               "the ladder or the command line)", [key for key in shared if key not in task]),
+               (f"--env {cfg['env']}'s options (the task's, options.DEFAULTS)", task)]
     for title, keys in groups:
         lines += ["", title + ":"]
         needs = getattr(module, "starts_from", {})  # (a key the algorithm refuses at its default: required)
@@ -97,6 +99,10 @@ def help_text(overrides):
         lines += ["", "not listed, as they cannot apply to this run (another start, task, algorithm or number of processes): "
                   + ", ".join(f"--{key}" for key in left)]
     return "\n".join(lines)
+
+
+# the keys that shape the task (envs/) rather than the loop: --help lists those of --env's task apart
+TASK_KEYS = ("env_digits", "env_ops", "env_direct_frac", "env_train_pool", "env_data", "max_tool_calls")
 
 
 def applies(key, cfg, module):
@@ -117,6 +123,8 @@ def applies(key, cfg, module):
         return cfg["env"] in ("arithmetic", "calculator")
     if key == "env_direct_frac":  # (the demonstrations: SFT's data and the preference pairs' gold answer)
         return cfg["env"] in ("arithmetic", "calculator", "generalpoints") and reads_demonstrations
+    if key == "env_train_pool":
+        return cfg["env"] == "arithmetic"
     if key == "env_data":
         return cfg["env"] == "gsm8k"
     if key == "max_tool_calls":
