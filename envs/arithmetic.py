@@ -51,10 +51,8 @@ class Arithmetic:
         if not 0.0 <= direct_frac <= 1.0:
             raise ValueError(f"direct_frac must be in [0, 1], got {direct_frac}")
         self.digits, self.n_ops, self.word_frac, self.direct_frac = digits, n_ops, word_frac, direct_frac
-        # train_pool = N: the training split is N fixed problems, which every draw of "train" repeats
-        # (SFT's demonstrations, RL's prompts): a small training set to memorise (docs/ood.md)
-        self.pool = None
-        self.pool = self.problems("train", train_pool, seed="pool") if train_pool else None
+        # train_pool = N: every draw of "train" repeats N fixed problems, a small set to memorise (docs/ood.md)
+        self.pool = Arithmetic(digits, n_ops, word_frac).problems("train", train_pool, seed="pool") if train_pool else None
 
     # -- problems ---------------------------------------------------------------------------
     def _chain(self, rng, digits, need_big):
