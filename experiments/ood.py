@@ -31,10 +31,10 @@ Memorise or generalise (--pool=N): both arms train on the same fixed N training 
 (env_train_pool: SFT's demonstrations and GRPO's prompts are drawn from them), so that more SFT runs for
 many epochs over a small set, as in Chu et al.; --split=train scores that set itself, beside the
 held-out and OOD splits. The rules, fixed here before the runs: N = 300, the splits train, steps-1 (a
-positive control), steps+1 and reworded, 500 problems each, GRPO 40 iterations, 4 evaluations, three
+positive control), steps+1 and reworded, 500 problems each, GRPO 20 iterations, 4 evaluations, three
 seeds, the same SFT start, the arms compared paired at the end on the same problems:
 
-    python experiments/ood.py --init_from=out/sft --pool=300 --split=train,steps-1,steps+1,reworded --rl_iters=40 --out=out/ood_pool
+    python experiments/ood.py --init_from=out/sft --pool=300 --split=train,steps-1,steps+1,reworded --out=out/ood_pool
 
 Step 3, --steps_written: why an arm lost or gained on a longer chain, from each run's last
 checkpoint: how many equations its worked answers write against the chain's length, and how many
