@@ -14,7 +14,8 @@ nothing to select, and RL gains little.
 
 The splits: "train" and "heldout" are disjoint by the underlying equation (not just the wording: a
 hash of it puts HELDOUT_PERCENT of the equations in held-out); "ood" draws a (digits+1)-digit start
-and every operand from 0 to 10^(digits+1) - 1 (a subtraction never below 0). Training draws repeat.
+and every operand from 0 to 10^(digits+1) - 1 (a subtraction never below 0). Training draws repeat;
+with `train_pool` = N (train.py's env_train_pool) every training draw comes from N fixed problems.
 An evaluation split ("heldout", "ood") holds n distinct problems (distinct_problems): the draws, in
 order, with a repeat (the same problem in other words) dropped; drawn with replacement, 1,000
 held-out draws of the default task held 814 distinct equations. Where n + 1,000 draws in a row find
@@ -93,12 +94,14 @@ def chains(digits, n_ops, need_big):
 class Arithmetic:
     name = "arithmetic"
 
-    def __init__(self, digits=1, n_ops=3, word_frac=0.5, direct_frac=0.0):
+    def __init__(self, digits=1, n_ops=3, word_frac=0.5, direct_frac=0.0, train_pool=0):
         if digits < 1 or n_ops < 1:
             raise ValueError("digits and n_ops must be >= 1")
         if not 0.0 <= direct_frac <= 1.0:
             raise ValueError(f"direct_frac must be in [0, 1], got {direct_frac}")
         self.digits, self.n_ops, self.word_frac, self.direct_frac = digits, n_ops, word_frac, direct_frac
+        # train_pool = N: every draw of "train" repeats N fixed problems, a small set to memorise (docs/ood.md)
+        self.pool = Arithmetic(digits, n_ops, word_frac).problems("train", train_pool, seed="pool") if train_pool else None
 
     # -- problems ---------------------------------------------------------------------------
     def _chain(self, rng, digits, need_big):
@@ -153,6 +156,9 @@ class Arithmetic:
             raise ValueError(f"split must be train, heldout or ood, got {split!r}")
         if split != "train":
             return distinct_problems(self, split, n, seed)
+        if self.pool:  # n draws from the fixed pool (copies: a caller may reword them)
+            rng = random.Random(f"{self.name}-pool-draw-{seed}")
+            return [dict(rng.choice(self.pool)) for _ in range(n)]
         rng, out = random.Random(f"{self.name}-{split}-{seed}"), []
         while len(out) < n:
             start, steps, value = self._chain(rng, self.digits, need_big=False)

@@ -27,6 +27,15 @@ the SFT rate of its own previous segments (the first: the start's metrics.jsonl,
 iterations when the start has none). It writes results.json, ood.md (the tables) and the plot into
 --out.
 
+Memorise or generalise (--pool=N): both arms train on the same fixed N training problems
+(env_train_pool: SFT's demonstrations and GRPO's prompts are drawn from them), so that more SFT runs for
+many epochs over a small set, as in Chu et al.; --split=train scores that set itself, beside the
+held-out and OOD splits. The rules, fixed here before the runs: N = 300, the splits train, steps-1 (a
+positive control), steps+1 and reworded, 500 problems each, GRPO 20 iterations, 4 evaluations, three
+seeds, the same SFT start, the arms compared paired at the end on the same problems:
+
+    python experiments/ood.py --init_from=out/sft --pool=300 --split=train,steps-1,steps+1,reworded --out=out/ood_pool
+
 Step 3, --steps_written: why an arm lost or gained on a longer chain, from each run's last
 checkpoint: how many equations its worked answers write against the chain's length, and how many
 of them are the solution's own steps.
@@ -71,6 +80,14 @@ def reworded(problems):
     return problems
 
 
+def training_set(env, n):
+    """The fixed training pool (--pool, env_train_pool) itself, each problem once, at most n of them:
+    accuracy on what the arms train on, beside held-out accuracy (memorisation shows as train >> held-out)."""
+    if env.pool is None:
+        raise ValueError("--split=train needs --pool=N (a fixed training set to score)")
+    return [dict(p) for p in env.pool[:n]]
+
+
 def one_swapped(problems, seed):
     """Each map with one room renamed from another role's names (a name its map does not use)."""
     rng, out = random.Random(f"one-swapped-{seed}"), []
@@ -90,7 +107,8 @@ CANDIDATES = dict(
                 "steps+1": lambda env, n, seed: Arithmetic(n_ops=env.n_ops + 1).problems("heldout", n, seed),
                 "steps+2": lambda env, n, seed: Arithmetic(n_ops=env.n_ops + 2).problems("heldout", n, seed),
                 "steps-1": lambda env, n, seed: Arithmetic(n_ops=env.n_ops - 1).problems("heldout", n, seed),
-                "reworded": lambda env, n, seed: reworded(env.problems("heldout", n, seed))},
+                "reworded": lambda env, n, seed: reworded(env.problems("heldout", n, seed)),
+                "train": lambda env, n, seed: training_set(env, n)},
     treasure={"ood": lambda env, n, seed: env.problems("ood", n, seed),
               "one_swapped": lambda env, n, seed: one_swapped(env.problems("heldout", n, seed), seed)},
 )
@@ -99,8 +117,8 @@ CANDIDATES = dict(
 def accuracy(r, model, split, n):
     """(greedy accuracy, binomial band) on the first n problems of `split`: heldout, or a candidate's name."""
     correct, _ = answers(r, model, split_problems(r.env, split, n), 0.0)
-    acc = sum(correct) / n
-    return acc, bands.binomial(acc, n)
+    acc = sum(correct) / len(correct)  # (the training pool may hold fewer than n)
+    return acc, bands.binomial(acc, len(correct))
 
 
 def loaded(args, common, algo="sft"):
@@ -112,7 +130,8 @@ def loaded(args, common, algo="sft"):
 def search(args, common):
     r = loaded(args, common)
     found = [("heldout (in distribution)", *accuracy(r, r.raw_model, "heldout", args.eval_problems))]
-    found += [(name, *accuracy(r, r.raw_model, name, args.eval_problems)) for name in CANDIDATES[r.env.name]]
+    found += [(name, *accuracy(r, r.raw_model, name, args.eval_problems)) for name in CANDIDATES[r.env.name]
+              if name != "train" or r.env.pool]
     lines = [f"Greedy accuracy of {args.init_from} ({r.env.name}) on {args.eval_problems} problems per split:", "",
              "| split | accuracy | band (95%) |", "|---|---|---|"] + [f"| {n} | {a:.3f} | ± {b:.3f} |" for n, a, b in found]
     save_analysis(args.out, "search", lines, dict(init_from=args.init_from, env=r.env.name, rows=found))
@@ -257,6 +276,11 @@ def signed(mean, half):
     return f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "")
 
 
+def problems_in(results, split):
+    """How many problems a split's evaluations answer (the training pool may hold fewer than eval_problems)."""
+    return len(results["start"]["greedy"][split]["correct"])
+
+
 def table(results):
     splits, n, start = results["splits"], results["eval_problems"], results["start"]
     lines = ["| arm | seed | iteration | training time (s) | " + " | ".join(f"{s} greedy" for s in splits) + " |",
@@ -275,7 +299,8 @@ def table(results):
             work = [start[mode][split]["work"]] + [sum(ends(results, a, mode, split, "work")) / len(results["seeds"])
                                                    for a in ("sft", "grpo")]
             lines.append(f"| {split} | {mode} | {start[mode][split]['acc']:.3f} | "
-                         f"{bands.cell(ends(results, 'sft', mode, split), n)} | {bands.cell(ends(results, 'grpo', mode, split), n)} | "
+                         f"{bands.cell(ends(results, 'sft', mode, split), problems_in(results, split))} | "
+                         f"{bands.cell(ends(results, 'grpo', mode, split), problems_in(results, split))} | "
                          f"{signed(mean, half)} (per seed {', '.join(signed(d, h) for d, h in per_seed)}) | "
                          + " / ".join(f"{w:.2f}" for w in work) + " |")
     forms = sorted({f for split in splits for f in start["greedy"][split]["forms"]})
@@ -293,15 +318,17 @@ def table(results):
 def plot(results, path):
     """Top: greedy accuracy against training time, each arm's seed mean with its band (or both seeds' range),
     one panel per split. Bottom: at the end, greedy accuracy by the question's form, start / SFT / GRPO."""
-    splits, n = results["splits"], results["eval_problems"]
+    splits = results["splits"]
     fig, axes = pyplot().subplots(2, len(splits), figsize=(3.6 * len(splits), 6.2), squeeze=False)
     colours = dict(sft="#d95f02", grpo="#1b9e77", start="#7f7f7f")
     for ax, split in zip(axes[0], splits):
         for arm, runs in results["arms"].items():
             curves = [[(p["seconds"], p["greedy"][split]["acc"]) for p in points] for points in runs.values()]
-            band_line(ax, curves, colours[arm], "GRPO" if arm == "grpo" else "more SFT", n, top=1.0, marker="o")
+            band_line(ax, curves, colours[arm], "GRPO" if arm == "grpo" else "more SFT", problems_in(results, split),
+                      top=1.0, marker="o")
         ax.set_ylim(bottom=0)  # from zero: no change drawn larger than it is
-        ax.set_title(f"{split} greedy" + (" (in distribution)" if split == "heldout" else " (OOD)"), fontsize=9)
+        ax.set_title(f"{split} greedy" + dict(heldout=" (in distribution)", train=" (the training set)").get(split, " (OOD)"),
+                     fontsize=9)
         ax.set_xlabel("training time (s)", fontsize=8)
     axes[0][0].set_ylabel(f"accuracy, {len(results['seeds'])} seeds' mean and band")
     axes[0][0].legend(fontsize=7)
@@ -336,6 +363,7 @@ def main():
     parser.add_argument("--evals", type=int, default=4, help="evaluations per arm after its start")
     parser.add_argument("--seeds", type=int, default=len(SEEDS), help="runs per arm (seeds 1337, 1338, ...)")
     parser.add_argument("--eval_problems", type=int, default=500, help="problems per split and evaluation")
+    parser.add_argument("--pool", type=int, default=0, help="train both arms on these many fixed problems (env_train_pool); 0 = fresh ones")
     study_flags(parser, "out/ood", "ood")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -347,6 +375,8 @@ def main():
         parser.error(f"--init_from={args.init_from!r} holds no checkpoint")
     env = json.load(open(os.path.join(args.init_from, "config.json")))["env"]
     common = {**(QUICK if args.quick else {}), "env": env, "log_interval": 1, **set_keys(args)}
+    if args.pool:
+        common["env_train_pool"] = args.pool
     if args.search:
         return search(args, common)
     if args.steps_written:

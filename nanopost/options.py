@@ -11,7 +11,6 @@ command line's defaults start from the ladder's checkpoints (after_the_ladder).
 import ast
 import difflib
 import importlib
-import importlib.util
 import json
 import math
 import os
@@ -34,6 +33,7 @@ DEFAULTS = dict(
     env_digits=1,               # digits of each operand
     env_ops=3,                  # operations per problem
     env_direct_frac=0.5,        # share of SFT demonstrations that give only the answer; 0.0 = every one worked
+    env_train_pool=0,           # 0 = fresh train problems in every draw; N = the training split is N fixed problems (all algorithms)
     env_data="openai/gsm8k:main",  # --env=gsm8k's rows: a hub dataset NAME[:CONFIG] (train/test splits) or a local file (last tenth held out)
     # the model, when init_from=scratch
     n_layer=4,                  # transformer blocks
@@ -77,6 +77,9 @@ DEFAULTS = dict(
 )
 
 READS_DATA = ("pretrain", "sft", "rm", "dpo", "ipo", "kto", "simpo", "orpo")  # the algorithms that train on --data (RL reads its env)
+# the algorithms (and their variants) whose optimizer step is gradient_accumulation_steps micro-batches; GRPO's
+# steps are its rollout batch's minibatches, OPD's one step of micro-batches of its iteration's answers
+ACCUMULATES = ("pretrain", "sft", "rm", "dpo", "ppo", "rft")
 # The textbook: --algo NAME -> the module that is the algorithm, plain. The lab: every variant is its own
 # file lab/NAME.py, chosen by --algo NAME; it names the algorithm it changes (`base`) and imports it.
 ALGOS = {"pretrain": "sft", "sft": "sft", "rm": "rm", "dpo": "dpo", "ppo": "ppo", "grpo": "grpo", "opd": "opd", "rft": "rft"}
@@ -123,7 +126,7 @@ GONE = {("kl", "off"): "--kl=off is now --kl_coef=0 (no KL term)",
 # Every float must also be finite. A new numeric option needs a line here (tests/test_errors.py).
 SCORED = "> 0 (its samples are scored: a log-probability at temperature 0 is not defined)"
 RANGES = dict(
-    env_digits=">= 1", env_ops=">= 1", env_direct_frac="[0, 1]",
+    env_digits=">= 1", env_ops=">= 1", env_direct_frac="[0, 1]", env_train_pool=">= 0",
     n_layer=">= 1", n_head=">= 1", n_embd=">= 1", block_size=">= 1", dropout="[0, 1)",
     max_iters=">= 0", lr_decay_iters=">= 0", batch_size=">= 1", gradient_accumulation_steps=">= 1",
     learning_rate=">= 0", min_lr=">= 0", warmup_iters=">= 0", weight_decay=">= 0", beta1="[0, 1)",
@@ -259,8 +262,8 @@ def lab_variants():
 
 
 def available_algos():
-    """The --algo names whose module exists (ALGOS may name one that is still to be written), then the lab's."""
-    return sorted(name for name, module in ALGOS.items() if importlib.util.find_spec(module) is not None) + lab_variants()
+    """The --algo names: the textbook's, then the lab's."""
+    return sorted(ALGOS) + lab_variants()
 
 
 def base_of(name):
@@ -277,13 +280,10 @@ def variants_with(key, base):
 def algo_module(name):
     """The module of --algo NAME: a textbook algorithm (ALGOS), or a variant of the lab (lab/NAME.py)."""
     choices = available_algos()
-    if name not in ALGOS and name not in choices:
+    if name not in choices:
         close = difflib.get_close_matches(name, choices, n=3)
         raise ValueError(f"unknown algo {name!r}; " + (f"did you mean {', '.join(close)}? " if close else "")
                          + f"choose from {', '.join(choices)}")
-    if name not in choices:
-        raise ValueError(f"--algo {name}: its module {ALGOS[name]}.py does not exist yet; "
-                         f"choose from {', '.join(choices)}")
     return importlib.import_module(ALGOS[name] if name in ALGOS else f"lab.{name}")
 
 
@@ -313,6 +313,12 @@ def make_config(overrides):
     if cfg["data"] and algo not in READS_DATA:  # never ignored silently
         raise ValueError(f"--algo {algo} takes its prompts from the environment, not --data: for a dataset's "
                          f"prompts and reference answers use --env=gsm8k --env_data=NAME_OR_FILE")
+    if cfg["env_train_pool"] and cfg["env"] != "arithmetic":
+        raise ValueError(f"--env_train_pool cannot apply to --env={cfg['env']}: it fixes the training problems of "
+                         f"--env=arithmetic; drop the key")
+    if cfg["gradient_accumulation_steps"] != 1 and getattr(module, "base", algo) not in ACCUMULATES:
+        raise ValueError(f"--gradient_accumulation_steps cannot apply to --algo {algo}: its optimizer steps are set by "
+                         f"its own options (--help); drop the key")
     check_values(cfg, defaults)
     return cfg
 

@@ -17,8 +17,14 @@ from sampler import Samples, sample
 
 
 def tool_hook(run, prompts):
-    """The sampler's tool hook for the run's environment, or None when it has no tool (SPEC §4,
-    multi-turn tool environment). When a row writes the closing call tag, the text between it and
+    """The sampler's tool hook for the run's environment (tool_calling_hook), or None when it has no tool."""
+    tool = getattr(run.env, "tool", None)
+    return None if tool is None else tool_calling_hook(run, prompts, tool)
+
+
+def tool_calling_hook(run, prompts, tool):
+    """The hook that runs the environment's `tool` inside the sampler (SPEC §4, multi-turn tool
+    environment). When a row writes the closing call tag, the text between it and
     the opening tag before it is the call: the environment's tool runs it, given the row's prompt
     (`prompts`, the sampler's prompt ids by row) and its earlier calls (a game replays them: its
     state is the transcript), and the result comes back between result tags as ids the sampler feeds
@@ -26,9 +32,6 @@ def tool_hook(run, prompts):
     are decoded (to run the call); the trajectory stays token ids. A response's calls past
     max_tool_calls are not run: the result says so. The hook keeps no state, each row is judged by
     its own ids alone, so rows pause and resume independently."""
-    tool = getattr(run.env, "tool", None)
-    if tool is None:
-        return None
     special, limit = run.tok.special, run.cfg["max_tool_calls"]
     if "tool_call" not in special:
         raise ValueError(f"env {run.env.name!r} calls a tool, whose tags are special tokens of the built-in "

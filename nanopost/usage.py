@@ -6,10 +6,11 @@ stages included) and its whole description, read from the comment beside its key
 import ast
 import importlib
 import io
+import os
 import tokenize
 
 from nanopost import options
-from nanopost.options import DEFAULTS, MODEL_KEYS, READS_DATA, after_the_ladder, algo_module, available_algos, make_config
+from nanopost.options import ACCUMULATES, DEFAULTS, MODEL_KEYS, READS_DATA, after_the_ladder, algo_module, available_algos, make_config
 
 
 def config_comments(module, name):
@@ -80,8 +81,10 @@ def help_text(overrides):
                    f"or sets otherwise)", changed),
                   (f"{module.base}'s options ({base.__name__}.py defaults)", [k for k in own if k not in changed])]
     shared = [key for key in DEFAULTS if applies(key, cfg, module)]
+    task = [key for key in shared if key in TASK_KEYS]
     groups += [("shared options (options.DEFAULTS; * = not the shared default: set by this algorithm, its task, "
-               "the ladder or the command line)", shared)]
+               "the ladder or the command line)", [key for key in shared if key not in task]),
+               (f"--env {cfg['env']}'s options (the task's, options.DEFAULTS)", task)]
     for title, keys in groups:
         lines += ["", title + ":"]
         needs = getattr(module, "starts_from", {})  # (a key the algorithm refuses at its default: required)
@@ -93,16 +96,21 @@ def help_text(overrides):
             lines.append(f"  --{key}={value}{mark}".ljust(40) + " " + text)
     left = [key for key in DEFAULTS if key not in shared]
     if left:
-        lines += ["", "not listed, as they cannot apply to this run (another start, task or algorithm): "
+        lines += ["", "not listed, as they cannot apply to this run (another start, task, algorithm or number of processes): "
                   + ", ".join(f"--{key}" for key in left)]
     return "\n".join(lines)
+
+
+# the keys that shape the task (envs/) rather than the loop: --help lists those of --env's task apart
+TASK_KEYS = ("env_digits", "env_ops", "env_direct_frac", "env_train_pool", "env_data", "max_tool_calls")
 
 
 def applies(key, cfg, module):
     """Whether a shared key can change this run: a model's shape only for a model built from scratch,
     dropout only off-policy (on-policy RL scores with dropout off), --data and the share of bare
     demonstrations only for the algorithms that read demonstrations, a task's keys only for that task,
-    the sharded rollouts only under --fsdp."""
+    the sharded rollouts only under --fsdp, --fsdp only under torchrun, lora_alpha only with LoRA,
+    gradient accumulation only where an optimizer step is a number of micro-batches."""
     scratch = cfg["init_from"] == "scratch" and not getattr(module, "starts_from", {}).get("init_from")
     if key in MODEL_KEYS or key == "block_size":
         return scratch
@@ -115,10 +123,18 @@ def applies(key, cfg, module):
         return cfg["env"] in ("arithmetic", "calculator")
     if key == "env_direct_frac":  # (the demonstrations: SFT's data and the preference pairs' gold answer)
         return cfg["env"] in ("arithmetic", "calculator", "generalpoints") and reads_demonstrations
+    if key == "env_train_pool":
+        return cfg["env"] == "arithmetic"
     if key == "env_data":
         return cfg["env"] == "gsm8k"
     if key == "max_tool_calls":
         return cfg["env"] in ("calculator", "treasure")
     if key == "fsdp_rollouts":
         return cfg["fsdp"]
+    if key == "fsdp":
+        return cfg["fsdp"] or int(os.environ.get("WORLD_SIZE", 1)) > 1
+    if key == "lora_alpha":
+        return cfg["lora_rank"] > 0
+    if key == "gradient_accumulation_steps":
+        return getattr(module, "base", cfg["algo"]) in ACCUMULATES
     return True

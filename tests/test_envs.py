@@ -225,3 +225,27 @@ def test_generalpoints_and_the_treasure_hunt_evaluate_on_every_hand_and_map():
         assert sorted(tuple(p["names"][r] for r in ROOMS) for p in hunt.problems("heldout", 100)) == sorted(maps)
     assert len({tuple(p["cards"]) for p in drawn_with_replacement(gp, "heldout", 200)}) == 88
     assert len({tuple(p["names"].values()) for p in drawn_with_replacement(hunt, "heldout", 100)}) == 60
+
+
+def test_a_train_pool_fixes_the_training_problems_of_every_algorithm():
+    """env_train_pool=N: every draw of the train split (SFT's demonstrations, RL's rollout shards) repeats
+    the same N problems, train-split ones, each draw seeded; held-out and OOD stay as they were; the
+    option is arithmetic's alone."""
+    from types import SimpleNamespace
+    from nanopost import options
+    from nanopost.data import config_env
+    from nanopost.rollouts import shard_problems
+    env = config_env(options.make_config(dict(env_train_pool=7)))
+    pool = {p["prompt"] for p in env.pool}
+    assert len(env.pool) == 7 == len(pool) and env.pool == Arithmetic().problems("train", 7, seed="pool")
+    drawn = env.problems("train", 200, seed=0)
+    assert {p["prompt"] for p in drawn} == pool  # 200 draws cover the 7 (the chance of missing one is ~1e-12)
+    assert env.problems("train", 50, seed=1) == env.problems("train", 50, seed=1) != env.problems("train", 50, seed=2)
+    assert env.problems("heldout", 30, seed=0) == Arithmetic().problems("heldout", 30, seed=0)
+    run = SimpleNamespace(cfg=options.make_config(dict(algo="grpo", env_train_pool=7)), env=env, world_size=1)
+    shards = [shard_problems(run, it, 0, 0)[0] for it in range(3)]
+    assert all(p["prompt"] in pool for shard in shards for p in shard) and len(shards[0]) == 16
+    drawn[0]["prompt"] = "changed"  # a draw is a copy: rewording it leaves the pool as it was
+    assert "changed" not in {p["prompt"] for p in env.pool}
+    with pytest.raises(ValueError, match="--env_train_pool cannot apply to --env=generalpoints"):
+        options.make_config(dict(env="generalpoints", env_train_pool=7))

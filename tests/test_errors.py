@@ -79,6 +79,9 @@ def test_every_numeric_option_has_a_range():
     (["--algo=grpo", "--clip_eps=1.5"], r"--clip_eps=1.5 is out of range: it must lie in \[0, 1\]"),
     (["--out_dir=runs/{x"], r"--out_dir='runs/\{x': a brace may only be part of \{algo\}"),
     (["--algo=dpo", "--data=d.jsonl", "--pairs=style"], "--pairs='style' cannot apply with --data=d.jsonl: .*drop it"),
+    (["--algo=grpo", "--gradient_accumulation_steps=4"], "--gradient_accumulation_steps cannot apply to --algo grpo"),
+    (["--algo=cispo", "--gradient_accumulation_steps=4"], "--gradient_accumulation_steps cannot apply to --algo cispo"),
+    (["--algo=opd", "--gradient_accumulation_steps=2"], "--gradient_accumulation_steps cannot apply to --algo opd"),
 ])
 def test_config_errors_name_the_option_its_value_and_range(args, message):
     with pytest.raises(ValueError, match=message) as e:
