@@ -203,6 +203,8 @@ def make_tokenizer(name):
     """The tokenizer a config names: "byte", "gpt2", a GPT-2 vocab directory (Tokenizer), a
     checkpoint's own tokenizer with its chat template (ChatTemplateTokenizer), or a GGUF file's
     ("smollm2" or a path ending .gguf: GGUFTokenizer)."""
+    if name in ("byte", "gpt2"):
+        return Tokenizer(name)
     if is_gguf(name):
         return GGUFTokenizer(name)
     if looks_local(name) and not os.path.exists(name):  # never a hub lookup for a path
