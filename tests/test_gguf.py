@@ -258,6 +258,9 @@ def test_sft_from_a_gguf_file_exports_to_transformers_and_gguf(tiny_files, tmp_p
         transformers = pytest.importorskip("transformers")
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
         torch.testing.assert_close(hf(ids).logits, trained(ids), atol=1e-4, rtol=0)
+        export.export(path, str(tmp_path / "file-hf"))  # the GGUF file itself, untrained
+        again = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "file-hf")).eval()
+        torch.testing.assert_close(again(ids).logits, before(ids), atol=1e-4, rtol=0)
         export.export(out, str(tmp_path / "sft.gguf"))
         torch.testing.assert_close(read_model(str(tmp_path / "sft.gguf"))(ids), trained(ids), atol=1e-5, rtol=0)
     assert make_tokenizer(str(tmp_path / "sft.gguf")).encode(CORPUS[1]) == make_tokenizer(path).encode(CORPUS[1])
