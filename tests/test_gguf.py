@@ -245,7 +245,7 @@ def test_sft_from_a_gguf_file_exports_to_transformers_and_gguf(tiny_files, tmp_p
     paths, _ = tiny_files
     path = paths["Q4_1"]
     shape_free = {k: v for k, v in TINY.items() if k not in ("n_layer", "n_head", "n_embd")}  # (the file's)
-    with pytest.raises(ValueError, match=rf"init_from=.*tiny-Q4_1.gguf reads its own vocabulary: pass --tokenizer="):
+    with pytest.raises(ValueError, match=r"init_from=.*tiny-Q4_1.gguf reads its own vocabulary: pass --tokenizer="):
         T.train(dict(shape_free, algo="sft", init_from=path, out_dir=str(tmp_path / "bad")))
     out = str(tmp_path / "sft")
     T.train(dict(shape_free, algo="sft", init_from=path, tokenizer=path, lora_rank=4, max_iters=2, train_problems=64, block_size=256,
