@@ -290,6 +290,13 @@ def test_chat_streams_each_answer_over_the_whole_conversation(tiny_files):
                                           "assistant> " + answers[2].rstrip("\ufffd"), ""]
 
 
+def test_sample_answers_a_question_from_a_gguf_file_with_the_tasks_verdict(tiny_files, capsys):
+    paths, _ = tiny_files
+    sample.main([paths["F32"], "What is 1 + 2 + 3 + 4?", "--max_new_tokens=4"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{paths['F32']}: {paths['F32']}" and lines[1].endswith("[wrong]")  # (a random model)
+
+
 # ----------------------------------------------------------------------------------------------
 # the real file (slow; skipped where the package that ships it is not installed)
 
