@@ -5,6 +5,8 @@ Qwen3ForCausalLM: hf.hf_family_of reads it off the config's options).
 
     python export.py out/sft out/sft-hf        # any algorithm that trains a language model
     python export.py out/ppo out/ppo-hf        # PPO: the policy (the critic stays behind)
+    python export.py out/smollm2_sft out/smollm2_sft.gguf   # a model started from a GGUF file: back to
+                                                             # GGUF (F32; its tokenizer's tables included)
 
 The directory holds config.json and model.safetensors (LoRA merged: the checkpoint's model as
 checkpoints.load_model gives it) and the tokenizer's files, so that
@@ -24,15 +26,25 @@ tokenizer's are never produced by it. To train on from the export: --init_from=O
 import sys
 
 from nanopost.checkpoints import load_model, load_tokenizer
+from nanopost.gguf_file import is_gguf, read_model, write
 from nanopost.hf import to_transformers
+from nanopost.tokenizer import GGUFTokenizer, make_tokenizer
 from model import GPT
 from nanopost.options import optional_dependency
 
 
 def export(ckpt_dir, out_dir):
-    model, tok = load_model(ckpt_dir), load_tokenizer(ckpt_dir)
+    if is_gguf(ckpt_dir):  # a GGUF file itself (smollm2): its model and tokenizer as transformers'
+        model, tok = read_model(ckpt_dir), make_tokenizer(ckpt_dir)
+    else:
+        model, tok = load_model(ckpt_dir), load_tokenizer(ckpt_dir)
     if not isinstance(model, GPT):
         raise ValueError(f"{ckpt_dir} holds a scalar model (a reward model): only a language model exports")
+    if out_dir.lower().endswith(".gguf"):
+        if not isinstance(tok, GGUFTokenizer):
+            raise ValueError(f"{out_dir}: a GGUF file carries its tokenizer's tables, and {ckpt_dir}'s tokenizer "
+                             f"{tok.name!r} came from no GGUF file: export to a directory instead")
+        return write(model, tok.vocabulary, out_dir)
     hf = to_transformers(model)
     # transformers' generate stops at the end token (<|eos|>, or the chat template's end of turn) and pads with pad
     hf.config.bos_token_id, hf.config.eos_token_id, hf.config.pad_token_id = tok.bos, tok.eos, tok.pad
@@ -42,7 +54,7 @@ def export(ckpt_dir, out_dir):
     tok.save_pretrained(out_dir)
 
 
-USAGE = "usage: python export.py CKPT_DIR OUT_DIR"
+USAGE = "usage: python export.py CKPT_DIR|FILE.gguf OUT_DIR|OUT.gguf"
 
 if __name__ == "__main__":
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
@@ -56,4 +68,7 @@ if __name__ == "__main__":
         sys.exit(f"error: {e}")
     except ImportError as e:  # transformers, which the export needs, is optional
         sys.exit(f"error: {optional_dependency(e)}")
-    print(f"wrote {sys.argv[2]}: load it with transformers.AutoModelForCausalLM.from_pretrained({sys.argv[2]!r})")
+    if is_gguf(sys.argv[2]):
+        print(f"wrote {sys.argv[2]}: train from it with --init_from={sys.argv[2]} --tokenizer={sys.argv[2]}")
+    else:
+        print(f"wrote {sys.argv[2]}: load it with transformers.AutoModelForCausalLM.from_pretrained({sys.argv[2]!r})")

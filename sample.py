@@ -1,9 +1,15 @@
 """
-Ask a trained checkpoint questions with the KV-cache sampler.
+Ask a trained checkpoint questions with the KV-cache sampler, or chat with it.
 
     python sample.py out/sft "What is 7 + 8 - 3 + 5?"
     python sample.py out/grpo "Ann had 4 coins, got 9, gave away 2, got 1. How many now?" --temperature=0.8 --n=4
     python sample.py out/calc_sft "What is 347*28+51-86?"     # the calculator's calls run, as in training
+    python sample.py smollm2 "What is 7 + 8 - 3 + 5?"         # a GGUF file: 'smollm2' or PATH.gguf (docs/smollm2.md)
+    python sample.py smollm2                                  # no question: a chat
+
+Without a question it opens a chat: each line you type is a user turn, the whole conversation goes
+through the chat template, and the answer is printed as it is sampled. /reset starts a new
+conversation; ^C stops an answer (that turn is forgotten); ^C or ^D at the prompt ends the chat.
 
 The first line says which stage and environment were loaded. The environment's tool (the
 calculator, the treasure game) runs each call the answer makes, through the rollouts' own hook, so
@@ -26,7 +32,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from nanopost.checkpoints import load_model, load_tokenizer, read_checkpoint
 from nanopost.data import config_env
-from nanopost.options import DEFAULTS
+from nanopost.gguf_file import gguf_path, is_gguf, read_model
+from nanopost.tokenizer import make_tokenizer
+from nanopost.options import DEFAULTS, optional_dependency
 from nanopost.rollouts import tool_hook
 from sampler import sample
 
@@ -56,24 +64,97 @@ def check_options(args):
             raise ValueError(f"--{name}={getattr(args, name)} is out of range: it must be >= {low}")
 
 
+def load(checkpoint):
+    """(model, tokenizer, the config it ran with, one line saying what it is) of a checkpoint directory
+    or a GGUF file (its config: the defaults, the default environment's verifier for a verdict)."""
+    if is_gguf(checkpoint):
+        cfg = dict(DEFAULTS, init_from=checkpoint, tokenizer=checkpoint)
+        return read_model(checkpoint), make_tokenizer(checkpoint), cfg, f"{checkpoint}: {gguf_path(checkpoint)}"
+    ckpt = read_checkpoint(checkpoint)
+    if ckpt["kind"] == "scalar":
+        raise ValueError(f"{checkpoint} is a reward model (--algo {ckpt['config']['algo']}): it scores answers "
+                         f"and writes none; ask a language-model checkpoint")
+    cfg = {**DEFAULTS, **ckpt["config"]}  # (an older checkpoint's config may lack a newer key)
+    return load_model(checkpoint), load_tokenizer(checkpoint), cfg, describe(checkpoint, ckpt)
+
+
+def stream(tok, out):
+    """A sampler hook that writes each sampled token's text to `out` as it comes and injects nothing:
+    the text of the answer so far minus the text before this token (an unfinished UTF-8 character
+    waits for its next byte)."""
+    def hook(row, generated):
+        def visible(ids):
+            return tok.decode([t for t in ids if t != tok.eos]).rstrip("\ufffd")
+        before, now = visible(generated[:-1]), visible(generated)
+        out.write(now[len(before):])
+        out.flush()
+        return None
+    return hook
+
+
+def chat(model, tok, turns, out, max_new_tokens, temperature=0.0, seed=0):
+    """A multi-turn conversation: each line of `turns` is a user message (/reset starts over), the
+    messages so far rendered with the chat template, the answer streamed to `out`. Returns the
+    conversation's messages."""
+    messages = []
+    for line in turns:
+        text = line.strip()
+        if not text:
+            continue
+        if text == "/reset":
+            messages = []
+            out.write("(a new conversation)\n")
+            continue
+        messages.append({"role": "user", "content": text})
+        prompt = tok.render_chat(messages, add_generation_prompt=True)[0]
+        if len(prompt) >= model.config.block_size:
+            messages.pop()
+            out.write(f"(the conversation is {len(prompt):,} tokens, more than block_size="
+                      f"{model.config.block_size}: /reset to start over)\n")
+            continue
+        out.write("assistant> ")
+        try:
+            tokens = sample(model, [prompt], max_new_tokens, temperature=temperature, stop_tokens=(tok.eos,),
+                            seed=seed, pad_id=tok.pad, tool_hook=stream(tok, out)).tokens[0]
+        except KeyboardInterrupt:  # ^C stops this answer; the conversation goes on without the turn
+            messages.pop()
+            out.write(" (stopped: this turn is forgotten)\n")
+            continue
+        out.write("\n")
+        messages.append({"role": "assistant", "content": tok.decode([t for t in tokens if t != tok.eos])})
+    return messages
+
+
+def typed_lines():
+    """The lines typed at the prompt, until ^D (or the end of piped input)."""
+    interactive = sys.stdin.isatty()
+    while True:
+        try:
+            yield input("you> " if interactive else "")
+        except EOFError:
+            return
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint")
-    parser.add_argument("question")
+    parser.add_argument("question", nargs="?", help="none: a chat")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--n", type=int, default=1, help="number of samples")
-    parser.add_argument("--max_new_tokens", type=int, default=0, help="0 = the checkpoint's own")
+    parser.add_argument("--max_new_tokens", type=int, default=0, help="0 = the checkpoint's own (a chat: 256)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     check_options(args)
-    ckpt = read_checkpoint(args.checkpoint)
-    if ckpt["kind"] == "scalar":
-        raise ValueError(f"{args.checkpoint} is a reward model (--algo {ckpt['config']['algo']}): it scores answers "
-                         f"and writes none; ask a language-model checkpoint")
-    cfg = {**DEFAULTS, **ckpt["config"]}  # (an older checkpoint's config may lack a newer key)
-    model, tok = load_model(args.checkpoint), load_tokenizer(args.checkpoint)
+    model, tok, cfg, description = load(args.checkpoint)
+    print(description)
+    if args.question is None:
+        print("a chat: type a message; /reset starts over; ^C stops an answer; ^D or ^C here ends")
+        try:
+            chat(model, tok, typed_lines(), sys.stdout, args.max_new_tokens or 256, args.temperature, args.seed)
+        except KeyboardInterrupt:  # (^C at the prompt)
+            print()
+        return
     run = SimpleNamespace(cfg=cfg, tok=tok, env=config_env(cfg))  # what the rollouts' tool hook reads
-    print(describe(args.checkpoint, ckpt))
     prompt = tok.prompt_ids(args.question)
     if len(prompt) >= model.config.block_size:
         raise ValueError(f"the question is {len(prompt):,} tokens with its template; {args.checkpoint} reads at most "
@@ -92,3 +173,5 @@ if __name__ == "__main__":
         main(sys.argv[1:])
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
+    except ImportError as e:  # gguf or transformers, optional
+        sys.exit(f"error: {optional_dependency(e)}")

@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten
 
 from nanopost import hf
 from nanopost.distributed import gather_objects, place
+from nanopost.gguf_file import gguf_path, is_gguf, read_model
 from nanopost.run_dir import drop_previous
 from model import GPT, GPTConfig, ScalarHeadGPT, apply_lora, merge_lora
 from nanopost.tokenizer import make_tokenizer
@@ -38,7 +39,22 @@ def build_model(cfg, tok):
                                  bias=cfg["bias"]))
     if os.path.isfile(os.path.join(init, "ckpt.pt")):
         return load_model(init, dropout=cfg["dropout"])
+    if is_gguf(init):
+        return from_gguf(cfg, tok)
     return from_transformers(cfg, tok)
+
+
+def from_gguf(cfg, tok):
+    """build_model's start from a GGUF file ('smollm2' or a path ending .gguf), which must also be the
+    tokenizer: its weights are trained on its own vocabulary alone."""
+    init = cfg["init_from"]
+    if not is_gguf(cfg["tokenizer"]) or gguf_path(cfg["tokenizer"]) != gguf_path(init):
+        raise ValueError(f"init_from={init} reads its own vocabulary: pass --tokenizer={init} as well "
+                         f"(not tokenizer={cfg['tokenizer']})")
+    model = read_model(init, dropout=cfg["dropout"])
+    if cfg["block_size"] > model.config.block_size:
+        raise ValueError(f"block_size={cfg['block_size']} is longer than {init}'s {model.config.block_size} positions")
+    return model
 
 
 def from_transformers(cfg, tok):

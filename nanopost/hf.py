@@ -48,15 +48,21 @@ def from_pretrained(name_or_dir, dropout=0.0):
                 if name != "lm_head.weight" or not model.config.tie_embeddings:
                     p.copy_(sd_hf[name].t() if name.endswith(CONV1D_WEIGHTS) else sd_hf[name])
         else:
-            pairs = llama_names(model)
-            unused = set(sd_hf) - {n for _, names in pairs for n in names} - {"lm_head.weight"}
-            if unused:
-                raise ValueError(f"{name_or_dir}: weights this model has no place for: {sorted(unused)[:5]}")
-            state = {ours: torch.cat([sd_hf[n] for n in names]) for ours, names in pairs}
-            if model.config.tie_embeddings:
-                state["lm_head.weight"] = state["transformer.wte.weight"]
-            model.load_state_dict(state)
+            load_llama_state(model, sd_hf, name_or_dir)
     return model
+
+
+def load_llama_state(model, sd_hf, source):
+    """A Llama-family model's weights from transformers' names (sd_hf), fused into ours (llama_names);
+    a weight with no place in the model is an error naming `source`."""
+    pairs = llama_names(model)
+    unused = set(sd_hf) - {n for _, names in pairs for n in names} - {"lm_head.weight"}
+    if unused:
+        raise ValueError(f"{source}: weights this model has no place for: {sorted(unused)[:5]}")
+    state = {ours: torch.cat([sd_hf[n] for n in names]) for ours, names in pairs}
+    if model.config.tie_embeddings:
+        state["lm_head.weight"] = state["transformer.wte.weight"]
+    model.load_state_dict(state)
 
 
 def to_transformers(model):

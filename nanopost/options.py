@@ -23,8 +23,8 @@ from envs import ENVS
 DEFAULTS = dict(
     algo="sft",                 # the algorithm: pretrain, sft, rm, dpo, ppo, grpo, opd, rft, or a variant of the lab (lab/NAME.py)
     out_dir="out/{algo}",       # where the run writes; {algo} is filled in
-    init_from="scratch",        # scratch | resume | a checkpoint dir | a transformers dir or hub name (GPT-2, Llama, Qwen2, Qwen3)
-    tokenizer="byte",           # byte (built in) | gpt2 | a dir with GPT-2's vocab.json | a checkpoint's own (dir or hub name, with its chat template)
+    init_from="scratch",        # scratch | resume | a checkpoint dir | a transformers dir or hub name (GPT-2, Llama, Qwen2, Qwen3) | smollm2 or a .gguf file (docs/smollm2.md)
+    tokenizer="byte",           # byte (built in) | gpt2 | a dir with GPT-2's vocab.json | a checkpoint's own (dir or hub name, with its chat template) | smollm2 or a .gguf file
     data="",                    # a json/jsonl/parquet file or hub dataset; "" = the built-in environment
     skip_bad_rows=False,        # malformed data rows: False = error naming file/row/field, True = skip and count
     # the default task: 3-step chains of 1-digit operands; half the SFT demonstrations give only the

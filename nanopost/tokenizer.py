@@ -32,6 +32,7 @@ import re
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenisation pattern
 
+from nanopost.gguf_file import is_gguf, read_vocabulary
 from nanopost.hf import looks_local
 
 SPECIAL_TOKENS = [
@@ -199,8 +200,13 @@ def has_chat_template(name):
 
 
 def make_tokenizer(name):
-    """The tokenizer a config names: "byte", "gpt2", a GPT-2 vocab directory (Tokenizer), or a
-    checkpoint's own tokenizer with its chat template (ChatTemplateTokenizer)."""
+    """The tokenizer a config names: "byte", "gpt2", a GPT-2 vocab directory (Tokenizer), a
+    checkpoint's own tokenizer with its chat template (ChatTemplateTokenizer), or a GGUF file's
+    ("smollm2" or a path ending .gguf: GGUFTokenizer)."""
+    if name in ("byte", "gpt2"):
+        return Tokenizer(name)
+    if is_gguf(name):
+        return GGUFTokenizer(name)
     if looks_local(name) and not os.path.exists(name):  # never a hub lookup for a path
         raise FileNotFoundError(f"tokenizer={name}: no such directory")
     return ChatTemplateTokenizer(name) if has_chat_template(name) else Tokenizer(name)
@@ -267,15 +273,7 @@ class ChatTemplateTokenizer:
             if msg.get("role") not in ROLES or not isinstance(msg.get("content"), str):
                 raise ValueError(f"message {i}: needs a role in {ROLES} and a string content")
         text = self.render_text(messages, add_generation_prompt)
-        spans, end_text = [], self.hf.decode([self.eos])
-        for i, msg in enumerate(messages):
-            if msg["role"] == "assistant":
-                before, through = self.render_text(messages[:i], True), self.render_text(messages[:i + 1])
-                if not (text.startswith(before) and text.startswith(through) and through.startswith(before)):
-                    raise ValueError(f"message {i}: the chat template does not render the conversation before "
-                                     f"it as a prefix, so its loss mask cannot be exact")
-                close = through.rfind(end_text, len(before))
-                spans.append((len(before), len(through) if close < 0 else close + len(end_text)))
+        spans = assistant_spans(self, messages, text)
         encoded = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
         mask = [int(any(a <= first and last <= b for a, b in spans)) for first, last in encoded["offset_mapping"]]
         return encoded["input_ids"], mask
@@ -293,3 +291,127 @@ class ChatTemplateTokenizer:
 
     def save_pretrained(self, directory):
         self.hf.save_pretrained(directory)
+
+
+def assistant_spans(tok, messages, text):
+    """The character spans of `text` (the whole conversation rendered) that the loss learns: each
+    assistant message, from the end of the conversation before it with the generation prompt
+    through its end-of-turn token. A template that does not render each conversation's beginning as
+    a prefix of it (one that drops earlier reasoning, say) cannot give an exact mask: an error."""
+    spans, end_text = [], tok.decode([tok.eos])
+    for i, msg in enumerate(messages):
+        if msg["role"] == "assistant":
+            before, through = tok.render_text(messages[:i], True), tok.render_text(messages[:i + 1])
+            if not (text.startswith(before) and text.startswith(through) and through.startswith(before)):
+                raise ValueError(f"message {i}: the chat template does not render the conversation before "
+                                 f"it as a prefix, so its loss mask cannot be exact")
+            close = through.rfind(end_text, len(before))
+            spans.append((len(before), len(through) if close < 0 else close + len(end_text)))
+    return spans
+
+
+class GGUFTokenizer:
+    """A GGUF file's own tokenizer (nanopost/gguf_file.py reads its tables), through tiktoken: its
+    byte-level BPE vocabulary and merges, its control tokens as specials, and its chat template
+    rendered with jinja2 as transformers renders it. The ids equal transformers' tokenizer built
+    from the same file (AutoTokenizer.from_pretrained(dir, gguf_file=...)), which splits text with
+    GPT-2's pattern whatever the file's pre-tokenizer (SmolLM2's, 'smollm', splits digits one by
+    one; this vocabulary has no merge of a digit, so that differs only where several spaces or
+    newlines stand before a digit). Bytes missing from the vocabulary (SmolLM2: 21 of them, control
+    characters and bytes that start no common character) are dropped, as transformers drops them.
+
+    The same methods as ChatTemplateTokenizer, so every algorithm runs on it unchanged."""
+
+    def __init__(self, name):
+        try:
+            import jinja2.sandbox
+        except ImportError:
+            raise ImportError(f"tokenizer={name!r}: its chat template needs jinja2: pip install jinja2") from None
+        self.name, self.vocabulary = name, read_vocabulary(name)
+        char_to_byte = {c: b for b, c in gpt2_byte_chars().items()}
+        tokens, types = self.vocabulary["tokens"], self.vocabulary["token_types"]
+        specials = {t: i for i, (t, kind) in enumerate(zip(tokens, types)) if kind == 3}  # 3: control
+        ranks = {bytes(char_to_byte[c] for c in t): i for i, t in enumerate(tokens) if t not in specials}
+        # tiktoken merges by the rank of the merged token; the file's merges are in its id order (checked)
+        merged = [ranks[bytes(char_to_byte[c] for c in m.replace(" ", ""))] for m in self.vocabulary["merges"]]
+        if merged != sorted(merged):
+            raise ValueError(f"{name}: its merges are not in the order of their tokens' ids: not supported")
+        self.n_vocab = len(tokens)
+        missing = [bytes([b]) for b in range(256) if bytes([b]) not in ranks]  # (tiktoken needs every byte)
+        ranks.update({b: self.n_vocab + i for i, b in enumerate(missing)})
+        self.enc = tiktoken.Encoding(name=f"nanopost-gguf-{os.path.basename(name)}", pat_str=r50k_pat_str,
+                                     mergeable_ranks=ranks, special_tokens=specials)
+        self.specials = specials
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self.template = env.from_string(self.vocabulary["chat_template"] or "")
+        if not self.vocabulary["chat_template"]:
+            raise ValueError(f"tokenizer {name!r}: the GGUF file has no chat template")
+        self.eos = self.end_of_turn()
+        self.bos = self.vocabulary["bos"] if self.vocabulary["bos"] is not None else self.eos
+        # the pad must never read as the end of a turn: the file's, else its first other control token
+        pad = self.vocabulary["pad"]
+        self.pad = pad if pad is not None and pad != self.eos else min(i for i in specials.values() if i != self.eos)
+        self.special = dict(bos=self.bos, eos=self.eos, pad=self.pad)
+
+    def end_of_turn(self):
+        """The first token after an assistant message's text in the template: its closing token."""
+        text = self.render_text([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "MARKER"}])
+        after = self.enc.encode(text[text.rindex("MARKER") + len("MARKER"):], allowed_special="all")
+        if not after or after[0] not in self.specials.values():
+            raise ValueError(f"tokenizer {self.name!r}: its chat template closes an assistant message with no "
+                             f"special token, so there is no end-of-turn token to stop at")
+        return after[0]
+
+    def render_text(self, messages, add_generation_prompt=False):
+        named = {f"{key}_token": self.vocabulary["tokens"][self.vocabulary[key]] if self.vocabulary[key] is not None else ""
+                 for key in ("bos", "eos")}  # (a template may write them)
+        return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **named)
+
+    def encode(self, text):
+        # plain text never turns into special tokens: a user typing "<|im_end|>" gets its characters
+        return [i for i in self.enc.encode_ordinary(text) if i < self.n_vocab]
+
+    def decode(self, ids):
+        return b"".join(self.enc.decode_single_token_bytes(i) for i in ids
+                        if i != self.pad and i < self.n_vocab).decode("utf-8", errors="replace")
+
+    def render_chat(self, messages, add_generation_prompt=False):
+        """(ids, loss mask) of the template's text, its special tokens' text as their ids; the mask is 1
+        on the tokens inside the assistant spans (assistant_spans), by each token's character offsets."""
+        for i, msg in enumerate(messages):
+            if msg.get("role") not in ROLES or not isinstance(msg.get("content"), str):
+                raise ValueError(f"message {i}: needs a role in {ROLES} and a string content")
+        text = self.render_text(messages, add_generation_prompt)
+        spans = assistant_spans(self, messages, text)
+        ids = [i for i in self.enc.encode(text, allowed_special="all") if i < self.n_vocab]
+        _, starts = self.enc.decode_with_offsets(ids)
+        ends = starts[1:] + [len(text)]
+        return ids, [int(any(a <= first and last <= b for a, b in spans)) for first, last in zip(starts, ends)]
+
+    def prompt_ids(self, prompt):
+        return self.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)[0]
+
+    def response_ids(self, response):
+        return self.encode(response) + [self.eos]
+
+    def assistant_ids(self, response):
+        ids = self.response_ids(response)
+        return ids, [1] * len(ids)
+
+    def save_pretrained(self, directory):
+        """A transformers tokenizer directory (vocab.json, merges.txt, the control tokens as specials,
+        the chat template) that gives every text the same ids. Needs the optional transformers package."""
+        from transformers import GPT2Tokenizer
+        tokens = self.vocabulary["tokens"]
+        os.makedirs(directory, exist_ok=True)
+        vocab_file, merges_file = os.path.join(directory, "vocab.json"), os.path.join(directory, "merges.txt")
+        with open(vocab_file, "w", encoding="utf-8") as f:
+            json.dump({t: i for i, t in enumerate(tokens)}, f, ensure_ascii=False)
+        with open(merges_file, "w", encoding="utf-8") as f:
+            f.write("#version: 0.2\n" + "".join(m + "\n" for m in self.vocabulary["merges"]))
+        named = dict(bos_token=tokens[self.bos], eos_token=tokens[self.eos], pad_token=tokens[self.pad],
+                     unk_token=tokens[self.vocabulary["unk"] if self.vocabulary["unk"] is not None else self.pad])
+        hf = GPT2Tokenizer(vocab_file, merges_file, add_prefix_space=False, **named)
+        hf.add_special_tokens({"additional_special_tokens": [t for t in self.specials if t not in named.values()]})
+        hf.chat_template = self.vocabulary["chat_template"]
+        hf.save_pretrained(directory)
