@@ -209,3 +209,23 @@ def test_on_policy_the_new_objectives_step_like_their_estimator(algo):
         assert not torch.allclose(rows, grpo_rows)
     else:
         torch.testing.assert_close(rows, grpo_rows)
+
+
+# -- RL's Razor (experiments/razor.py) at toy size ----------------------------------------------------
+
+def test_razor_puts_the_start_at_the_origin_and_measures_a_stage(tmp_path):
+    """The SFT start measured as a stage of its own: KL 0 (up to the sampler's rounding against a training
+    forward), no rise of the corpus loss and no accuracy drop, exactly (the same model); a GRPO stage from it
+    gets a finite KL of its own; a missing stage is skipped."""
+    import razor
+    root = tmp_path / "ladder"
+    T.train(dict(TINY, **SFT_DATA, algo="sft", max_iters=2, checkpoint=True, out_dir=str(root / "sft")))
+    T.train(dict(TINY, algo="grpo", init_from=str(root / "sft"), max_iters=1, prompts_per_iter=2, group_size=2,
+                 max_new_tokens=8, learning_rate=1e-2, min_lr=1e-2, warmup_iters=0, checkpoint=True,
+                 out_dir=str(root / "grpo")))
+    results = razor.main([f"--root={root}", "--stages=sft,grpo,ppo", "--problems=4", "--samples=2", "--docs=4"])
+    start = results["stages"]["sft"]
+    assert start["kl"][0] == pytest.approx(0, abs=1e-5) and start["corpus_loss_rise"] == (0.0, 0.0)
+    assert start["other_acc_drop"][0] == 0
+    assert set(results["stages"]) == {"sft", "grpo"} and math.isfinite(results["stages"]["grpo"]["kl"][0])
+    assert (root / "razor" / "razor.png").exists()
