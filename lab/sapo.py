@@ -1,4 +1,4 @@
-"""SAPO, soft adaptive policy optimisation (Gao et al. 2025, Qwen, arXiv:2511.20347; TRL's
+"""SAPO, soft adaptive policy optimisation (the Qwen team 2025, arXiv:2511.20347; TRL's
 loss_type="sapo"): the hard clip becomes a soft gate. Per token, with τ chosen by the advantage's sign,
 
     ℓ_it = −(4/τ_i)·σ(τ_i·(ρ_it − 1))·A_i          τ_i = τ_pos if A_i > 0, else τ_neg

@@ -229,3 +229,17 @@ def test_razor_puts_the_start_at_the_origin_and_measures_a_stage(tmp_path):
     assert start["other_acc_drop"][0] == 0
     assert set(results["stages"]) == {"sft", "grpo"} and math.isfinite(results["stages"]["grpo"]["kl"][0])
     assert (root / "razor" / "razor.png").exists()
+
+
+def test_the_level_rule_of_the_sft_variants_study():
+    """experiments/sft_variants.py's pre-registered rule on a worked curve: the first evaluation at or
+    below the level, with the training seconds to it; never reached: a miss (None), said in the table."""
+    import sft_variants as V
+    points = [(25, 10.0, 1.0, 0.1, 0.0), (50, 21.0, 0.8, 0.2, 0.0), (75, 33.0, 0.7, 0.3, 0.1)]
+    assert V.to_level(points, 0.8) == (50, 21.0) and V.to_level(points, 0.75) == (75, 33.0)
+    assert V.to_level(points, 0.5) is None
+    results = dict(settings=dict(eval_problems=10, arms=["sft", "muon"], iters=75, eval_every=25, init_from="scratch"),
+                   seeds={1: dict(level=0.7, sft=dict(curve=points, to_level=(75, 33.0)),
+                                  muon=dict(curve=points[:2], to_level=None))})
+    text = V.table(results)
+    assert "miss (not reached)" in text and "Muon missed the level in 1 of 1 seeds" in text
