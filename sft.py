@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import torch
 
-from nanopost.data import RowError, check_length, collate, encode_rows, load_rows, render_messages, require
+from nanopost.data import RowError, check_length, collate, encode_rows, load_rows, pretraining, render_messages, require
 from nanopost.distributed import all_reduce_sum, chunks, seeded_rng, shard
 from envs import privileged_prompt
 from nanopost.evaluation import evaluate_policy
@@ -72,7 +72,7 @@ def encode_row(run, row):
             raise RowError("completion", "empty answer")
         ids = tok.prompt_ids(prompt)
         answer = tok.response_ids(completion)
-        if run.cfg["algo"] == "sft":
+        if not pretraining(run.cfg):
             check_length(ids, answer, "completion", limit, f"block_size+1={limit}")
         ids, mask = ids + answer, [0] * len(ids) + [1] * len(answer)
         field = "completion"
@@ -85,7 +85,7 @@ def encode_row(run, row):
     else:
         raise RowError("text", f"no known layout: expected 'text', 'prompt'+'completion' or "
                                  f"'messages', got fields {sorted(row)}")
-    if run.cfg["algo"] == "sft":
+    if not pretraining(run.cfg):
         check_length([], ids, field, limit, f"block_size+1={limit}")
     return ids, mask
 
@@ -124,19 +124,19 @@ def setup(run, saved):
     """The demonstrations: (ids, loss mask) examples for training and for the validation loss; for
     pre-training, the training documents packed into one stream of tokens."""
     cfg, state = run.cfg, SimpleNamespace(skipped_rows=0, stream=None)
-    if cfg["reader_frac"] and (cfg["data"] or cfg["algo"] == "pretrain"):
+    if cfg["reader_frac"] and (cfg["data"] or pretraining(cfg)):
         raise ValueError("reader_frac mixes reading rows into the built-in SFT demonstrations: not with --data or pretrain")
     if cfg["data"]:
         examples, state.skipped_rows = encode_rows(run, cfg["data"], load_rows(cfg["data"]), encode_row)
         n_val = max(1, min(cfg["val_examples"], len(examples) // 20))
         state.train_examples, state.val_examples = examples[:-n_val] or examples, examples[-n_val:]
-    elif cfg["algo"] == "pretrain":
+    elif pretraining(cfg):
         state.train_examples = corpus_examples(run, "train", cfg["corpus_docs"])
         state.val_examples = corpus_examples(run, "val", cfg["val_examples"])
     else:
         state.train_examples = builtin_examples(run, "train", cfg["train_problems"])
         state.val_examples = builtin_examples(run, "heldout", cfg["val_examples"])
-    if cfg["algo"] == "pretrain":  # pack documents into one stream of tokens
+    if pretraining(cfg):  # pack documents into one stream of tokens
         state.stream = torch.tensor([t for ids, _ in state.train_examples for t in ids])
         if len(state.stream) <= cfg["block_size"] + 1:
             raise ValueError(f"pre-training corpus has {len(state.stream)} tokens, fewer than block_size+1")
@@ -157,7 +157,7 @@ def batches(run, state, it):
     """One optimizer step of gradient_accumulation_steps micro-batches, cut from a global batch that
     depends only on (seed, it); no figures of its own."""
     cfg = run.cfg
-    if cfg["algo"] != "pretrain":
+    if not pretraining(cfg):
         return pool_batches(run, it, state.train_examples), {}
     accum, bs = cfg["gradient_accumulation_steps"], cfg["batch_size"]
     L = cfg["block_size"] + 1
@@ -179,6 +179,6 @@ def evaluate(run, state, it):
             total, count = total + float(s), count + float(c)
     total, count = all_reduce_sum([total, count], run)
     metrics = {"val_loss": total / max(count, 1.0)}
-    if run.cfg["algo"] == "sft" and not run.cfg["data"]:
+    if not pretraining(run.cfg) and not run.cfg["data"]:
         metrics.update(evaluate_policy(run, model, it)[0])
     return metrics

@@ -19,6 +19,9 @@ The contract: an algorithm module (options.ALGOS) supplies plain values and func
                                        stays off in the loss) and every rank makes the same sampler and scoring
                                        calls (so --fsdp_rollouts=sharded can run it)
     wrap_model(run, model)           optional: the model it trains, made from the loaded one (a scalar head)
+    make_optimizer(run, model)       optional: its optimizer of the model's trainable weights (lab/muon.py), in
+                                       place of AdamW; the loop sets every group's lr, and its state_dict is
+                                       the checkpoint's
     setup(run, saved) -> state       its checks, data and frozen models; `saved` is what state_dict gave the
                                        checkpoint a run resumes from, else None
     batches(run, state, it)          -> (steps, figures): optimizer steps, each a list of micro-batches, and
@@ -34,7 +37,7 @@ The contract: an algorithm module (options.ALGOS) supplies plain values and func
 
 `run` is what the loop made: run.cfg, run.tok, run.env, run.raw_model (the model) and run.model (what
 the loss calls: DDP, FSDP2 or compiled), run.algo, and the device and ranks (distributed.setup_device).
-The loop owns them, gradient accumulation, loss normalisation, AdamW with warmup + cosine, clipping,
+The loop owns them, gradient accumulation, loss normalisation, AdamW (or make_optimizer's) with warmup + cosine, clipping,
 train/eval mode (set_dropout), evaluation, metrics.jsonl and its monitors (monitors.watcher), plots,
 atomic checksummed checkpoints that resume exactly, out_dir's lock and --overwrite's earlier run
 (run_dir), and Ctrl-C, which saves at the next step boundary. train() at the bottom is the loop;
@@ -154,12 +157,12 @@ def setup(overrides, ckpt, algo=None):
     with gathered(run):  # --fsdp: setup's sampling and scoring on full weights (distributed.gathered)
         state = run.algo.setup(run, ckpt["algo_state"] if ckpt is not None else None)
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg["weight_decay"]},
+    if hasattr(run.algo, "make_optimizer"):  # (lab/muon.py: Muon for the blocks' matrices)
+        return run, run.algo.make_optimizer(run, model), state
+    params = [p for p in model.parameters() if p.requires_grad]  # AdamW, fused: one kernel for all tensors (CPU: 3× faster)
+    return run, torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg["weight_decay"]},
                                    {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                                  lr=cfg["learning_rate"], betas=(cfg["beta1"], cfg["beta2"]),
-                                  fused=True)  # one kernel for all tensors (CUDA, and CPU: 3× faster there)
-    return run, optimizer, state
+                                  lr=cfg["learning_rate"], betas=(cfg["beta1"], cfg["beta2"]), fused=True), state
 
 
 def shard_for_training(run, model):

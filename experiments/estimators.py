@@ -18,8 +18,12 @@ each per-token weight comes from grpo.py's and its lab's own advantages and loss
     dr_grpo       r − mean, Σ_t / L_max                                 (G − 1)/G · ∇J / L_max
     gspo, cispo   GRPO's advantages with GSPO's sequence ratio / CISPO's capped weights (at ρ = 1: grpo
                   and a token-mean REINFORCE)
+    maxrl         (r − mean)/mean, per-response token mean (lab/maxrl.py); maxrl_token_sum: Σ_t, whose
+                  expectation is exactly ∇ of the truncated likelihood −Σ_{k<G} (1 − p)^k/k (printed)
+    sapo, dppo    GRPO's advantages with SAPO's soft gate / DPPO's divergence mask (at ρ = 1: grpo)
 Off-policy (samples from π_old): sequence IS (Π_t ρ_t · r, unbiased), grpo (token clip 0.2), gspo
-(sequence clip 3e-4 / 4e-4), cispo (weight capped at 1.28, token mean).
+(sequence clip 3e-4 / 4e-4), cispo (weight capped at 1.28, token mean), sapo (gate τ = 1 / 1.05), dppo
+(|π_θ − π_old| ≤ 0.1 in the advantage's direction).
 For each: scale = ⟨E ĝ, ∇J⟩ / ‖∇J‖² (what it does to the step size), cos(E ĝ, ∇J) (1 = unbiased
 direction), relative bias ‖E ĝ/scale − ∇J‖ / ‖∇J‖, and relative std √(E‖ĝ − E ĝ‖²) / (scale·‖∇J‖)
 per batch (the noise at the same expected step: a constant factor changes no estimator's quality). The KL estimators k1 = log(π/π_ref), k2 = ½ log²(π/π_ref), k3 = π_ref/π − 1 − log(π_ref/π),
@@ -46,7 +50,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import grpo  # noqa: E402  (after the path: the script runs from anywhere)
-from lab import cispo, dapo, dr_grpo, gspo, rloo  # noqa: E402
+from lab import cispo, dapo, dppo, dr_grpo, gspo, maxrl, rloo, sapo  # noqa: E402
 from experiments.study import pyplot, save_figure  # noqa: E402
 from model import clipped_surrogate, kl_estimate  # noqa: E402
 
@@ -97,14 +101,19 @@ def jacobian(theta):
     return torch.autograd.functional.jacobian(token_logprobs, theta).reshape(Y * L, -1)
 
 
-def surrogate(ratio=grpo.token_ratio, eps=(0.2, 0.2), capped=False):
+def surrogate(ratio=grpo.token_ratio, eps=(0.2, 0.2), kind="clip"):
     """The per-token policy term (logp, old_logp, advantages (N,), mask) -> (N, L): the ratio (GRPO's token
-    ratio, GSPO's sequence ratio) in the clipped surrogate, or in CISPO's capped weight."""
+    ratio, GSPO's sequence ratio) in the clipped surrogate (kind "clip"), in CISPO's capped weight ("cispo"),
+    SAPO's soft gate ("sapo": its recipe's τ) or DPPO's divergence mask ("dppo": its recipe's δ)."""
     def per_token(logp, old_logp, adv, mask):
         on = mask > 0
         rho = ratio(logp, old_logp, on)
-        if capped:
+        if kind == "cispo":
             return cispo.cispo_surrogate(rho, adv[:, None], logp, on, *eps)[0]
+        if kind == "sapo":
+            return sapo.sapo_surrogate(rho, adv[:, None], on, sapo.defaults["sapo_tau_pos"], sapo.defaults["sapo_tau_neg"])[0]
+        if kind == "dppo":
+            return dppo.dppo_surrogate(rho, adv[:, None], logp, old_logp, on, dppo.defaults["tv_delta"])[0]
         return clipped_surrogate(rho, adv[:, None], on, *eps)[0]
     return per_token
 
@@ -117,8 +126,13 @@ ESTIMATORS = dict(  # name: (advantages from (K, G) rewards, the per-token term,
     grpo=(group(grpo.group_advantages), surrogate(), grpo.seq_mean_token_mean),
     dr_grpo=(group(dr_grpo.centred_advantages), surrogate(), sum_over(L)),
     gspo=(group(grpo.group_advantages), surrogate(gspo.sequence_ratio, (3e-4, 4e-4)), grpo.seq_mean_token_mean),
-    cispo=(group(grpo.group_advantages), surrogate(eps=(1.0, 0.28), capped=True), dapo.token_mean),
+    cispo=(group(grpo.group_advantages), surrogate(eps=(1.0, 0.28), kind="cispo"), dapo.token_mean),
+    maxrl=(group(maxrl.mean_normalised_advantages), surrogate(), grpo.seq_mean_token_mean),
+    maxrl_token_sum=(group(maxrl.mean_normalised_advantages), surrogate(), sum_over(1)),
+    sapo=(group(grpo.group_advantages), surrogate(kind="sapo"), grpo.seq_mean_token_mean),
+    dppo=(group(grpo.group_advantages), surrogate(kind="dppo"), grpo.seq_mean_token_mean),
 )
+OFF_POLICY = ("seq_is", "grpo", "gspo", "cispo", "sapo", "dppo")
 
 
 def batch_gradients(theta, old, draws, name):
@@ -152,6 +166,32 @@ def summary(estimates, truth):
     bias = float((mean / scale - truth).norm() / norm) if scale != 0 else float("nan")
     std = float(((estimates - mean) ** 2).sum(1).mean().sqrt() / norm) / abs(scale)  # at the same expected step
     return dict(scale=scale, cos=cos, rel_bias=bias, rel_std=std, mc_se=std / math.sqrt(len(estimates)))
+
+
+def maxrl_expected_gradient(theta, G):
+    """E[ĝ] of MaxRL's estimator with the token sum, ĝ = (1/G) Σ_i A_i Σ_t ∇log π(y_it), exactly: by symmetry
+    G·E[(r_1/K − 1/G)·∇log π(y_1)] (0 where K = 0), K = r_1 + Binomial(G − 1, p) successes, enumerated."""
+    p = float(expected_reward(theta))
+    binomial = torch.tensor([math.comb(G - 1, b) * p ** b * (1 - p) ** (G - 1 - b) for b in range(G)], dtype=torch.float64)
+    b = torch.arange(G, dtype=torch.float64)
+    weight_success = float((binomial / (1 + b)).sum()) - 1 / G
+    weight_failure = -float(binomial[1:].sum()) / G  # (an all-fail group: A = 0)
+    weight = torch.where(REWARD > 0, weight_success, weight_failure)
+    prob = seq_logprobs(theta).exp().detach()
+    return G * ((weight * prob)[:, None] * MASK).reshape(-1).float() @ jacobian(theta)
+
+
+def maxrl_rows(theta, G):
+    """MaxRL's expected gradient (token sum, exact) against ∇ of the truncated likelihood
+    J_M = −Σ_{k=1}^{M} (1 − p)^k / k for M = G − 1 and M = G, and against ∇log p (M → ∞): ‖E ĝ − ∇J_M‖ / ‖∇J_M‖."""
+    expected, p = maxrl_expected_gradient(theta, G), expected_reward(theta)
+    out = dict(reward=float(p))
+    for name, M in (("truncated_G_minus_1", G - 1), ("truncated_G", G), ("log_likelihood", None)):
+        objective = ((lambda t: torch.log(expected_reward(t))) if M is None else
+                     (lambda t, M=M: -sum((1 - expected_reward(t)) ** k / k for k in range(1, M + 1))))
+        target = flat_grad(objective, theta)
+        out[f"rel_diff_to_{name}"] = float((expected - target).norm() / target.norm())
+    return out
 
 
 def kl_rows(theta, ref, draws):
@@ -206,8 +246,8 @@ def run_lab(trials, group_size, seed):
                                          generator=g).view(trials, group_size)
     on, off = sample(theta), sample(old)
     results = dict(on_policy={name: summary(batch_gradients(theta, theta, on, name), truth) for name in ESTIMATORS},
-                   off_policy={name: summary(batch_gradients(theta, old, off, name), truth)
-                               for name in ("seq_is", "grpo", "gspo", "cispo")},
+                   off_policy={name: summary(batch_gradients(theta, old, off, name), truth) for name in OFF_POLICY},
+                   maxrl=maxrl_rows(theta, group_size),
                    kl=kl_rows(theta, ref, on), optimum=kl_regularised_optimum(ref, beta=0.5, steps=1000, lr=3.0),
                    settings=dict(trials=trials, group_size=group_size, seed=seed, responses=Y,
                                  true_gradient_norm=float(truth.norm()), reward=float(expected_reward(theta)),
@@ -232,6 +272,10 @@ def print_tables(res):
     g = res["kl"]["k3_loss_gradient"]
     print(f"\nk3 as a loss, exact expected gradient: ‖E∇k3 − ∇KL(π‖π_ref)‖/‖∇KL‖ = {g['rel_diff_to_grad_kl']:.4f}, "
           f"against ∇KL(π_ref‖π): {g['rel_diff_to_grad_reverse_kl']:.4f}")
+    m = res["maxrl"]
+    print(f"\nMaxRL (token sum), exact expected gradient: ‖E ĝ − ∇J_M‖/‖∇J_M‖ = {m['rel_diff_to_truncated_G_minus_1']:.2e} "
+          f"at M = G − 1, {m['rel_diff_to_truncated_G']:.4f} at M = G, {m['rel_diff_to_log_likelihood']:.4f} against ∇log p "
+          f"(p = {m['reward']:.4f})")
     o = res["optimum"]
     print(f"KL-regularised optimum (β = {o['beta']}): β·log Z = {o['beta_log_z']:.6f}, objective after exact "
           f"ascent {o['objective_at_trained']:.6f}, KL(trained‖π*) = {o['kl_trained_to_optimum']:.2e}; reward "

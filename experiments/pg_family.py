@@ -1,10 +1,11 @@
 """
 The policy-gradient family side by side (docs/policy-gradient.md): from one SFT checkpoint, on the
-default task, GRPO, Dr. GRPO, DAPO, GSPO and CISPO as their recipes in config/, then edge prompt
+default task, GRPO, Dr. GRPO, DAPO, GSPO, CISPO, MaxRL, SAPO and DPPO as their recipes in config/ (each,
+with --learning_rates, at every rate of a small sweep, constant after the warm-up), then edge prompt
 sampling on GRPO's recipe (--edge: lab/edge_prompts.py, a variant of plain GRPO), every arm with each of --seeds and the same budget
 per iteration (--prompts × --group_size), in an off-policy setting where the ratio and its clip act:
 every rollout batch is split into --minibatches optimizer steps (4: π_θ moves away from π_old after
-the first step; at 1 the ratio is always 1 and the five differ only in their advantages and
+the first step; at 1 the ratio is always 1 and the arms differ only in their advantages and
 aggregation). Greedy held-out accuracy on --eval_problems problems every --eval_every iterations,
 against the rollout tokens decoded so far (DAPO's dynamic sampling decodes extra rollouts: they are
 counted). Prints a table, writes results.json and accuracy_vs_rollout_tokens.png into --out.
@@ -12,6 +13,8 @@ counted). Prints a table, writes results.json and accuracy_vs_rollout_tokens.png
     python experiments/pg_family.py --sft=out/sft
     python experiments/pg_family.py --sft=out/sft --arms=grpo,cispo --iters=12 --seeds=1337 --edge=""
     python experiments/pg_family.py --sft=out/sft --kl_test --seeds=1337,1338,1339     # the KL term, one factor
+    python experiments/pg_family.py --sft=out/sft --arms=grpo,maxrl,sapo,dppo --learning_rates=5e-5,1e-4,2e-4 \
+        --seeds=1337,1338,1339 --edge="" --out=out/pg_menu                                  # docs/menu.md
 
 An arm's band is the larger of 2 standard errors of its final accuracy across the seeds and the
 binomial band of that mean, ± 2·√(p(1 − p)/n). Runs already finished in --out are read, not run again.
@@ -37,7 +40,9 @@ def recipe(name, **extra):
     return dict(options.parse_args([os.path.join(ROOT, "config", f"{name}.py")]), **extra)
 
 
-ARMS = {name: recipe(name) for name in ("grpo", "dr_grpo", "dapo", "gspo", "cispo")}
+ARMS = {name: recipe(name) for name in ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "maxrl", "sapo", "dppo")}
+FAMILY = ("grpo", "dr_grpo", "dapo", "gspo", "cispo")  # the default --arms: docs/policy-gradient.md's table (MaxRL,
+# SAPO and DPPO: docs/menu.md's command)
 # the KL claim as a one-factor test (--kl_test): each recipe with and without GRPO's k3 KL term (β = 0.04),
 # nothing else changed; per recipe {arm's name: its keys}, the arm with the KL term first
 KL_PAIRS = dict(grpo=dict(grpo=ARMS["grpo"], grpo_no_kl=dict(ARMS["grpo"], kl_coef=0.0)),
@@ -147,7 +152,7 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sft", required=True, help="the SFT checkpoint every arm starts from")
     parser.add_argument("--out", default="out/pg_family", help="one directory per arm and seed, results.json and the plot")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {', '.join(ARMS)}")
+    parser.add_argument("--arms", default=",".join(FAMILY), help=f"comma-separated, from {', '.join(ARMS)}")
     parser.add_argument("--edge", default="grpo", help="the recipe edge sampling runs on: grpo (lab/edge_prompts.py "
                         "changes plain GRPO's prompts), or empty for none")
     parser.add_argument("--kl_test", action="store_true", help="the KL claim as a one-factor test: grpo and cispo, "
@@ -159,6 +164,8 @@ def main(argv=None):
     parser.add_argument("--group_size", type=int, default=8, help="answers per prompt")
     parser.add_argument("--eval_problems", type=int, default=500, help="held-out problems per evaluation (greedy)")
     parser.add_argument("--minibatches", type=int, default=4, help="optimizer steps per rollout batch (1: on-policy)")
+    parser.add_argument("--learning_rates", default="", help="comma-separated: every arm at each (constant: min_lr the "
+                        "same), named ARM_lrLR; empty = each recipe's own (grpo.py's 1e-4)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every arm")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -170,7 +177,11 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     if args.kl_test:
         return kl_test(seeds, common, args.out, n)
-    results = {name: run_arm(name, ARMS[name], seeds, common, args.out) for name in args.arms.split(",")}
+    results = {}
+    for name in args.arms.split(","):  # each arm at every learning rate of the sweep (none: its recipe's)
+        for lr in [float(x) for x in args.learning_rates.split(",") if x] or [None]:
+            label, arm = (name, ARMS[name]) if lr is None else (f"{name}_lr{lr:g}", dict(ARMS[name], learning_rate=lr, min_lr=lr))
+            results[label] = run_arm(label, arm, seeds, common, args.out)
     if args.edge:
         results["grpo_edge"] = run_arm("grpo_edge", dict(ARMS["grpo"], **EDGE), seeds, common, args.out)
     print(f"| arm | held-out accuracy at {args.iters} it. (mean of {len(seeds)} seeds ± band, {n} problems) | per seed | "

@@ -152,6 +152,12 @@ def render_messages(run, messages, field, add_generation_prompt=False):
         raise RowError(field, str(e)) from None
 
 
+def pretraining(cfg):
+    """Whether a run of sft.py pre-trains (the corpus, every token in the loss): --algo pretrain, or a
+    variant of SFT's lab given --pretrain=True (lab/muon.py: the optimiser is all it changes)."""
+    return cfg["algo"] == "pretrain" or cfg.get("pretrain", False)
+
+
 def config_env(cfg):
     """The environment a run's configuration names (the task its data, rewards and evaluation use);
     gsm8k is built from the rows of env_data rather than generated."""

@@ -76,7 +76,7 @@ DEFAULTS = dict(
     fsdp_rollouts="gathered",   # --fsdp: gathered = all-gather each model's full weights for sampling and scoring (fast, a full bf16 copy per GPU); sharded = forwards stay sharded, all ranks step together (models whose full weights do not fit one GPU)
 )
 
-READS_DATA = ("pretrain", "sft", "rm", "dpo", "ipo", "kto", "simpo", "orpo")  # the algorithms that train on --data (RL reads its env)
+READS_DATA = ("pretrain", "sft", "muon", "dft", "rm", "dpo", "ipo", "kto", "simpo", "orpo")  # the algorithms that train on --data (RL reads its env)
 # the algorithms (and their variants) whose optimizer step is gradient_accumulation_steps micro-batches; GRPO's
 # steps are its rollout batch's minibatches, OPD's one step of micro-batches of its iteration's answers
 ACCUMULATES = ("pretrain", "sft", "rm", "dpo", "ppo", "rft")
@@ -135,6 +135,7 @@ RANGES = dict(
     eval_samples=">= 0", max_new_tokens=">= 1", max_tool_calls=">= 0", seed=">= 0",
     # the algorithms' own
     train_problems=">= 1", corpus_docs=">= 1", val_examples=">= 1", reader_frac="[0, 1]",  # sft
+    muon_momentum="[0, 1)",  # its lab
     train_prompts=">= 1", heldout_prompts=">= 1", group_size=">= 1", pair_temperature=SCORED,  # pairs (rm, dpo)
     beta="> 0", simpo_beta="> 0", simpo_gamma=">= 0", orpo_lambda=">= 0", kto_desirable_weight=">= 0",
     kto_undesirable_weight=">= 0", online_every=">= 1", online_prompts=">= 1",  # dpo
@@ -145,6 +146,7 @@ RANGES = dict(
     dynamic_sampling_rounds=">= 0", overlong_cache=">= 0", tis_cap=">= 0", edge_low="[0, 1]",  # its lab
     edge_high="[0, 1]", top_k=">= 0", top_p="(0, 1]", clip_cov="[0, 1)",
     top_entropy_quantile="(0, 1]", judge_samples=">= 0", judge_temperature="> 0 (greedy: judge_samples=0)",
+    sapo_tau_pos="> 0", sapo_tau_neg="> 0", tv_delta="(0, 1]",
     kl_topk=">= 1", anchor_coef=">= 0",  # opd
     rounds=">= 1", round_prompts=">= 1", per_prompt_cap=">= 1",  # rft
 )

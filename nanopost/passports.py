@@ -6,6 +6,7 @@ the environment's solver, and the parse-error check.
 """
 
 from model import count_parameters
+from nanopost.data import pretraining
 from nanopost.rollouts import shard_size
 from nanopost.run_dir import write_out
 
@@ -59,14 +60,14 @@ def sft_passport(run, n_train, n_val):
     c = run.cfg
     if c["data"]:
         data = f"`{c['data']}`: {n_train} training rows, the last {n_val} held out for the loss"
-    elif c["algo"] == "pretrain":
+    elif pretraining(c):
         data = f"{c['corpus_docs']} documents of the `{c['env']}` environment's worked equations, packed into {c['block_size']}-token windows"
     else:
         data = (f"the `{c['env']}` solver's demonstrations of {c['train_problems']} *train* problems (a {c['env_direct_frac']} "
                 f"share give only the answer"
                 + (f"; a {c['reader_frac']} share instead read the worked solution in the prompt and write it out"
                    if c.get("reader_frac") else "") + "); validation on *heldout* problems, disjoint by equation")
-    mask = "every token" if c["algo"] == "pretrain" else "the assistant's tokens only (prompt, template, tool output, padding masked)"
+    mask = "every token" if pretraining(c) else "the assistant's tokens only (prompt, template, tool output, padding masked)"
     return f"""# Post-training passport: {c['out_dir']}
 
 algorithm: `--algo {c['algo']}`, started from `{c['init_from']}`

@@ -1,9 +1,12 @@
 """Golden trajectories: every algorithm runs three iterations on the tiny model from a fixed start, and
 every figure it logs (losses, rewards, advantages, KLs, gradient norms, held-out accuracy) must equal
 the values stored in tests/golden.json. A change that does not mean to change results (a refactor, a
-speed-up) must pass this unchanged; one that does rewrites the file on purpose:
+speed-up) must pass this unchanged. A new run's entry is added, and only an entry that a change means to
+change is rewritten, on purpose:
 
-    GOLDEN_WRITE=1 python -m pytest -q tests/test_golden.py     # then review `git diff tests/golden.json`
+    GOLDEN_WRITE=1 python -m pytest -q tests/test_golden.py        # adds the missing entries; the others are compared
+    GOLDEN_WRITE=rewrite python -m pytest -q tests/test_golden.py -k NAME   # rewrites NAME's entry
+    git diff tests/golden.json                                     # then review
 
 Tolerance (mismatches): 1e-4 of the figure plus 1e-3 of its key's largest value in the run plus 1e-5. Across x86
 CPU kernels (ATEN_CPU_CAPABILITY=default, avx2 and avx512 on one AVX-512 machine, 1 thread) the figures
@@ -42,6 +45,13 @@ RUNS = {  # name: the run's overrides on top of TINY (3 iterations, one evaluati
     "grpo_rloo": dict(algo="rloo", group_size=4, minibatches=2, learning_rate=1e-3, min_lr=1e-3, **RL),
     "grpo_cispo": dict(algo="cispo", clip_eps=1.0, clip_eps_high=0.28, kl_coef=0.0, group_size=4,
                        minibatches=2, learning_rate=1e-3, min_lr=1e-3, **RL),
+    # the menu (docs/menu.md): Muon for SFT and pre-training, DFT, MaxRL, SAPO and DPPO (two minibatches: the ratio acts)
+    "muon": dict(algo="muon", **SFT_DATA),
+    "muon_pretrain": dict(algo="muon", pretrain=True, **SFT_DATA),
+    "dft": dict(algo="dft", **SFT_DATA),
+    "grpo_maxrl": dict(algo="maxrl", group_size=4, learning_rate=1e-3, min_lr=1e-3, **RL),
+    "grpo_sapo": dict(algo="sapo", group_size=4, minibatches=2, learning_rate=1e-3, min_lr=1e-3, **RL),
+    "grpo_dppo": dict(algo="dppo", group_size=4, minibatches=2, learning_rate=1e-3, min_lr=1e-3, **RL),
     "opd": dict(algo="opd", group_size=2, learning_rate=1e-3, min_lr=1e-3, **RL),
     "rft": dict(algo="rft", rounds=1, round_prompts=8, group_size=4, per_prompt_cap=2, max_new_tokens=12,
                 eval_samples=2, warmup_iters=0),
@@ -50,7 +60,8 @@ RUNS = {  # name: the run's overrides on top of TINY (3 iterations, one evaluati
 # and figures a plain algorithm no longer logs (OPD's anchor_kl, always 0 without lab/opsd.py's anchor)
 RENAMED_FIGURES = {"opd": {"reward": "verifier_acc"}, "rft": {"cand_acc": "verifier_acc"}}
 DROPPED_FIGURES = {"opd": ("anchor_kl",)}
-STARTS_FROM_A_POLICY = ("rm", "dpo", "ppo", "grpo", "grpo_rloo", "grpo_cispo", "opd", "rft")
+STARTS_FROM_A_POLICY = ("rm", "dpo", "ppo", "grpo", "grpo_rloo", "grpo_cispo", "grpo_maxrl", "grpo_sapo", "grpo_dppo",
+                        "opd", "rft")
 # Figures the GRPO family logged of every run, that plain GRPO no longer logs: their value in a run without
 # DAPO's dynamic sampling or reward shaping (lab/dapo.py logs them), filled in before the comparison
 PLAIN_GRPO_FIGURES = dict(reward_shaped=lambda row: row["reward"], kept_groups_frac=lambda row: 1.0,
@@ -126,7 +137,7 @@ def mismatches(got, want):
 def test_golden_trajectory(name, starts, tmp_path, monkeypatch):
     got = trajectory(name, starts, tmp_path / name, monkeypatch)
     stored = json.load(open(GOLDEN)) if os.path.exists(GOLDEN) else {}
-    if os.environ.get("GOLDEN_WRITE"):
+    if os.environ.get("GOLDEN_WRITE") == "rewrite" or (os.environ.get("GOLDEN_WRITE") and name not in stored):
         stored[name] = got
         with open(GOLDEN, "w") as f:
             json.dump(dict(sorted(stored.items())), f, indent=0)

@@ -53,3 +53,14 @@ def test_family_table_and_plot_at_toy_size(tmp_path, capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| grpo |")]
     assert rows and f"{results['grpo'][0][-1][2]:.3f}, {results['grpo'][1][-1][2]:.3f}" in rows[0]
     assert (out / "accuracy_vs_rollout_tokens.png").exists()
+
+
+def test_a_learning_rate_sweep_runs_every_arm_at_every_rate(tmp_path):
+    """--learning_rates: each arm at each rate (constant: min_lr the same), named ARM_lrLR, with LoRA at
+    rank 1 through --set (docs/menu.md's LoRA-without-regret command at toy size), the new recipes among them."""
+    out = toy_study(tmp_path, "sweep", "--arms=grpo,sapo", "--learning_rates=1e-3,3e-3", "--seeds=1", "--edge=",
+                    "--set", "lora_rank=1")
+    results = json.load(open(out / "results.json"))["results"]
+    assert set(results) == {"grpo_lr0.001", "grpo_lr0.003", "sapo_lr0.001", "sapo_lr0.003"}
+    config = json.load(open(out / "sapo_lr0.003_1" / "config.json"))
+    assert (config["algo"], config["learning_rate"], config["min_lr"], config["lora_rank"]) == ("sapo", 3e-3, 3e-3, 1)
