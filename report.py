@@ -69,7 +69,8 @@ def token_records(run_dir):
         for row, logp in zip(record.get("rows", []), after.get(it, [])):
             row["logp_after"] = logp
         for row in record.get("rows", []):
-            row.pop("ids", None)  # (the ids were for the rescoring; the page shows the token texts)
+            row.pop("ids", None)  # (the ids were for the rescoring, the text for a reader of the file:
+            row.pop("text", None)  # the page shows the tokens)
         for pair in record.get("pairs", []):
             for side in (pair["chosen"], pair["rejected"]):
                 side.pop("ids", None)
@@ -196,7 +197,7 @@ tr.fixed { background: #e3f6e6; } tr.broken { background: #fbe3e1; }
 #controls { position: sticky; top: 0; background: #fff; padding: .4em 0; border-bottom: 1px solid #ddd; z-index: 1; }
 .group { margin: .6em 0 1em; } .prompt { color: #555; font-style: italic; }
 .answer { display: flex; gap: .6em; margin: 2px 0; align-items: baseline; }
-.meta { flex: 0 0 15em; font-size: 12px; font-family: monospace; }
+.meta { flex: 0 0 17em; font-size: 12px; font-family: monospace; white-space: nowrap; }
 .tokens { font-family: monospace; white-space: pre-wrap; word-break: break-all; }
 .tok { border-radius: 2px; } .tok.clipped { outline: 2px solid #b3261e; }
 .tok.tool { background: repeating-linear-gradient(45deg, #ddd, #ddd 3px, #f4f4f4 3px, #f4f4f4 6px) !important; color: #666; }
@@ -227,7 +228,8 @@ const QUANTITIES = {
   value_target: ["the critic's target R_t = Â_t + V_t (PPO, GAE)", true, (row, t) => row.value_target ? row.value_target[t] : null],
   surprise: ["−log π_old: how unlikely the sampled token was", false, (row, t) => row.logp_old ? -row.logp_old[t] : null],
   implicit: ["implicit reward per token β·(log π_θ − log π_ref) (DPO)", true,
-             (row, t) => row.logp && row.logp_ref ? DATA.beta_of[row.iter] * (row.logp[t] - row.logp_ref[t]) : null],
+             (row, t) => row.logp && row.logp_ref && DATA.beta_of[row.iter] != null ? DATA.beta_of[row.iter] * (row.logp[t] - row.logp_ref[t]) : null],
+  logp_pair: ["log π_θ − log π_ref per token", true, (row, t) => row.logp && row.logp_ref ? row.logp[t] - row.logp_ref[t] : null],
 };
 """
 
@@ -296,9 +298,10 @@ function render() {
   if (record.kind === "pairs") {
     for (const p of record.pairs) {
       const g = document.createElement("div"); g.className = "group";
-      const rw = record.beta * p.chosen.logp.reduce((s, v, t) => s + v - p.chosen.logp_ref[t], 0);
-      const rl = record.beta * p.rejected.logp.reduce((s, v, t) => s + v - p.rejected.logp_ref[t], 0);
-      g.innerHTML = `<div class="prompt">${escapeHtml(p.prompt)}</div><div>implicit rewards: chosen <b>${rw.toFixed(3)}</b>, rejected <b>${rl.toFixed(3)}</b>, margin <b class="${rw > rl ? "good" : "bad"}">${(rw - rl).toFixed(3)}</b></div>`;
+      const beta = record.beta == null ? 1 : record.beta, what = record.beta == null ? "Σ (log π_θ − log π_ref)" : "implicit rewards β·Σ (log π_θ − log π_ref)";
+      const rw = beta * p.chosen.logp.reduce((s, v, t) => s + v - p.chosen.logp_ref[t], 0);
+      const rl = beta * p.rejected.logp.reduce((s, v, t) => s + v - p.rejected.logp_ref[t], 0);
+      g.innerHTML = `<div class="prompt">${escapeHtml(p.prompt)}</div><div>${what}: chosen <b>${rw.toFixed(3)}</b>, rejected <b>${rl.toFixed(3)}</b>, margin <b class="${rw > rl ? "good" : "bad"}">${(rw - rl).toFixed(3)}</b></div>`;
       const two = document.createElement("div"); two.className = "pairs";
       for (const [label, side] of [["chosen", p.chosen], ["rejected", p.rejected]]) {
         const c = document.createElement("div"); c.innerHTML = `<b>${label}</b><br>`; side.iter = record.iter;
@@ -353,6 +356,7 @@ function setup() {
   box.addEventListener("mouseleave", () => { tip.style.display = "none"; });
 }
 setup();
+document.body.dataset.drawnMs = Math.round(performance.now());  // (when the page was ready, after loading)
 """.replace("%QUANTITIES%", QUANTITIES)
 
 
@@ -372,7 +376,7 @@ def run_report(run_dir):
     rows = read_metrics(metrics)[0] if os.path.exists(metrics) else []
     records = token_records(run_dir)
     name = config.get("algo", "?")
-    body = (f"<h1>{html.escape(name)}: {html.escape(os.path.abspath(run_dir))}</h1>"
+    body = (f"<h1>{html.escape(name)}: {html.escape(run_dir)}</h1>"
             f"<p>init_from <code>{html.escape(str(config.get('init_from')))}</code> · {len(rows)} logged rows · "
             f"{len(records)} iterations kept token by token</p>"
             f"<h2>Curves</h2>{curves_svg(rows) if rows else '<p>No metrics.jsonl.</p>'}"
@@ -390,28 +394,29 @@ def run_report(run_dir):
             for pair in record["pairs"]:
                 pair["chosen"]["iter"] = pair["rejected"]["iter"] = record["iter"]
     data = dict(records=records, clip_eps=config.get("clip_eps", 0.2),
-                beta_of={r["iter"]: r.get("beta", 0) for r in records})
+                beta_of={r["iter"]: r.get("beta") for r in records})
     return page(f"{name} report", body, data)
 
 
 # ----------------------------------------------------------------------------------------------
 # The ladder: every stage's held-out answers side by side
 
-def stages(root):
-    """The stage directories under a ladder's root (those with a config.json), in the order they started."""
-    found = [d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "config.json"))]
-    return sorted(found, key=lambda d: os.path.getmtime(os.path.join(root, d, "config.json")))
+def stages(root, order=()):
+    """The stage directories under a ladder's root (those with a config.json): those named in `order` in
+    its order (the ladder's), then the others in the order they started."""
+    found = sorted((d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "config.json"))),
+                   key=lambda d: os.path.getmtime(os.path.join(root, d, "config.json")))
+    return [d for d in order if d in found] + [d for d in found if d not in order]
 
 
-def ladder_report(root):
+def ladder_report(root, names):
     """A ladder's report: its plot, every stage's last held-out answers side by side (a row whose
     verdicts differ between stages marked), and a link to each stage's own report."""
     import base64
-    names = stages(root)
     answers = {name: evaluations(os.path.join(root, name)) for name in names}
     answers = {name: found[-1][1] for name, found in answers.items() if found}
     plot = os.path.join(root, "ladder.png")
-    body = f"<h1>The ladder: {html.escape(os.path.abspath(root))}</h1>"
+    body = f"<h1>The ladder: {html.escape(root)}</h1>"
     if os.path.exists(plot):
         body += f"<img alt='the ladder' style='max-width:100%' src='data:image/png;base64,{base64.b64encode(open(plot, 'rb').read()).decode()}'>"
     body += "<h2>The stages' own reports</h2><ul>" + "".join(
@@ -436,16 +441,18 @@ def ladder_report(root):
     return page("the ladder", body, dict(records=[], clip_eps=0.2, beta_of={}))
 
 
-def write_report(directory):
-    """report.html of a run directory, or of a ladder's root and each of its stages. Returns its path."""
+def write_report(directory, order=()):
+    """report.html of a run directory, or of a ladder's root and each of its stages (`order`: the
+    ladder's stage names). Returns its path."""
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"report.py: {directory} is not a directory: pass a run's out_dir (or a ladder's root)")
     if os.path.isfile(os.path.join(directory, "config.json")):
         text = run_report(directory)
     elif stages(directory):
-        for name in stages(directory):
+        names = stages(directory, order)
+        for name in names:
             write_report(os.path.join(directory, name))
-        text = ladder_report(directory)
+        text = ladder_report(directory, names)
     else:
         raise FileNotFoundError(f"report.py: {directory} holds no config.json and no stage directories: pass a run's "
                                 f"out_dir (or a ladder's root)")

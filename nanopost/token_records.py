@@ -26,23 +26,27 @@ RECORDS = "tokens.jsonl"
 
 
 def kept(cfg, it):
-    """Whether iteration `it` is one of the keep_tokens kept: spread evenly over 0 .. max_iters − 2 (the
-    last but one, so that the next iteration scores it after its update)."""
-    n, last = cfg["keep_tokens"], max(cfg["max_iters"] - 2, 0)
-    return n > 0 and it in {round(k * last / max(n - 1, 1)) for k in range(n)}
+    """Whether iteration `it` is one of the keep_tokens kept: spread evenly over 0 .. max_iters − 2, the
+    iterations that have a next one to score their update (a run of one iteration keeps none)."""
+    n, last = cfg["keep_tokens"], cfg["max_iters"] - 2
+    return n > 0 and 0 <= it <= last and it in {round(k * last / max(n - 1, 1)) for k in range(n)}
 
 
-@torch.no_grad()
 def keep_rollouts(run, it, rollouts, **per_token):
     """Keep iteration `it`'s rollouts (a list of Rollout) when it is kept, with what they do not hold:
     per_token {name: one tensor per rollout, (N, T-1) per token or (N,) per row} (PPO's values, ...);
-    and score iteration it − 1's kept rows again under the updated policy."""
-    if not run.master or run.lockstep:  # (rank 0's own shards; sharded forwards need every rank)
-        return
-    if kept(run.cfg, it - 1):
+    and score iteration it − 1's kept rows again under the updated policy. Rank 0's rows only (with
+    --fsdp_rollouts=sharded none: its forwards need every rank)."""
+    if run.master and not run.lockstep and kept(run.cfg, it - 1):
         score_after(run, it - 1)
-    if not kept(run.cfg, it):
-        return
+    if run.master and not run.lockstep and kept(run.cfg, it):
+        append(run, it, dict(iter=it, kind="rollouts", rows=rollout_rows(run, rollouts, per_token)))
+
+
+@torch.no_grad()
+def rollout_rows(run, rollouts, per_token):
+    """Every row of the rollouts as a dict: its prompt, group, response tokens, the tool's tokens, the
+    verdict and parse, and the per-token quantities (see the module's docstring)."""
     rows = []
     for k, ro in enumerate(rollouts):
         targets = ro.ids[:, 1:]
@@ -61,15 +65,20 @@ def keep_rollouts(run, it, rollouts, **per_token):
                 if values is not None:
                     row[name] = rounded(values[i] if values.dim() == 1 else values[i, first:end])
             rows.append(row)
-    append(run, it, dict(iter=it, kind="rollouts", rows=rows))
+    return rows
+
+
+def keep_pairs(run, it, steps, reference):
+    """DPO: keep iteration `it`'s pairs when it is kept: each prompt with its chosen and rejected answer,
+    log π_θ and log π_ref on every token (β·Σ of their difference: the implicit reward; a variant
+    without β, SimPO or ORPO, keeps the log-probs)."""
+    if run.master and not run.lockstep and kept(run.cfg, it):
+        append(run, it, dict(iter=it, kind="pairs", beta=run.cfg.get("beta"), pairs=pair_rows(run, steps, reference)))
 
 
 @torch.no_grad()
-def keep_pairs(run, it, steps, reference):
-    """DPO: keep iteration `it`'s pairs when it is kept: each prompt with its chosen and rejected answer,
-    log π_θ and log π_ref on every token (β·Σ of their difference: the implicit reward)."""
-    if not run.master or run.lockstep or not kept(run.cfg, it):
-        return
+def pair_rows(run, steps, reference):
+    """Every pair of the steps' micro-batches: {prompt, chosen, rejected}, each side's tokens and log-probs."""
     pairs = []
     for batch in (micro for step in steps for micro in step):
         ids, lens = batch["ids"], batch["prompt_lens"]
@@ -83,7 +92,7 @@ def keep_pairs(run, it, steps, reference):
                 side.update(logp=rounded(policy[r, first:end]), logp_ref=rounded(ref[r, first:end]))
                 sides.append(side)
             pairs.append(dict(prompt=run.tok.decode(ids[i, :int(lens[i])].tolist()), chosen=sides[0], rejected=sides[1]))
-    append(run, it, dict(iter=it, kind="pairs", beta=run.cfg["beta"], pairs=pairs))
+    return pairs
 
 
 def response_tokens(run, ids, first, end):
@@ -111,6 +120,7 @@ def pick(logprobs, targets):
     return gather_targets(logprobs, targets)
 
 
+@torch.no_grad()
 def score_after(run, it):
     """Iteration it's kept rows scored by the policy now (after it's update): {"iter", "after"}."""
     path = os.path.join(run.cfg["out_dir"], RECORDS)

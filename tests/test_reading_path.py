@@ -13,8 +13,10 @@ import reading_path  # noqa: E402
 
 # Budgets: the path measured when each was set, rounded up to ten lines (a ratchet: lower them as the
 # path shrinks). Before the textbook (a9977b8, the same tracer): sft 1,175 lines in 15 files, dpo 1,810
-# in 19, grpo 2,218 in 21. The targets are reading_path.BUDGETS; docs/internals.md shows both.
-RATCHET = dict(sft=(1220, 15), dpo=(1730, 19), grpo=(1900, 18))
+# in 19, grpo 2,218 in 21. The targets are reading_path.BUDGETS; docs/internals.md shows both. Raised
+# for the report's token records (issue 50: the call in batches and nanopost/token_records.py's guard,
+# one more file): dpo 1,751 -> 1,764 lines, grpo 1,920 -> 1,935.
+RATCHET = dict(sft=(1220, 15), dpo=(1770, 20), grpo=(1940, 19))
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ def test_the_kept_iterations_spread_from_the_first_to_the_last_but_one():
         cfg = dict(keep_tokens=n, max_iters=max_iters)
         return [it for it in range(max_iters) if kept(cfg, it)]
     assert kept_of(0, 10) == []
-    assert kept_of(1, 10) == [0]
+    assert kept_of(1, 10) == [0] and kept_of(4, 1) == []  # (one iteration: no next one to score its update)
     assert kept_of(3, 10) == [0, 4, 8]
     assert kept_of(4, 20) == [0, 6, 12, 18]
     assert kept_of(50, 5) == [0, 1, 2, 3]  # more than the run has: every iteration with a next one
