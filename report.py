@@ -198,7 +198,7 @@ tr.fixed { background: #e3f6e6; } tr.broken { background: #fbe3e1; }
 .group { margin: .6em 0 1em; } .prompt { color: #555; font-style: italic; }
 .answer { display: flex; gap: .6em; margin: 2px 0; align-items: baseline; }
 .meta { flex: 0 0 17em; font-size: 12px; font-family: monospace; white-space: nowrap; }
-.tokens { font-family: monospace; white-space: pre-wrap; word-break: break-all; }
+.tokens { font-family: monospace; white-space: pre-wrap; word-break: break-all; min-width: 0; }
 .tok { border-radius: 2px; } .tok.clipped { outline: 2px solid #b3261e; }
 .tok.tool { background: repeating-linear-gradient(45deg, #ddd, #ddd 3px, #f4f4f4 3px, #f4f4f4 6px) !important; color: #666; }
 .pairs { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; }
@@ -328,6 +328,7 @@ function render() {
 function escapeHtml(s) { const d = document.createElement("div"); d.textContent = s; return d.innerHTML; }
 function choose(q) { colour = q; location.hash = "colour=" + q + "&iter=" + DATA.records[shown].iter; render(); }
 function setup() {
+  if (!document.getElementById("samples")) return;  // (a ladder's page: no samples of its own)
   if (!DATA.records.length) { document.getElementById("samples").innerHTML = "<p>No token records: this run kept none (keep_tokens=0, or an algorithm that does not keep them).</p>"; return; }
   const hash = new URLSearchParams(location.hash.slice(1));
   const wanted = Number(hash.get("iter"));
@@ -422,23 +423,31 @@ def ladder_report(root, names):
     body += "<h2>The stages' own reports</h2><ul>" + "".join(
         f"<li><a href='{html.escape(name)}/report.html'>{html.escape(name)}</a></li>" for name in names) + "</ul>"
     body += "<h2>Held-out answers, stage by stage</h2>"
-    if answers:
-        cols = list(answers)
-        prompts = [a["prompt"] for a in answers[cols[0]]]
-        by = {name: {a["prompt"]: a for a in found} for name, found in answers.items()}
-        right = {name: sum(a["verdict"] > 0 for a in found) for name, found in answers.items()}
-        body += ("<p>Each stage's greedy answers at its last evaluation (answers.jsonl); a row whose verdicts "
-                 "differ between stages is marked.</p><table class='answers'><tr><th>problem</th>"
-                 + "".join(f"<th>{html.escape(c)} ({right[c]} of {len(answers[c])} right)</th>" for c in cols) + "</tr>")
-        for p in prompts:
-            cells = [by[c].get(p) for c in cols]
-            verdicts = {c["verdict"] for c in cells if c}
-            body += (f"<tr class='{'fixed' if len(verdicts) > 1 else ''}'><td>{html.escape(p)}</td>"
-                     + "".join(verdict_cell(c) if c else "<td>–</td>" for c in cells) + "</tr>")
-        body += "</table>"
-    else:
+    tasks = {}  # each task's stages (the calculator branch answers other problems)
+    for name in answers:
+        config = json.loads(read_text(os.path.join(root, name, "config.json")))
+        tasks.setdefault(config.get("env", "?"), []).append(name)
+    for task, cols in tasks.items():
+        body += f"<h3>{html.escape(task)}</h3>" + stages_table(cols, answers)
+    if not answers:
         body += "<p>No stage saved its held-out answers (answers.jsonl).</p>"
     return page("the ladder", body, dict(records=[], clip_eps=0.2, beta_of={}))
+
+
+def stages_table(cols, answers):
+    """The stages `cols`' answers to the first one's problems, a column each; a row whose verdicts differ marked."""
+    by = {name: {a["prompt"]: a for a in answers[name]} for name in cols}
+    right = {name: sum(a["verdict"] > 0 for a in answers[name]) for name in cols}
+    rows = ""
+    for problem in (a["prompt"] for a in answers[cols[0]]):
+        cells = [by[c].get(problem) for c in cols]
+        verdicts = {c["verdict"] for c in cells if c}
+        rows += (f"<tr class='{'fixed' if len(verdicts) > 1 else ''}'><td>{html.escape(problem)}</td>"
+                 + "".join(verdict_cell(c) if c else "<td>–</td>" for c in cells) + "</tr>")
+    return ("<p>Each stage's greedy answers at its last evaluation (answers.jsonl); a row whose verdicts differ "
+            "between stages is marked.</p><table class='answers'><tr><th>problem</th>"
+            + "".join(f"<th>{html.escape(c)} ({right[c]} of {len(answers[c])} right)</th>" for c in cols)
+            + f"</tr>{rows}</table>")
 
 
 def write_report(directory, order=()):

@@ -5,6 +5,7 @@ not blank and shows the figure). The browser tests are skipped where Chromium is
 installs it: .ci/run)."""
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -92,7 +93,6 @@ def chromium(url, *flags):
 
 def span_colours(dom):
     """The background colour of every coloured token span, in order."""
-    import re
     return re.findall(r'<span class="tok[ a-z]*"[^>]*style="background-color: ([^;"]*)', dom)
 
 
@@ -120,3 +120,39 @@ def test_a_screenshot_is_not_blank_and_shows_the_figure(grpo_run, tmp_path):
     c0 = torch.tensor([0x1F, 0x77, 0xB4]) / 255.0
     near = (torch.tensor(pixels) - c0).abs().amax(-1) < 0.08
     assert near.sum() > 50
+
+
+def worked_run(directory):
+    """A run directory written by hand: two answers of one group, a tool's two tokens in the second,
+    ρ after the update chosen so that one token of each answer leaves the clip range on the side its
+    advantage cuts (ρ = e^0.5 > 1 + ε with A = +1; ρ = e^−0.5 < 1 − ε with A = −1), and an alarm."""
+    os.makedirs(directory)
+    json.dump(dict(algo="grpo", clip_eps=0.2, init_from="scratch"), open(os.path.join(directory, "config.json"), "w"))
+    with open(os.path.join(directory, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps(dict(iter=1, reward=0.5, entropy=1.0)) + "\n")
+        f.write(json.dumps(dict(iter=2, reward=0.0, entropy=0.5, alarms=["entropy_collapse"])) + "\n")
+    row = dict(prompt="What is 1 + 1?", group=[0, 0], parsed=True, logp_old=[-1.0, -1.0, -1.0])
+    rows = [dict(row, tokens=["Answer", ": ", "2"], tool=[0, 0, 0], verdict=1.0, advantage=1.0),
+            dict(row, tokens=["<call>", "1+1", "=2"], tool=[0, 1, 1], verdict=0.0, advantage=-1.0)]
+    with open(os.path.join(directory, "tokens.jsonl"), "w") as f:
+        f.write(json.dumps(dict(iter=0, kind="rollouts", rows=rows)) + "\n")
+        f.write(json.dumps(dict(iter=0, kind="after", after=[[-0.5, -1.0, -1.0], [-1.5, -1.0, -1.0]])) + "\n")
+    return report.write_report(directory)
+
+
+def test_the_report_lists_the_alarms_and_reads_the_records_back(tmp_path):
+    page = open(worked_run(str(tmp_path / "run"))).read()
+    assert "entropy_collapse</b> at iteration 2" in page
+    data = json.loads(page.split("id='data'>")[1].split("</script>")[0])
+    assert data["records"][0]["rows"][1]["logp_after"] == [-1.5, -1.0, -1.0]  # the "after" line merged in
+
+
+@needs_chromium
+def test_the_ratio_view_outlines_the_clipped_tokens_and_hatches_the_tools(tmp_path):
+    url = "file://" + worked_run(str(tmp_path / "run"))
+    dom, console = chromium(url + "#colour=ratio", "--dump-dom")
+    assert console == []
+    spans = re.findall(r'<span class="(tok(?: [a-z]+)*)"', dom)
+    assert spans == ["tok clipped", "tok", "tok", "tok clipped", "tok tool", "tok tool"]
+    colours = span_colours(chromium(url + "#colour=advantage", "--dump-dom")[0])
+    assert colours[:4] == ["rgba(30, 160, 60, 0.85)"] * 3 + ["rgba(215, 40, 40, 0.85)"]  # A = +1, then −1: full strength
