@@ -22,6 +22,8 @@ A run's report holds
 The page's script is plain JavaScript; `#colour=NAME` in the address chooses the colouring at load.
 """
 
+import base64
+import gzip
 import html
 import io
 import json
@@ -69,8 +71,10 @@ def token_records(run_dir):
         for row, logp in zip(record.get("rows", []), after.get(it, [])):
             row["logp_after"] = logp
         for row in record.get("rows", []):
-            row.pop("ids", None)  # (the ids were for the rescoring, the text for a reader of the file:
-            row.pop("text", None)  # the page shows the tokens)
+            for key in ("ids", "start", "text"):  # (for the rescoring and a reader of the file: the page shows the tokens)
+                row.pop(key, None)
+            if not any(row.get("tool", ())):
+                row.pop("tool", None)  # (no tool token: a smaller page)
         for pair in record.get("pairs", []):
             for side in (pair["chosen"], pair["rejected"]):
                 side.pop("ids", None)
@@ -290,8 +294,14 @@ function meta(row) {
   const a = row.advantage; if (a != null && !Array.isArray(a)) parts.push(`A ${a.toFixed(2)}`);
   const d = document.createElement("div"); d.className = "meta"; d.innerHTML = parts.join(" · "); return d;
 }
+async function unpack(i) {
+  // one kept iteration, gzipped JSON in base64: only the iteration shown is unpacked and parsed
+  const bytes = Uint8Array.from(atob(DATA.packed[i]), c => c.charCodeAt(0));
+  return JSON.parse(await new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"))).text());
+}
+let record = null;
 function render() {
-  const record = DATA.records[shown], box = document.getElementById("samples");
+  const box = document.getElementById("samples");
   box.innerHTML = "";
   const q = colour, m = q ? scaleOf(record, q) : 1;
   document.getElementById("legend").innerHTML = q ? `${QUANTITIES[q][0]}: <span style="background:${paint(-m, m, QUANTITIES[q][1])}"></span> ${QUANTITIES[q][1] ? (-m).toPrecision(3) + " … 0 … " : "0 … "}<span style="background:${paint(m, m, QUANTITIES[q][1])}"></span> ${m.toPrecision(3)}` : "";
@@ -326,25 +336,26 @@ function render() {
   }
 }
 function escapeHtml(s) { const d = document.createElement("div"); d.textContent = s; return d.innerHTML; }
-function choose(q) { colour = q; location.hash = "colour=" + q + "&iter=" + DATA.records[shown].iter; render(); }
-function setup() {
+function choose(q) { colour = q; location.hash = "colour=" + q + "&iter=" + DATA.iterations[shown]; render(); }
+async function setup() {
   if (!document.getElementById("samples")) return;  // (a ladder's page: no samples of its own)
-  if (!DATA.records.length) { document.getElementById("samples").innerHTML = "<p>No token records: this run kept none (keep_tokens=0, or an algorithm that does not keep them).</p>"; return; }
+  if (!DATA.iterations.length) { document.getElementById("samples").innerHTML = "<p>No token records: this run kept none (keep_tokens=0, or an algorithm that does not keep them).</p>"; return; }
   const hash = new URLSearchParams(location.hash.slice(1));
   const wanted = Number(hash.get("iter"));
-  shown = Math.max(0, DATA.records.findIndex(r => r.iter === wanted));
+  shown = Math.max(0, DATA.iterations.indexOf(wanted));
   const iters = document.getElementById("iter");
-  DATA.records.forEach((r, i) => { const o = document.createElement("option"); o.value = i; o.textContent = `iteration ${r.iter}`; iters.appendChild(o); });
+  DATA.iterations.forEach((it, i) => { const o = document.createElement("option"); o.value = i; o.textContent = `iteration ${it}`; iters.appendChild(o); });
   iters.value = shown;
-  iters.onchange = () => { shown = Number(iters.value); fillSwitch(); choose(colour); };
+  iters.onchange = async () => { shown = Number(iters.value); record = await unpack(shown); fillSwitch(); choose(colour); };
   function fillSwitch() {
-    const names = available(DATA.records[shown]), sw = document.getElementById("colour");
+    const names = available(record), sw = document.getElementById("colour");
     sw.innerHTML = "";
     for (const q of names) { const o = document.createElement("option"); o.value = q; o.textContent = q; sw.appendChild(o); }
     if (!names.includes(colour)) colour = names.includes(hash.get("colour")) ? hash.get("colour") : names[0];
     sw.value = colour;
     sw.onchange = () => choose(sw.value);
   }
+  record = await unpack(shown);
   fillSwitch();
   render();
   const box = document.getElementById("samples");
@@ -356,9 +367,14 @@ function setup() {
   });
   box.addEventListener("mouseleave", () => { tip.style.display = "none"; });
 }
-setup();
-document.body.dataset.drawnMs = Math.round(performance.now());  // (when the page was ready, after loading)
+setup().then(() => { document.body.dataset.drawnMs = Math.round(performance.now()); });  // (when the page was drawn, after loading)
 """.replace("%QUANTITIES%", QUANTITIES)
+
+
+def packed(record):
+    """A kept iteration as gzipped JSON in base64: the page unpacks only the one it shows (the browser's
+    DecompressionStream), so a run of many kept iterations opens as fast as one of a few."""
+    return base64.b64encode(gzip.compress(json.dumps(record, separators=(",", ":")).encode(), mtime=0)).decode()
 
 
 def page(title, body, data):
@@ -394,8 +410,8 @@ def run_report(run_dir):
         if record["kind"] == "pairs":
             for pair in record["pairs"]:
                 pair["chosen"]["iter"] = pair["rejected"]["iter"] = record["iter"]
-    data = dict(records=records, clip_eps=config.get("clip_eps", 0.2),
-                beta_of={r["iter"]: r.get("beta") for r in records})
+    data = dict(iterations=[r["iter"] for r in records], packed=[packed(r) for r in records],
+                clip_eps=config.get("clip_eps", 0.2), beta_of={r["iter"]: r.get("beta") for r in records})
     return page(f"{name} report", body, data)
 
 
@@ -413,7 +429,6 @@ def stages(root, order=()):
 def ladder_report(root, names):
     """A ladder's report: its plot, every stage's last held-out answers side by side (a row whose
     verdicts differ between stages marked), and a link to each stage's own report."""
-    import base64
     answers = {name: evaluations(os.path.join(root, name)) for name in names}
     answers = {name: found[-1][1] for name, found in answers.items() if found}
     plot = os.path.join(root, "ladder.png")
@@ -431,7 +446,7 @@ def ladder_report(root, names):
         body += f"<h3>{html.escape(task)}</h3>" + stages_table(cols, answers)
     if not answers:
         body += "<p>No stage saved its held-out answers (answers.jsonl).</p>"
-    return page("the ladder", body, dict(records=[], clip_eps=0.2, beta_of={}))
+    return page("the ladder", body, dict(iterations=[], packed=[], clip_eps=0.2, beta_of={}))
 
 
 def stages_table(cols, answers):

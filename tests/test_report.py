@@ -4,6 +4,8 @@ no console error, one coloured span per saved token, the switch recolours them, 
 not blank and shows the figure). The browser tests are skipped where Chromium is not installed (CI
 installs it: .ci/run)."""
 
+import base64
+import gzip
 import json
 import re
 import os
@@ -144,7 +146,8 @@ def test_the_report_lists_the_alarms_and_reads_the_records_back(tmp_path):
     page = open(worked_run(str(tmp_path / "run"))).read()
     assert "entropy_collapse</b> at iteration 2" in page
     data = json.loads(page.split("id='data'>")[1].split("</script>")[0])
-    assert data["records"][0]["rows"][1]["logp_after"] == [-1.5, -1.0, -1.0]  # the "after" line merged in
+    record = json.loads(gzip.decompress(base64.b64decode(data["packed"][0])))
+    assert data["iterations"] == [0] and record["rows"][1]["logp_after"] == [-1.5, -1.0, -1.0]  # "after" merged in
 
 
 @needs_chromium
