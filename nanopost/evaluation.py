@@ -1,10 +1,11 @@
 """
 Policy evaluation: the one evaluation behind every algorithm's figures, the ladder's and the
 experiments'. Greedy answers to `problems` held-out and `ood_problems` OOD problems (accuracy,
-length in tokens, the share that shows its work; in a run the held-out answers go to answers.jsonl); then `samples` answers to each of
-`sampled_problems` held-out problems at `temperature`, one rollout that gives their accuracy and
-length, pass@samples (Best-of-samples by the verifier: right when any sample is) and, given a
-reference model, the KL to it. And the plot of a run's metrics.
+length in tokens, the share that shows its work; in a run the held-out answers go to answers.jsonl,
+for report.py); then `samples` answers to each of `sampled_problems` held-out problems at
+`temperature`, one rollout that gives their accuracy and length, pass@samples (Best-of-samples by
+the verifier: right when any sample is) and, given a reference model, the KL to it. And the plot
+of a run's metrics.
 """
 
 import json
