@@ -1,11 +1,11 @@
 """
 Token records: a few iterations' rollouts kept token by token in out_dir/tokens.jsonl, for report.py
-to colour. keep_tokens iterations are kept, spread evenly from the first to the last but one; on
-each, the algorithm's batches makes one call here (keep_rollouts, or keep_pairs for DPO) and rank 0
-appends one JSON line: every row's prompt, its response tokens as text, which of them a tool wrote
+to colour. keep_tokens iterations are kept, spread evenly from the first to the last but one. The
+algorithm's batches calls here once an iteration (keep_rollouts, or keep_pairs for DPO); on a kept
+iteration rank 0 appends one JSON line: every row's prompt, its response tokens as text, which of them a tool wrote
 (no loss trains on them), the verifier's verdict, whether the answer parsed, and per response token
 what the algorithm had: log π_old, log π_ref, the advantage, the policy's entropy, the teacher's
-log-prob (OPD), the critic's value and target (PPO), the step rewards (process rewards).
+log-prob (OPD), the critic's value and target (PPO), the step rewards (process rewards, RLVP).
 
 The update comes after batches, so the call at the next iteration scores the kept rows again, under
 the policy that iteration's update made, and appends {"iter", "after"}: ρ = π_new/π_old on every
