@@ -47,6 +47,7 @@ from nanopost.distributed import all_reduce_sum, chunks, over_ranks
 from nanopost.evaluation import evaluate_policy, write_samples
 from model import sequence_logprobs
 from nanopost.passports import preference_passport, write_passport
+from nanopost.token_records import keep_pairs
 from model import SharedPrompts
 
 starts_from = {"init_from": "sft"}  # its pairs are sampled from the starting policy: no random start (options.check_start)
@@ -144,7 +145,9 @@ def attach_reference(run, reference, example_sets):
 
 def batches(run, state, it):
     """One optimizer step of the fixed pairs (a per-epoch shuffle, pairs.step_batches)."""
-    return pairs.step_batches(run, it, state.train_examples), {}
+    steps = pairs.step_batches(run, it, state.train_examples)
+    keep_pairs(run, it, steps, state.reference)  # a few iterations' tokens, for report.py
+    return steps, {}
 
 
 def dpo_loss(policy_lp_w, policy_lp_l, ref_lp_w, ref_lp_l, beta):

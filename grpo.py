@@ -39,6 +39,7 @@ from nanopost.rollout_figures import rollout_figures
 from model import SharedPrompts, clipped_surrogate, kl_estimate, token_logprobs_and_entropy
 from nanopost.passports import grpo_passport, verifier_check, write_passport
 from nanopost.rollouts import Rollout, old_logprobs_mode, rollouts, score_tokens, shard_problems, shard_size
+from nanopost.token_records import keep_rollouts
 
 starts_from = {"init_from": "sft"}  # RL selects among what a trained policy does: no random start
 on_policy = True  # the loss scores the function that sampled; every rank makes the same forwards
@@ -95,6 +96,7 @@ def batches(run, state, it):
     """This rank's shards sampled, verified and given their advantages, and the iteration's figures;
     then the optimizer steps: inner_epochs × minibatches, each a list of micro-batches."""
     shards = sample_shards(run, state, run.raw_model, it)
+    keep_rollouts(run, it, shards)  # a few iterations' tokens, for report.py (nanopost/token_records.py)
     return minibatches(run, shards), rollout_figures(run, state, shards)
 
 

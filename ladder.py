@@ -2,7 +2,8 @@
 The post-training ladder in one command: pretrain → SFT → RM, DPO, PPO, GRPO, RFT, OPD, OPSD, and
 the agentic branch (SFT then GRPO with a calculator tool), each stage a plain `python train.py ...`
 run (printed, so you can type it yourself) from the right checkpoint, then an evaluation of every
-stage and one report, OUT_ROOT/report.md.
+stage and one report, OUT_ROOT/report.md, and in the browser OUT_ROOT/report.html (report.py: every
+stage's held-out answers side by side, each stage's own report with its samples token by token).
 
     python ladder.py                                   # everything, into out/pretrain, out/sft, ...
     python ladder.py --out_root=runs/a --device=cuda   # any --key=value goes to every stage
@@ -44,6 +45,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
+import report
 from nanopost import bands
 from nanopost.checkpoints import load_model, safe_load
 from nanopost.data import config_env
@@ -579,7 +581,8 @@ def main(argv):
                 print(f"[ladder] {label}: " + ", ".join(f"{key} {v:.3g}" for key, v in shown.items()), flush=True)
     if results:
         write_report(root, results, options)
-        print(f"[ladder] report: {os.path.join(root, 'report.md')}", flush=True)
+        print(f"[ladder] report: {os.path.join(root, 'report.md')}; in the browser, every stage's samples token by "
+              f"token: {report.write_report(root, [name for name, _, _ in STAGES])}", flush=True)
     if failure:
         raise SystemExit(failure)
 

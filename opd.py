@@ -47,6 +47,7 @@ from nanopost.distributed import all_reduce_sum, chunks
 from nanopost.evaluation import evaluate_policy
 from nanopost.passports import opd_passport, unparsed, verifier_check, write_passport
 from nanopost.rollouts import last_response_column, rollouts, shard_problems, shard_size
+from nanopost.token_records import keep_rollouts
 
 starts_from = {"init_from": "sft", "teacher": "grpo"}  # after the ladder: its SFT stage, graded by its GRPO stage
 on_policy = True  # the teacher and the student score what was sampled; every rank grades alike
@@ -84,6 +85,7 @@ def batches(run, state, it):
     """This rank's shards, graded by the teacher; the figures for the log; one optimizer step of
     micro-batches of at most batch_size answers."""
     shards = [rollout_shard(run, state, it, s) for s in my_shards(run)]  # 1-2. sampled and graded
+    keep_rollouts(run, it, [ro for ro, _ in shards])  # a few iterations' tokens, for report.py
     return [micro_batches(run, shards)], figures(run, state, shards)
 
 

@@ -52,6 +52,7 @@ from nanopost.evaluation import evaluate_policy
 from model import GPT, ScalarHeadGPT, clipped_surrogate, kl_estimate, sequence_logprobs, token_logprobs, token_logprobs_and_entropy
 from nanopost.passports import ppo_passport, unparsed, verifier_check, write_passport
 from nanopost.rollouts import Rollout, last_response_column, old_logprobs_mode, rollouts
+from nanopost.token_records import keep_rollouts
 
 starts_from = {"init_from": "sft"}  # RL selects among what a trained policy does: no random start
 on_policy = True  # the loss sees the function the sampler used for π_old; every rank scores alike
@@ -256,6 +257,9 @@ def whitened_steps(run, state, it, micro):
         figures["explained_var"] = 1 - adv_var / return_var
     if micro[0].ref_logprobs is not None:
         figures["kl_ref"] = sums["kl"] / n  # per response
+    keep_rollouts(run, it, [mb.rollout for mb in micro], advantage=[mb.advantages for mb in micro],  # for report.py
+                  value=[mb.old_values for mb in micro], value_target=[mb.returns for mb in micro],
+                  logp_ref=[mb.ref_logprobs for mb in micro])
     steps = [micro[k * accum:(k + 1) * accum] for k in range(K)]
     order = [k for epoch in range(cfg["inner_epochs"]) for k in seeded_rng(run, it, epoch + 1).permutation(K)]
     return [steps[k] for k in order], figures

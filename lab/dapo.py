@@ -46,6 +46,7 @@ def batches(run, state, it):
     sampled = [sample_informative_groups(run, state, run.raw_model, it, shard) for shard in grpo.my_shards(run)]
     shards = [rows for rows, _, _ in sampled]
     figures = dict(grpo.rollout_figures(run, state, shards), **kept_figures(run, shards, sampled))
+    grpo.keep_rollouts(run, it, shards)  # tokens.jsonl, for report.py
     return grpo.minibatches(run, shards), figures
 
 

@@ -28,11 +28,13 @@ def setup(run, saved):
 
 def batches(run, state, it):
     """GRPO's groups with one advantage per token from the step rewards."""
-    shards = grpo.sample_shards(run, state, run.raw_model, it)
+    shards, step_rewards = grpo.sample_shards(run, state, run.raw_model, it), []
     for ro in shards:
         steps, ends = token_rewards(run, ro, run.env.step_rewards)
         ro.advantages = process_advantages(steps, ends, ro.mask, run.cfg["group_size"])
+        step_rewards.append(steps)
     figures = grpo.rollout_figures(run, state, shards)
+    grpo.keep_rollouts(run, it, shards, step_reward=step_rewards)  # tokens.jsonl, for report.py
     return grpo.minibatches(run, shards), figures
 
 

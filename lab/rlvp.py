@@ -13,7 +13,7 @@ import torch
 
 import grpo
 from grpo import evaluate, loss, on_policy, starts_from  # noqa: F401  (what RLVP does not change)
-from nanopost.rewards import path_signals
+from nanopost.rewards import path_signals, token_rewards
 
 base = "grpo"
 defaults = dict(
@@ -47,6 +47,8 @@ def batches(run, state, it):
             ro.advantages = grpo.group_advantages(ro.reward, G) + beta * grpo.group_advantages(path, G)
     figures = grpo.rollout_figures(run, state, shards)
     figures.pop("adv_sign_error_frac", None)  # (the advantage is not the outcome's alone)
+    grpo.keep_rollouts(run, it, shards,  # tokens.jsonl, for report.py: Φ on the token that closes each action
+                       step_reward=[token_rewards(run, ro, path_signals(run))[0] for ro in shards])
     return grpo.minibatches(run, shards), figures
 
 

@@ -1,10 +1,11 @@
 """
 Policy evaluation: the one evaluation behind every algorithm's figures, the ladder's and the
 experiments'. Greedy answers to `problems` held-out and `ood_problems` OOD problems (accuracy,
-length in tokens, the share that shows its work); then `samples` answers to each of
-`sampled_problems` held-out problems at `temperature`, one rollout that gives their accuracy and
-length, pass@samples (Best-of-samples by the verifier: right when any sample is) and, given a
-reference model, the KL to it. And the plot of a run's metrics.
+length in tokens, the share that shows its work; in a run the held-out answers go to answers.jsonl,
+for report.py); then `samples` answers to each of `sampled_problems` held-out problems at
+`temperature`, one rollout that gives their accuracy and length, pass@samples (Best-of-samples by
+the verifier: right when any sample is) and, given a reference model, the KL to it. And the plot
+of a run's metrics.
 """
 
 import json
@@ -20,17 +21,20 @@ from nanopost.rollouts import rollouts
 
 def greedy_accuracy(run, model, split, n):
     """{split}_acc, {split}_len, {split}_work of greedy answers to n problems of `split` (the first
-    seeded n; spread over ranks, counts summed), and transcripts of the first few."""
+    seeded n; spread over ranks, counts summed), transcripts of the first few, and this rank's answers
+    ({prompt, answer, response, verdict}: answers.jsonl, report.py's before and after)."""
     if split not in getattr(run.env, "splits", ("train", "heldout", "ood")):
-        return {}, []  # (a dataset has no ood split: no figures for it)
+        return {}, [], []  # (a dataset has no ood split: no figures for it)
     problems = run.env.problems(split, n, seed=0)[run.rank::run.world_size]
     roll = rollouts(run, model, problems, 1, temperature=0.0, seed=0, batch_size=run.cfg["eval_batch_size"])
     sums = all_reduce_sum(dict(correct=float(roll.verified.sum()), n=len(problems), tokens=float(roll.lengths.sum()),
                                work=sum(map(run.env.shows_work, roll.texts))), run)
     transcripts = [f"[{split}] {p['prompt']}\n  -> {text!r}  (answer {p['answer']}, reward {r:.0f})"
                    for p, text, r in zip(problems[:4], roll.texts, roll.verified.tolist())]
+    answers = [dict(prompt=p["prompt"], answer=p.get("answer"), response=text, verdict=r)
+               for p, text, r in zip(problems, roll.texts, roll.verified.tolist())]
     return {f"{split}_acc": sums["correct"] / sums["n"], f"{split}_len": sums["tokens"] / sums["n"],
-            f"{split}_work": sums["work"] / sums["n"]}, transcripts  # work: answers that write their steps
+            f"{split}_work": sums["work"] / sums["n"]}, transcripts, answers  # work: answers that write their steps
 
 
 @torch.no_grad()
@@ -74,7 +78,7 @@ def evaluate_policy(run, model, it=None, reference=None, temperature=1.0, proble
     transcripts go to samples.txt. Call it with the model in eval mode (the loop does)."""
     n = problems or run.cfg["eval_problems"]
     k = run.cfg["eval_samples"] if samples is None else samples
-    metrics, transcripts = greedy_accuracy(run, model, "heldout", n)
+    metrics, transcripts, answers = greedy_accuracy(run, model, "heldout", n)
     metrics.update(greedy_accuracy(run, model, "ood", ood_problems or n)[0])
     if k >= 1:
         sampled, lines = sampled_accuracy(run, model, sampled_problems or n, k, temperature, reference)
@@ -82,6 +86,7 @@ def evaluate_policy(run, model, it=None, reference=None, temperature=1.0, proble
         transcripts += lines
     if it is not None:
         write_samples(run, it, transcripts)
+        write_out(run, "answers.jsonl", json.dumps(dict(iter=it, split="heldout", answers=answers)) + "\n", "a")
     return metrics, transcripts
 
 

@@ -67,6 +67,7 @@ DEFAULTS = dict(
     max_new_tokens=64,          # response length limit for sampling (evaluation and rollouts)
     max_tool_calls=6,           # tool environments (--env=calculator, treasure): calls run per response; later ones get an error back
     checkpoint=True,            # write ckpt.pt at every evaluation and at the end
+    keep_tokens=4,              # RL and DPO: iterations whose rollouts tokens.jsonl keeps token by token, spread over the run, for report.py; 0 = none
     plot=True,                  # redraw metrics.png at the last evaluation, and at others a minute or more after the last drawing
     seed=1337,                  # seeds torch, numpy and random (each DDP rank adds its rank for dropout)
     device="auto",              # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps
@@ -132,7 +133,7 @@ RANGES = dict(
     learning_rate=">= 0", min_lr=">= 0", warmup_iters=">= 0", weight_decay=">= 0", beta1="[0, 1)",
     beta2="[0, 1)", grad_clip=">= 0", lora_rank=">= 0", lora_alpha="> 0",
     eval_interval=">= 0", eval_problems=">= 1", eval_batch_size=">= 1", log_interval=">= 1",
-    eval_samples=">= 0", max_new_tokens=">= 1", max_tool_calls=">= 0", seed=">= 0",
+    eval_samples=">= 0", keep_tokens="[0, 100] (each is a line of tokens.jsonl, MBs on a large batch)", max_new_tokens=">= 1", max_tool_calls=">= 0", seed=">= 0",
     # the algorithms' own
     train_problems=">= 1", corpus_docs=">= 1", val_examples=">= 1", reader_frac="[0, 1]",  # sft
     muon_momentum="[0, 1)",  # its lab

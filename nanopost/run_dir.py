@@ -73,7 +73,7 @@ def alive(pid):
 # for none); after a kill they stay in out_dir/previous.
 PREVIOUS = "previous"
 RUN_FILES = ("ckpt.pt", "config.json", "metrics.jsonl", "metrics.png", "samples.txt", "passport.md",
-             "ladder.json", "ladder_eval.json")
+             "ladder.json", "ladder_eval.json", "tokens.jsonl", "answers.jsonl", "report.html")
 
 
 def run_files(directory):

@@ -59,6 +59,11 @@ def test_every_stage_runs_and_is_reported(ladder_root):
     assert [row.split(" | ")[0][2:] for row in rows] == NAMES
     assert "pair acc" in rows[NAMES.index("rm")] and "passport.md" in report and "(answer " in report
     assert os.path.isfile(os.path.join(ladder_root, "ladder.png"))
+    # and in the browser (report.py): the root's page links every stage's own, in the ladder's order
+    page = open(os.path.join(ladder_root, "report.html")).read()
+    assert [page.index(f"href='{name}/report.html'") for name in NAMES] == sorted(
+        page.index(f"href='{name}/report.html'") for name in NAMES)
+    assert all(os.path.isfile(os.path.join(ladder_root, name, "report.html")) for name in NAMES)
     # the last column: the monitors that fired in each stage's own metrics.jsonl
     assert [row.split(" | ")[-1].rstrip(" |") for row in rows] == [
         ladder.fired_monitors(os.path.join(ladder_root, name)) for name in NAMES]

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import reading_path  # noqa: E402
 
 ALGORITHMS = {"sft", "rm", "dpo", "ppo", "grpo", "opd", "rft", "qlearn"}
-SCRIPTS = {"model", "sampler", "train", "sample", "ladder", "export"}
+SCRIPTS = {"model", "sampler", "train", "sample", "ladder", "export", "report"}
 MAX_FLOORS = 6
 
 

@@ -13,8 +13,10 @@ import reading_path  # noqa: E402
 
 # Budgets: the path measured when each was set, rounded up to ten lines (a ratchet: lower them as the
 # path shrinks). Before the textbook (a9977b8, the same tracer): sft 1,175 lines in 15 files, dpo 1,810
-# in 19, grpo 2,218 in 21. The targets are reading_path.BUDGETS; docs/internals.md shows both.
-RATCHET = dict(sft=(1220, 15), dpo=(1730, 19), grpo=(1900, 18))
+# in 19, grpo 2,218 in 21. The targets are reading_path.BUDGETS; docs/internals.md shows both. Raised
+# for the report's token records (issue 50: the call in batches and nanopost/token_records.py's guard,
+# one more file): dpo 1,736 -> 1,749 lines, grpo 1,891 -> 1,906.
+RATCHET = dict(sft=(1220, 15), dpo=(1750, 20), grpo=(1910, 19))
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +51,9 @@ def test_the_tracer_counts_each_function_once_and_a_closure_inside_its_function(
 # --help's keys for GRPO, the loop's and GRPO's own (the task's keys, listed apart, not counted): 87 in
 # all before the textbook, 44 at its move, 39 once the keys that cannot apply to GRPO (gradient
 # accumulation, lora_alpha without LoRA, fsdp in one process) went to the "not listed" line and the
-# task's keys to their own group. The issue's target is 35.
-HELP_RATCHET = dict(grpo=39)
+# task's keys to their own group; 40 with keep_tokens (the iterations tokens.jsonl keeps for report.py).
+# The issue's target is 35.
+HELP_RATCHET = dict(grpo=40)
 
 
 @pytest.mark.parametrize("algo", list(HELP_RATCHET))

@@ -181,7 +181,8 @@ def test_checkpoint_is_atomic_and_loadable_with_lora(tmp_path):
     out = tmp_path / "lora"
     T.train(dict(TINY, **SFT_DATA, algo="sft", out_dir=str(out), lora_rank=2, max_iters=2, eval_interval=2, plot=True))
     # no .tmp left behind
-    assert sorted(os.listdir(out)) == ["ckpt.pt", "config.json", "metrics.jsonl", "metrics.png", "passport.md", "samples.txt"]
+    assert sorted(os.listdir(out)) == ["answers.jsonl", "ckpt.pt", "config.json", "metrics.jsonl", "metrics.png", "passport.md",
+                                      "samples.txt"]
     model = load_model(str(out))
     assert not any("lora" in k for k in model.state_dict())
     run = T.train(dict(TINY, **SFT_DATA, algo="sft", out_dir=str(tmp_path / "next"), init_from=str(out), max_iters=1))
