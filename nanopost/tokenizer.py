@@ -388,15 +388,9 @@ class GGUFTokenizer:
         ends = starts[1:] + [len(text)]
         return ids, [int(any(a <= first and last <= b for a, b in spans)) for first, last in zip(starts, ends)]
 
-    def prompt_ids(self, prompt):
-        return self.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)[0]
-
-    def response_ids(self, response):
-        return self.encode(response) + [self.eos]
-
-    def assistant_ids(self, response):
-        ids = self.response_ids(response)
-        return ids, [1] * len(ids)
+    # a prompt, a response and an answer's ids: as a transformers chat template's (the same template here)
+    prompt_ids, response_ids, assistant_ids = (ChatTemplateTokenizer.prompt_ids, ChatTemplateTokenizer.response_ids,
+                                               ChatTemplateTokenizer.assistant_ids)
 
     def save_pretrained(self, directory):
         """A transformers tokenizer directory (vocab.json, merges.txt, the control tokens as specials,
