@@ -451,7 +451,7 @@ def test_help_on_the_command_line():
     assert out.returncode == 0 and out.stderr == ""
     assert "--kl_coef=0.04" in out.stdout and "--learning_rate=0.0001*" in out.stdout and "usage: python train.py" in out.stdout
     out = run_script("export.py", "--help")
-    assert out.returncode == 0 and out.stdout.startswith("usage: python export.py CKPT_DIR OUT_DIR")
+    assert out.returncode == 0 and out.stdout.startswith("usage: python export.py CKPT_DIR")
 
 
 def help_lines(overrides):
