@@ -289,8 +289,11 @@ def table(results):
         for seed, points in runs.items():
             lines += [f"| {arm} | {seed} | {p['iter']} | {p['seconds']:.0f} | " +
                       " | ".join(f"{p['greedy'][s]['acc']:.3f}" for s in splits) + " |" for p in points]
-    lines += ["", f"At the end, {len(results['seeds'])} seeds, {n} problems per split (one evaluation's band at most "
-              f"± {bands.binomial(0.5, n):.3f}); the start, then each arm's mean ± band (or both seeds and their range):", "",
+    fewest = min(problems_in(results, split) for split in splits)
+    lines += ["", f"At the end, {len(results['seeds'])} seeds, {n} problems per split or the whole split where it holds "
+              f"fewer ({', '.join(f'{s} {problems_in(results, s)}' for s in splits if problems_in(results, s) < n) or 'none'}; "
+              f"one evaluation's band at most ± {bands.binomial(0.5, fewest):.3f}); the start, then each arm's mean ± band "
+              f"(or both seeds and their range):", "",
               "| split | answer | start | more SFT | GRPO | GRPO − more SFT (paired) | worked share: start / SFT / GRPO |",
               "|---|---|---|---|---|---|---|"]
     for split in splits:

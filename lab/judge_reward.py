@@ -50,6 +50,7 @@ def batches(run, state, it):
         sums = dict(agree=sums["agree"] + float(figures["judge_agree"].sum()),
                     written=sums["written"] + float(figures["judge_verdict_written"].sum()), n=sums["n"] + len(ro.reward))
     sums = all_reduce_sum(sums, run)
+    grpo.keep_rollouts(run, it, shards)  # tokens.jsonl, for report.py
     return grpo.minibatches(run, shards), dict(grpo.rollout_figures(run, state, shards),
                                                judge_agree=sums["agree"] / sums["n"],
                                                judge_verdict_written=sums["written"] / sums["n"])

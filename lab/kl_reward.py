@@ -27,6 +27,7 @@ def batches(run, state, it):
         ro.advantages = grpo.group_advantages(ro.reward, run.cfg["group_size"])
         paid, n = paid + float(kl.sum()), n + len(kl)
     paid, n = all_reduce_sum([paid, n], run)
+    grpo.keep_rollouts(run, it, shards)  # tokens.jsonl, for report.py
     figures = grpo.rollout_figures(run, state, shards)  # (their reward: the shaped one)
     figures.update(reward_shaped=figures["reward"], reward=figures["reward"] + paid / n, kl_reward=paid / n)
     return grpo.minibatches(run, shards), figures

@@ -62,4 +62,5 @@ def batches(run, state, it):
     state.sampler_iter = it
     last = it + 1 >= run.cfg["max_iters"]
     state.pending = None if last else state.thread.submit(grpo.sample_shards, run, state, state.sampler, it + 1)
+    grpo.keep_rollouts(run, it, shards)  # tokens.jsonl, for report.py
     return grpo.minibatches(run, shards), dict(figures, **grpo.rollout_figures(run, state, shards))

@@ -139,7 +139,9 @@ def batches(run, state, it):
         state.round = round_
         if run.master:
             print(f"online dpo round {round_}: " + ", ".join(f"{k} {v:.4g}" for k, v in state.round_figures.items()))
-    return pairs.step_batches(run, position, state.round_examples, keys=(round_,)), dict(state.round_figures)
+    steps = pairs.step_batches(run, position, state.round_examples, keys=(round_,))
+    dpo.keep_pairs(run, it, steps, state.reference)  # tokens.jsonl, for report.py
+    return steps, dict(state.round_figures)
 
 
 @torch.no_grad()

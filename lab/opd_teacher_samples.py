@@ -22,6 +22,7 @@ defaults = dict(opd.defaults)
 
 def batches(run, state, it):
     shards = [rollout_shard(run, state, it, s) for s in opd.my_shards(run)]
+    opd.keep_rollouts(run, it, [ro for ro, _ in shards])  # tokens.jsonl, for report.py
     return [opd.micro_batches(run, shards)], opd.figures(run, state, shards)
 
 

@@ -41,6 +41,7 @@ def batches(run, state, it):
     sums = all_reduce_sum({name: float(sum(part[name].sum() for part in parts)) for name in weights}
                           | dict(n=sum(len(ro.reward) for ro in shards)), run)
     dimensions = {f"reward_{name}": sums[name] / sums["n"] for name in weights}
+    grpo.keep_rollouts(run, it, shards)  # tokens.jsonl, for report.py
     return grpo.minibatches(run, shards), dict(grpo.rollout_figures(run, state, shards), **dimensions)
 
 

@@ -163,7 +163,8 @@ def config_env(cfg):
     gsm8k is built from the rows of env_data rather than generated."""
     if cfg["env"] == "gsm8k":
         return GSM8K(*dataset_splits(cfg["env_data"], GSM8K.check_row))
-    pool = dict(train_pool=cfg["env_train_pool"]) if cfg["env_train_pool"] else {}  # (arithmetic's alone)
+    pool = cfg.get("env_train_pool")  # (arithmetic's alone; a config.json written before the key has none)
+    pool = dict(train_pool=pool) if pool else {}
     return make_env(cfg["env"], digits=cfg["env_digits"], n_ops=cfg["env_ops"], direct_frac=cfg["env_direct_frac"], **pool)
 
 

@@ -247,5 +247,7 @@ def test_a_train_pool_fixes_the_training_problems_of_every_algorithm():
     assert all(p["prompt"] in pool for shard in shards for p in shard) and len(shards[0]) == 16
     drawn[0]["prompt"] = "changed"  # a draw is a copy: rewording it leaves the pool as it was
     assert "changed" not in {p["prompt"] for p in env.pool}
+    old = {k: v for k, v in options.make_config({}).items() if k != "env_train_pool"}  # a config.json from before the key
+    assert config_env(old).pool is None
     with pytest.raises(ValueError, match="--env_train_pool cannot apply to --env=generalpoints"):
         options.make_config(dict(env="generalpoints", env_train_pool=7))

@@ -159,3 +159,14 @@ def test_the_ratio_view_outlines_the_clipped_tokens_and_hatches_the_tools(tmp_pa
     assert spans == ["tok clipped", "tok", "tok", "tok clipped", "tok tool", "tok tool"]
     colours = span_colours(chromium(url + "#colour=advantage", "--dump-dom")[0])
     assert colours[:4] == ["rgba(30, 160, 60, 0.85)"] * 3 + ["rgba(215, 40, 40, 0.85)"]  # A = +1, then −1: full strength
+
+
+@pytest.mark.parametrize("algo", ["kl_reward", "one_step_off", "vector_reward"])
+def test_a_variant_with_its_own_iteration_keeps_its_tokens_too(algo, tmp_path):
+    """A variant of the lab that writes its own batches keeps the same records as grpo.py's."""
+    from conftest import TINY
+    out = str(tmp_path / algo)
+    T.train(dict(TINY, **dict(SMALL, algo=algo), max_iters=3, keep_tokens=2, out_dir=out))
+    kinds = [(r["iter"], r["kind"]) for r in records(out)]
+    assert [k for k in kinds if k[1] == "rollouts"] == [(0, "rollouts"), (1, "rollouts")], kinds
+    assert all(len(row["tokens"]) == len(row["logp_old"]) for r in records(out) if r["kind"] == "rollouts" for row in r["rows"])
