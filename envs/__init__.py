@@ -10,9 +10,7 @@ environment (a name another file uses goes into that list).
     gsm8k.py          GSM8K, built from the dataset's rows (data.config_env reads them; no ood split)
 
 Each environment offers
-- problems(split, n, seed): disjoint "train" / "heldout" splits and an "ood" split; training draws
-  repeat, an evaluation split's n problems are distinct (arithmetic.distinct_problems, through each
-  environment's draw and census);
+- problems(split, n, seed): disjoint "train" / "heldout" splits and an "ood" split;
 - solve(problem): the worked solution;
 - demonstration(problem): the SFT target (the worked solution, or for a share only the answer);
 - verify(problem, response): the reward, 1.0 or 0.0, from a strict answer parser;

@@ -14,22 +14,17 @@ nothing to select, and RL gains little.
 
 The splits: "train" and "heldout" are disjoint by the underlying equation (not just the wording: a
 hash of it puts HELDOUT_PERCENT of the equations in held-out); "ood" draws a (digits+1)-digit start
-and every operand from 0 to 10^(digits+1) - 1 (a subtraction never below 0). Training draws repeat;
-with `train_pool` = N (train.py's env_train_pool) every training draw comes from N fixed problems.
-An evaluation split ("heldout", "ood") holds n distinct problems (distinct_problems): the draws, in
-order, with a repeat (the same problem in other words) dropped; drawn with replacement, 1,000
-held-out draws of the default task held 814 distinct equations. Where n + 1,000 draws in a row find
-nothing new, the split's census (env.census: every problem of it) fills the rest, and a split that
-holds fewer than n is evaluated whole, with a warning that says so.
+and every operand from 0 to 10^(digits+1) - 1 (a subtraction never below 0). Every split is drawn
+with replacement from the generator's distribution (an evaluation estimates accuracy under it; docs/log.md
+says why distinct draws were tried and reverted); with `train_pool` = N (train.py's env_train_pool)
+every training draw comes from N fixed problems.
 
-parse_answer, the held-out share and distinct_problems are shared by the other environments.
+parse_answer and the held-out share are shared by the other environments.
 """
 
-import functools
 import hashlib
 import random
 import re
-import warnings
 
 NAMES = ["Ann", "Bob", "Kim", "Lee", "Max", "Sam", "Zoe", "Eva"]
 ITEMS = ["apples", "coins", "books", "cards", "shells", "stamps"]
@@ -46,49 +41,12 @@ _WORD_FORM = re.compile(r"[A-Z][a-z]+ had ([0-9]+) [a-z]+, ((?:got|gave away) [0
 _EQUATION = re.compile(r"(?:-|(?<![0-9]))[0-9]+[+-][0-9]+=-?[0-9]+\.")  # a written step of a worked solution, "7+8=15."
 
 
-def distinct_problems(env, split, n, seed):
-    """n distinct problems of an evaluation split (or all of it, a census): the module's docstring."""
-    rng, found, misses = random.Random(f"{env.name}-{split}-{seed}"), {}, 0
-    while len(found) < n and misses < n + 1_000:
-        key = (problem := env.draw(rng, split)) and repr(sorted((k, v) for k, v in problem.items() if k != "prompt"))
-        misses = 0 if problem and key not in found else misses + 1
-        if not misses:
-            found[key] = problem
-    return list(found.values()) if len(found) == n else census_filled(env, split, n, found)
-
-
-def census_filled(env, split, n, found):
-    """Where n + 1,000 draws in a row found nothing new: the problems `found` {key: problem}, then the
-    split's others from its census (env.census) up to n; where the split holds n or fewer, every one of
-    them, with a warning that says so."""
-    rest = [p for p in env.census(split) or [] if repr(sorted((k, v) for k, v in p.items() if k != "prompt")) not in found]
-    out = list(found.values()) + rest[:n - len(found)]
-    if len(out) < n:
-        warnings.warn(f"{env.name}: the {split} split holds {len(out)} distinct problems, not the {n} asked: "
-                      f"evaluating on all of them (a census)")
-    return out
-
-
 def parse_answer(response):
     """The final integer answer, or None when the response is not exactly in the expected form."""
     if response.count("Answer:") != 1:
         return None
     m = ANSWER_FORM.search(response)
     return int(m.group(1)) if m else None
-
-
-@functools.lru_cache(maxsize=8)
-def chains(digits, n_ops, need_big):
-    """Every chain Arithmetic._chain can draw, as (start, steps, value): each step + b, or − b up to the
-    value so far (never below 0), b of `digits` digits or fewer; the start of exactly `digits` where
-    need_big."""
-    hi = 10 ** digits - 1
-    out = [(start, [], start) for start in range(10 ** (digits - 1) if need_big else 0, hi + 1)]
-    for _ in range(n_ops):
-        out = [(start, steps + [(op, b)], value + b if op == "+" else value - b)
-               for start, steps, value in out
-               for op, top in (("+", hi), ("-", min(value, hi) if value > 0 else -1)) for b in range(top + 1)]
-    return tuple(out)
 
 
 class Arithmetic:
@@ -151,38 +109,25 @@ class Arithmetic:
         return "heldout" if int(hashlib.sha1(key.encode()).hexdigest(), 16) % 100 < HELDOUT_PERCENT else "train"
 
     def problems(self, split, n, seed=0):
-        """n problems of `split` ("train", "heldout" or "ood"): how each is drawn, the module's docstring."""
+        """n problems of `split` ("train", "heldout" or "ood"), train and held-out disjoint by equation
+        (not just wording); "ood" has a (digits+1)-digit start and operands from 0 to 10^(digits+1) - 1."""
         if split not in ("train", "heldout", "ood"):
             raise ValueError(f"split must be train, heldout or ood, got {split!r}")
-        if split != "train":
-            return distinct_problems(self, split, n, seed)
-        if self.pool:  # n draws from the fixed pool (copies: a caller may reword them)
+        if split == "train" and self.pool:  # n draws from the fixed pool (copies: a caller may reword them)
             rng = random.Random(f"{self.name}-pool-draw-{seed}")
             return [dict(rng.choice(self.pool)) for _ in range(n)]
-        rng, out = random.Random(f"{self.name}-{split}-{seed}"), []
+        rng = random.Random(f"{self.name}-{split}-{seed}")
+        out = []
         while len(out) < n:
-            start, steps, value = self._chain(rng, self.digits, need_big=False)
-            if self._split_of(start, steps) == "train":
-                out.append({"prompt": self._render(rng, start, steps), "answer": value, "start": start, "steps": steps})
+            if split == "ood":
+                start, steps, value = self._chain(rng, self.digits + 1, need_big=True)
+            else:
+                start, steps, value = self._chain(rng, self.digits, need_big=False)
+                if self._split_of(start, steps) != split:
+                    continue
+            out.append({"prompt": self._render(rng, start, steps), "answer": value,
+                        "start": start, "steps": steps})
         return out
-
-    def draw(self, rng, split):
-        """One problem of the evaluation split at random, or None where the draw falls outside it."""
-        start, steps, value = self._chain(rng, self.digits + (split == "ood"), need_big=split == "ood")
-        if split == "ood" or self._split_of(start, steps) == split:
-            return {"prompt": self._render(rng, start, steps), "answer": value, "start": start, "steps": steps}
-
-    def census(self, split):
-        """Every problem of the evaluation split where the chains are few enough to list (at most 200,000,
-        counted before the split: the default task's 45,400 chains, 4,414 of them held out), else None.
-        distinct_problems reads it only where the draws stop finding new problems."""
-        digits = self.digits + (split == "ood")
-        if 10 ** digits * (2 * 10 ** digits) ** self.n_ops > 200_000:
-            return None
-        return [{"prompt": self._render(random.Random(f"{self.name}-{start}{steps}"), start, steps),
-                 "answer": value, "start": start, "steps": steps}
-                for start, steps, value in chains(digits, self.n_ops, split == "ood")
-                if split == "ood" or self._split_of(start, steps) == split]
 
     # -- solver, verifier, corpus -------------------------------------------------------------
     @staticmethod

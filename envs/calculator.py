@@ -6,7 +6,7 @@ import random
 import re
 from fractions import Fraction
 
-from envs.arithmetic import ANSWER_FORM, Arithmetic, distinct_problems
+from envs.arithmetic import ANSWER_FORM, Arithmetic
 
 # ----------------------------------------------------------------------------------------------
 # The calculator tool [SPEC §4 multi-turn tool environment]: what a model's call runs. It never
@@ -163,34 +163,21 @@ class Calculator:
     def problems(self, split, n, seed=0):
         """n problems of `split`: a 3-digit start times a 2-digit number, then n_ops − 1 additions or
         subtractions of 2-digit numbers (the value never goes below 0); "ood" has one step more.
-        Train and held-out are disjoint by equation; training draws repeat, an evaluation split's
-        problems are distinct (distinct_problems)."""
+        Train and held-out are disjoint by equation."""
         if split not in ("train", "heldout", "ood"):
             raise ValueError(f"split must be train, heldout or ood, got {split!r}")
-        if split != "train":
-            return distinct_problems(self, split, n, seed)
-        rng, out = random.Random(f"{self.name}-{split}-{seed}"), []
+        rng = random.Random(f"{self.name}-{split}-{seed}")
+        out = []
         while len(out) < n:
-            problem = self.draw(rng, split)
-            if problem is not None:
-                out.append(problem)
+            start = rng.randint(100, 999)
+            steps = [("*", rng.randint(10, 99))]
+            steps += [(rng.choice("+-"), rng.randint(10, 99)) for _ in range(self.n_ops - 1 + (split == "ood"))]
+            if split != "ood" and Arithmetic._split_of(start, steps) != split:
+                continue
+            values = self.values(start, steps)
+            out.append({"prompt": "What is " + str(start) + "".join(f"{op}{b}" for op, b in steps) + "?",
+                        "answer": values[-1], "start": start, "steps": steps})
         return out
-
-    def draw(self, rng, split):
-        """One problem drawn at random, as a problem of `split`, or None where it is another split's."""
-        start = rng.randint(100, 999)
-        steps = [("*", rng.randint(10, 99))]
-        steps += [(rng.choice("+-"), rng.randint(10, 99)) for _ in range(self.n_ops - 1 + (split == "ood"))]
-        if split != "ood" and Arithmetic._split_of(start, steps) != split:
-            return None
-        values = self.values(start, steps)
-        return {"prompt": "What is " + str(start) + "".join(f"{op}{b}" for op, b in steps) + "?",
-                "answer": values[-1], "start": start, "steps": steps}
-
-    @staticmethod
-    def census(split):
-        """None: 900 starts × 90 factors × 180 choices a step, far more problems than an evaluation asks."""
-        return None
 
     @staticmethod
     def values(start, steps):

@@ -3,13 +3,12 @@
 import ast
 import functools
 import hashlib
-import itertools
 import operator
 import random
 import re
 from fractions import Fraction
 
-from envs.arithmetic import HELDOUT_PERCENT, Arithmetic, distinct_problems
+from envs.arithmetic import HELDOUT_PERCENT, Arithmetic
 
 # ----------------------------------------------------------------------------------------------
 # GeneralPoints [Ch7 Exp 7-11, SPEC §4]: four cards, reach the target (24) with + - * / and
@@ -193,39 +192,24 @@ class GeneralPoints:
         return "train"
 
     def problems(self, split, n, seed=0):
-        """n solvable hands of `split` ("train", "heldout" or "ood"): training deals with repetition, an
-        evaluation split distinct hands (distinct_problems; its held-out split holds fewer than 200)."""
+        """n solvable hands of `split` ("train", "heldout" or "ood"), dealt with repetition."""
         if split not in SPLIT_RULE:
             raise ValueError(f"split must be train, heldout or ood, got {split!r}")
-        if split != "train":
-            return distinct_problems(self, split, n, seed)
-        rng, out = random.Random(f"{self.name}-{split}-{seed}"), []
-        while len(out) < n:
-            problem = self.draw(rng, split)
-            if problem is not None:
-                out.append(problem)
-        return out
-
-    def draw(self, rng, split):
-        """One hand dealt at random, as a problem of `split`, or None where it is another split's or unsolvable."""
-        return self.hand(sorted(rng.choices(FACES, k=4), key=FACES.index), split)
-
-    def hand(self, cards, split):
-        """The problem of the sorted hand `cards` in `split`, or None where it is another split's or unsolvable."""
-        if self._split_of(cards) != split:
-            return None
         rule = SPLIT_RULE[split]
-        values = [card_value(c, rule) for c in cards]
-        answer = easiest_solution(tuple(values), self.target)
-        if answer is None:
-            return None
-        prompt = f"Cards {' '.join(cards)} ({RULE_TEXT[rule]}): make {self.target} with +-*/ using each card once."
-        return {"prompt": prompt, "cards": cards, "values": values, "target": self.target, "answer": answer}
-
-    def census(self, split):
-        """Every solvable hand of `split` (of the 1,820 hands of four faces)."""
-        return [p for cards in itertools.combinations_with_replacement(FACES, 4)
-                if (p := self.hand(list(cards), split)) is not None]
+        rng = random.Random(f"{self.name}-{split}-{seed}")
+        out = []
+        while len(out) < n:
+            cards = sorted(rng.choices(FACES, k=4), key=FACES.index)
+            if self._split_of(cards) != split:
+                continue
+            values = [card_value(c, rule) for c in cards]
+            answer = easiest_solution(tuple(values), self.target)
+            if answer is None:
+                continue
+            prompt = f"Cards {' '.join(cards)} ({RULE_TEXT[rule]}): make {self.target} with +-*/ using each card once."
+            out.append({"prompt": prompt, "cards": cards, "values": values, "target": self.target,
+                        "answer": answer})
+        return out
 
     # -- solver, verifier, corpus -------------------------------------------------------------
     @staticmethod

@@ -3,12 +3,11 @@
 import collections
 import functools
 import hashlib
-import itertools
 import random
 import re
 import string
 
-from envs.arithmetic import HELDOUT_PERCENT, distinct_problems
+from envs.arithmetic import HELDOUT_PERCENT
 from envs.calculator import END_CALL, END_RESULT, TOOL_CALL, TOOL_RESULT, tool_calls
 
 # ----------------------------------------------------------------------------------------------
@@ -205,45 +204,24 @@ class Treasure:
 
     def problems(self, split, n, seed=0):
         """n maps of `split`: "train" / "heldout" (each role named from its own three, disjoint by
-        map) or "ood" (each role named from another role's three). Training draws repeat; an evaluation
-        split's maps are distinct (distinct_problems; the held-out split holds fewer than 100)."""
+        map) or "ood" (each role named from another role's three)."""
         if split not in ("train", "heldout", "ood"):
             raise ValueError(f"split must be train, heldout or ood, got {split!r}")
-        if split != "train":
-            return distinct_problems(self, split, n, seed)
-        rng, out = random.Random(f"{self.name}-{split}-{seed}"), []
+        rng = random.Random(f"{self.name}-{split}-{seed}")
+        everything = sorted(name for names in ROOM_NAMES.values() for name in names)
+        out = []
         while len(out) < n:
-            problem = self.draw(rng, split)
-            if problem is not None:
-                out.append(problem)
+            if split == "ood":
+                names = dict(zip(ROOMS, rng.sample(everything, len(ROOMS))))
+                if any(names[room] in ROOM_NAMES[room] for room in ROOMS):
+                    continue
+            else:
+                names = {room: rng.choice(ROOM_NAMES[room]) for room in ROOMS}
+                if self._split_of(names) != split:
+                    continue
+            plan = [action for action, _ in optimal_episode(tuple(names[room] for room in ROOMS))]
+            out.append({"prompt": MAP_TEXT.format(**names), "names": names, "answer": ", ".join(plan)})
         return out
-
-    def draw(self, rng, split):
-        """One map drawn at random, as a problem of `split`, or None where it is another split's."""
-        if split == "ood":
-            everything = sorted(name for names in ROOM_NAMES.values() for name in names)
-            names = dict(zip(ROOMS, rng.sample(everything, len(ROOMS))))
-            if any(names[room] in ROOM_NAMES[room] for room in ROOMS):
-                return None
-        else:
-            names = {room: rng.choice(ROOM_NAMES[room]) for room in ROOMS}
-            if self._split_of(names) != split:
-                return None
-        return self.map_problem(names)
-
-    @staticmethod
-    def map_problem(names):
-        """The problem of the map whose rooms are called `names` {role: name}."""
-        plan = [action for action, _ in optimal_episode(tuple(names[room] for room in ROOMS))]
-        return {"prompt": MAP_TEXT.format(**names), "names": names, "answer": ", ".join(plan)}
-
-    def census(self, split):
-        """Every map of "heldout" (of the 729 with each role named from its own three); None for "ood",
-        whose maps are far more than an evaluation asks."""
-        if split == "ood":
-            return None
-        maps = (dict(zip(ROOMS, names)) for names in itertools.product(*(ROOM_NAMES[room] for room in ROOMS)))
-        return [self.map_problem(names) for names in maps if self._split_of(names) == split]
 
     # -- the game as a tool, solver, verifier -------------------------------------------------
     @staticmethod
