@@ -42,6 +42,17 @@ def checkpoint_times(root):
             if os.path.exists(os.path.join(root, name, "ckpt.pt"))}
 
 
+@pytest.fixture
+def without_html(monkeypatch):
+    """The ladder's HTML report (report.py, about a second a stage) is checked once, on the first
+    ladder (test_every_stage_runs_and_is_reported); the ladders run again below skip drawing it."""
+    monkeypatch.setattr(ladder.report, "write_report", skipped_report)
+
+
+def skipped_report(directory, order=()):
+    return os.path.join(directory, "report.html")
+
+
 @pytest.fixture(scope="module")
 def ladder_root(tmp_path_factory):
     """One tiny ladder, shared by the tests below (they run in file order)."""
@@ -82,7 +93,7 @@ def test_the_report_names_the_monitors_that_fired(tmp_path):
         "ratio_drift (iter 2), entropy_collapse (iter 3)"
 
 
-def test_done_stages_are_skipped_and_redo_reruns(ladder_root, capsys):
+def test_done_stages_are_skipped_and_redo_reruns(ladder_root, capsys, without_html):
     before = checkpoint_times(ladder_root)
     ladder.main(TINY_LADDER + [f"--out_root={ladder_root}"])
     assert checkpoint_times(ladder_root) == before
@@ -92,7 +103,7 @@ def test_done_stages_are_skipped_and_redo_reruns(ladder_root, capsys):
     assert "sft was redone after it; --redo=grpo" in capsys.readouterr().out  # later stages: noted, not redone
 
 
-def test_a_stage_whose_checkpoint_changed_is_not_done(ladder_root, capsys):
+def test_a_stage_whose_checkpoint_changed_is_not_done(ladder_root, capsys, without_html):
     """Another run wrote over out/sft (as `train.py --out_dir=out/sft --overwrite=True` does): the ladder
     says so, runs the stage again (its train.py gets --overwrite=True) and reuses no cached evaluation."""
     copy = os.path.join(os.path.dirname(ladder_root), "copied")
@@ -112,7 +123,7 @@ def test_a_stage_whose_checkpoint_changed_is_not_done(ladder_root, capsys):
     assert ladder.done(os.path.join(ladder_root, "sft"))
 
 
-def test_seeds_retrain_the_whole_ladder(ladder_root, capsys):
+def test_seeds_retrain_the_whole_ladder(ladder_root, capsys, without_html):
     """--seeds=2: pretrain, sft, grpo and opd again with seed 1338 in OUT_ROOT/seed2, each from seed
     2's own start (opd distilling seed 2's own grpo); the first seed is not run again. With two seeds
     the report gives both values and their range, no band."""
@@ -249,7 +260,7 @@ def test_the_paired_seed_band_covers_when_seeds_share_their_problems():
     assert hits == [1899, 1407]  # 0.950 against 0.704
 
 
-def test_a_failing_stage_stops_the_ladder_and_keeps_the_others(ladder_root):
+def test_a_failing_stage_stops_the_ladder_and_keeps_the_others(ladder_root, without_html):
     """grpo from a directory without ckpt.pt: train.py's one-line error ends the ladder."""
     before = checkpoint_times(ladder_root)
     missing = os.path.join(ladder_root, "nowhere")
