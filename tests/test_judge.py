@@ -294,6 +294,7 @@ def test_pair_scores_count_a_tie_as_half_and_skip_problems_without_a_pair():
     assert study.pair_scores(labels, scores) == [0.75, None]  # (tie 0.5 + right 1) / 2 pairs
 
 
+@pytest.mark.slow  # (a study script end to end at toy size, 5-10 s: with -m slow, as ood.py's)
 def test_judge_experiment_runs_at_toy_size(tmp_path):
     """experiments/judge_agreement.py --quick end to end (a few seconds): a toy policy's answers, the judge's rows
     (each judgement ending in the verifier's verdict), a judge trained on them, the greedy and the sampled
@@ -318,6 +319,7 @@ def test_judge_experiment_runs_at_toy_size(tmp_path):
     assert len(results["examples"]) == 4 and (tmp_path / "judge.png").exists()
 
 
+@pytest.mark.slow  # (a study script end to end at toy size, 5-10 s: with -m slow, as ood.py's)
 def test_reward_weights_experiment_runs_at_toy_size(tmp_path):
     """experiments/reward_weights.py --quick end to end (a few seconds): one GRPO run per setting, every
     dimension logged each iteration, the logged reward each setting's weighted sum of them, the table and

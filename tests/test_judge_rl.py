@@ -65,6 +65,7 @@ def test_a_judge_and_a_reward_model_given_the_wrong_way_round(tmp_path, capsys):
     assert "must be a language model (a judge)" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # (a study script end to end at toy size, 5-10 s: with -m slow, as ood.py's)
 def test_judge_rl_study_runs_at_toy_size(tmp_path):
     """--quick end to end (a toy SFT model, itself standing in for the judge, and a toy RM): three arms × three
     seeds, the same answers per iteration in each, evaluated at the same points; the judge and the RM score

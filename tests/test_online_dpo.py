@@ -257,6 +257,7 @@ def test_online_dpo_study_summary_by_hand():
     assert [p["iter"] for p in points["grpo"]] == [0, 10]
 
 
+@pytest.mark.slow  # (a study script end to end at toy size, 5-10 s: with -m slow, as ood.py's)
 def test_online_dpo_study_runs_at_toy_size(tmp_path):
     """--quick end to end: offline DPO, online DPO and GRPO from one toy SFT model, three seeds each, the same
     answers sampled per arm, evaluated at the same points; bands and paired differences; the table and plot."""
