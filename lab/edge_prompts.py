@@ -60,6 +60,7 @@ def batches(run, state, it):
         ro.advantages = grpo.group_advantages(ro.reward, cfg["group_size"])
         shards.append(ro)
     record(run, state, drawn, shards)
+    grpo.keep_rollouts(run, it, shards)  # tokens.jsonl, for report.py
     figures.update(grpo.rollout_figures(run, state, shards), pool_seen_frac=float((~np.isnan(state.success)).mean()))
     return grpo.minibatches(run, shards), figures
 

@@ -25,6 +25,7 @@ def batches(run, state, it):
     shards = grpo.sample_shards(run, state, run.raw_model, it)
     for ro in shards:
         ro.advantages = mean_normalised_advantages(ro.reward, run.cfg["group_size"])
+    grpo.keep_rollouts(run, it, shards)  # tokens.jsonl, for report.py
     return grpo.minibatches(run, shards), grpo.rollout_figures(run, state, shards)
 
 

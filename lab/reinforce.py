@@ -19,6 +19,7 @@ def batches(run, state, it):
     total, n = all_reduce_sum([float(sum(ro.reward.sum() for ro in shards)), sum(len(ro.reward) for ro in shards)], run)
     for ro in shards:
         ro.advantages = ro.reward - total / n
+    grpo.keep_rollouts(run, it, shards)  # tokens.jsonl, for report.py
     figures = grpo.rollout_figures(run, state, shards)
     figures.pop("adv_sign_error_frac", None)  # (the advantage is no function of the row's group)
     return grpo.minibatches(run, shards), figures

@@ -21,6 +21,7 @@ def batches(run, state, it):
     centred = [ro.reward - total / n for ro in shards]
     for ro, adv in zip(shards, batch_scale(centred, run)):
         ro.advantages = adv
+    grpo.keep_rollouts(run, it, shards)  # tokens.jsonl, for report.py
     figures = grpo.rollout_figures(run, state, shards)
     figures.pop("adv_sign_error_frac", None)  # (the advantage is no function of the row's group)
     return grpo.minibatches(run, shards), figures

@@ -37,6 +37,7 @@ def setup(run, saved):
 def batches(run, state, it):
     """GRPO's iteration with the cut sampler."""
     shards = [sample_groups(run, state, run.raw_model, it, shard) for shard in grpo.my_shards(run)]
+    grpo.keep_rollouts(run, it, shards)  # tokens.jsonl, for report.py
     return grpo.minibatches(run, shards), grpo.rollout_figures(run, state, shards)
 
 

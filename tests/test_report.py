@@ -161,7 +161,8 @@ def test_the_ratio_view_outlines_the_clipped_tokens_and_hatches_the_tools(tmp_pa
     assert colours[:4] == ["rgba(30, 160, 60, 0.85)"] * 3 + ["rgba(215, 40, 40, 0.85)"]  # A = +1, then −1: full strength
 
 
-@pytest.mark.parametrize("algo", ["kl_reward", "one_step_off", "vector_reward"])
+@pytest.mark.parametrize("algo", ["kl_reward", "one_step_off", "vector_reward", "maxrl", "reinforce", "reinforce_pp",
+                                  "edge_prompts", "truncated_sampling"])
 def test_a_variant_with_its_own_iteration_keeps_its_tokens_too(algo, tmp_path):
     """A variant of the lab that writes its own batches keeps the same records as grpo.py's."""
     from conftest import TINY
