@@ -249,6 +249,8 @@ def test_chat_template_mask_is_one_exactly_on_assistant_tokens():
     assert tok.pad != tok.eos and tok.decode(tok.encode("<|eos|> é")) == "<|eos|> é"  # no special injection
     prompt = tok.prompt_ids("hi")
     assert prompt + tok.response_ids("yo") == ids[:len(prompt) + 3]
+    for text in ("What is 7 + 8 - 3?", "", "<|user|> é\n"):  # prompt_ids writes render_chat's template itself
+        assert tok.prompt_ids(text) == tok.render_chat([{"role": "user", "content": text}], add_generation_prompt=True)[0]
 
 
 def test_sft_loss_ignores_prompt_and_padding():
