@@ -293,11 +293,7 @@ def make_config(overrides):
         overrides = renamed(overrides)
     algo = overrides.get("algo", DEFAULTS["algo"])
     module = algo_module(algo)
-    defaults = dict(DEFAULTS)
-    for key, value in module.defaults.items():  # an algorithm may change a common default (e.g. its lr)
-        if key in DEFAULTS:
-            coerce(f"{module.__name__}.defaults[{key!r}]", value, DEFAULTS[key])
-        defaults[key] = value
+    defaults = {**DEFAULTS, **module.defaults}  # an algorithm may change a shared default (e.g. its lr), of its type
     env = overrides.get("env", defaults["env"])
     if env not in ENVS:
         raise ValueError(f"unknown env {env!r}; choose from {sorted(ENVS)}")

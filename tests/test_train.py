@@ -425,6 +425,19 @@ def test_config_comments_read_the_line_then_the_lines_above_then_merged_dicts(tm
 
 
 @pytest.mark.parametrize("algo", options.available_algos())
+def test_an_algorithm_changes_a_shared_default_only_to_a_value_of_its_type(algo):
+    """An algorithm's (or variant's) defaults that change a shared key pass the type check a command
+    line's value passes (options.coerce), so make_config need not check the source at every run."""
+    module = options.algo_module(algo)
+    changed = {key: value for key, value in module.defaults.items() if key in options.DEFAULTS}
+    assert all(options.coerce(key, value, options.DEFAULTS[key]) == value for key, value in changed.items())
+    cfg = options.make_config(dict(algo=algo))
+    assert all(type(cfg[key]) is type(options.DEFAULTS[key]) for key in options.DEFAULTS), algo
+    with pytest.raises(ValueError, match="expects float"):  # what the check says of a wrong one
+        options.coerce("learning_rate", "fast", options.DEFAULTS["learning_rate"])
+
+
+@pytest.mark.parametrize("algo", options.available_algos())
 def test_help_describes_every_option_with_its_default(algo):
     """Every key the run can use is described with its value; the shared keys that cannot apply to it
     (usage.applies: a model's shape for a checkpoint start, --data for RL, another task's keys) are
