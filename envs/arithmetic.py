@@ -53,10 +53,8 @@ class Arithmetic:
     name = "arithmetic"
 
     def __init__(self, digits=1, n_ops=3, word_frac=0.5, direct_frac=0.0, train_pool=0):
-        if digits < 1 or n_ops < 1:
-            raise ValueError("digits and n_ops must be >= 1")
-        if not 0.0 <= direct_frac <= 1.0:
-            raise ValueError(f"direct_frac must be in [0, 1], got {direct_frac}")
+        if digits < 1 or n_ops < 1 or not 0.0 <= direct_frac <= 1.0:
+            raise ValueError(f"need digits >= 1, n_ops >= 1 and direct_frac in [0, 1], got {digits}, {n_ops}, {direct_frac}")
         self.digits, self.n_ops, self.word_frac, self.direct_frac = digits, n_ops, word_frac, direct_frac
         # train_pool = N: every draw of "train" repeats N fixed problems, a small set to memorise (docs/ood.md)
         self.pool = Arithmetic(digits, n_ops, word_frac).problems("train", train_pool, seed="pool") if train_pool else None

@@ -149,9 +149,11 @@ MAP_TEXT = ("Paths: {hall}-{armory}, {hall}-{library}, {hall}-{lair}, {armory}-{
             "{vault}: chest. You are in the {hall}.")
 
 
+@functools.lru_cache(maxsize=None)
 def _map_pattern(text):
     """A regex that reads the names back out of a map written from `text`: each role's first place
-    captures its name, the later ones must repeat it."""
+    captures its name, the later ones must repeat it (made on first use: a run of another task never
+    needs it)."""
     pattern, seen = "", set()
     for literal, role, _, _ in string.Formatter().parse(text):
         pattern += re.escape(literal)
@@ -159,9 +161,6 @@ def _map_pattern(text):
             pattern += f"(?P={role})" if role in seen else f"(?P<{role}>[a-z]+)"
             seen.add(role)
     return re.compile(pattern)
-
-
-_MAP = _map_pattern(MAP_TEXT)
 
 
 @functools.lru_cache(maxsize=None)
@@ -238,7 +237,7 @@ class Treasure:
     def tool(self, call, prompt, earlier):
         """The observation for `call`: the map read from the prompt, the earlier calls replayed from
         the start (rollouts.tool_hook gives all three, each row's own)."""
-        found = _MAP.search(prompt)
+        found = _map_pattern(MAP_TEXT).search(prompt)
         if found is None:
             return "error: no map in the prompt"
         names, state, done = found.groupdict(), START, False

@@ -11,7 +11,7 @@ import torch
 
 from nanopost.distributed import rank0_first
 from nanopost.hf import looks_local
-from envs import GSM8K, make_env
+from envs import ENVS, GSM8K
 
 
 class RowError(ValueError):
@@ -160,12 +160,12 @@ def pretraining(cfg):
 
 def config_env(cfg):
     """The environment a run's configuration names (the task its data, rewards and evaluation use);
-    gsm8k is built from the rows of env_data rather than generated."""
+    gsm8k is built from the rows of env_data rather than generated (options.make_config has checked the name)."""
     if cfg["env"] == "gsm8k":
         return GSM8K(*dataset_splits(cfg["env_data"], GSM8K.check_row))
     pool = cfg.get("env_train_pool")  # (arithmetic's alone; a config.json written before the key has none)
     pool = dict(train_pool=pool) if pool else {}
-    return make_env(cfg["env"], digits=cfg["env_digits"], n_ops=cfg["env_ops"], direct_frac=cfg["env_direct_frac"], **pool)
+    return ENVS[cfg["env"]](digits=cfg["env_digits"], n_ops=cfg["env_ops"], direct_frac=cfg["env_direct_frac"], **pool)
 
 
 def collate(examples, pad_id, device):

@@ -180,6 +180,8 @@ RENAMED = dict(eval_pass_k="eval_samples", eval_best_of_n="eval_samples", best_o
 # Keys removed in this version: ignored, with a note saying why
 REMOVED = dict(eval_best_of_n_problems="Best-of-N by the verifier is pass@k, on the eval_problems held-out problems "
                                        "that every sampled figure uses")
+# The keys an old spelling uses (a command line with none of them has nothing to rename)
+OLD_KEYS = {*RENAMED, *REMOVED, *(key for key, _ in MOVED_TO_LAB), *(key for key, _ in GONE)}
 
 
 def renamed(overrides):
@@ -243,19 +245,12 @@ def optional_dependency(error):
 
 
 def coerce(key, value, default):
-    """Accept `value` for `key` only if it has the default's type (an int is fine for a float)."""
-    if isinstance(default, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(default, float):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif isinstance(default, int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, type(default))
-    if not ok:
-        raise ValueError(f"config key {key!r} expects {type(default).__name__}, "
-                         f"got {value!r} ({type(value).__name__})")
+    """Accept `value` for `key` only if it has the default's type (an int is fine for a float; a bool is
+    not a number)."""
+    if isinstance(default, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, type(default)) or isinstance(value, bool) != isinstance(default, bool):
+        raise ValueError(f"config key {key!r} expects {type(default).__name__}, got {value!r} ({type(value).__name__})")
     return value
 
 
@@ -282,35 +277,32 @@ def variants_with(key, base):
 
 def algo_module(name):
     """The module of --algo NAME: a textbook algorithm (ALGOS), or a variant of the lab (lab/NAME.py)."""
+    if name in ALGOS:
+        return importlib.import_module(ALGOS[name])
     choices = available_algos()
     if name not in choices:
         close = difflib.get_close_matches(name, choices, n=3)
         raise ValueError(f"unknown algo {name!r}; " + (f"did you mean {', '.join(close)}? " if close else "")
                          + f"choose from {', '.join(choices)}")
-    return importlib.import_module(ALGOS[name] if name in ALGOS else f"lab.{name}")
+    return importlib.import_module(f"lab.{name}")
 
 
 def make_config(overrides):
     """DEFAULTS + the algorithm's defaults, overridden by `overrides` (dict), type-checked."""
-    overrides = renamed(overrides)
+    if OLD_KEYS.intersection(overrides):  # an old spelling: its new one, said
+        overrides = renamed(overrides)
     algo = overrides.get("algo", DEFAULTS["algo"])
     module = algo_module(algo)
-    defaults = dict(DEFAULTS)
-    for key, value in module.defaults.items():  # an algorithm may change a common default (e.g. its lr)
-        if key in DEFAULTS:
-            coerce(f"{module.__name__}.defaults[{key!r}]", value, DEFAULTS[key])
-        defaults[key] = value
+    defaults = {**DEFAULTS, **module.defaults}  # an algorithm may change a shared default (e.g. its lr), of its type
+    env = overrides.get("env", defaults["env"])
+    if env not in ENVS:
+        raise ValueError(f"unknown env {env!r}; choose from {sorted(ENVS)}")
     # an environment may change common defaults too (the treasure hunt's long transcripts need a longer block_size)
-    defaults.update(getattr(ENVS.get(overrides.get("env", defaults["env"])), "train_defaults", {}))
+    defaults.update(getattr(ENVS[env], "train_defaults", {}))
     cfg = dict(defaults)
     for key, value in overrides.items():
         if key not in defaults:
-            homes = variants_with(key, getattr(module, "base", algo))  # an option that became a variant's
-            close = [ALIASES[key]] if ALIASES.get(key) in defaults else []
-            close += [k for k in difflib.get_close_matches(key, defaults, n=3) if k not in close]
-            raise ValueError(f"unknown config key {key!r} for --algo {algo}" + (
-                f"; it is an option of {' or '.join(f'--algo {v} (lab/{v}.py)' for v in homes)}" if homes else
-                f"; did you mean {', '.join(close)}?" if close else ""))
+            raise unknown_key(key, algo, module, defaults)
         cfg[key] = coerce(key, value, defaults[key])
     cfg["out_dir"] = fill_out_dir(cfg["out_dir"], algo)
     if cfg["data"] and algo not in READS_DATA:  # never ignored silently
@@ -324,6 +316,17 @@ def make_config(overrides):
                          f"its own options (--help); drop the key")
     check_values(cfg, defaults)
     return cfg
+
+
+def unknown_key(key, algo, module, defaults):
+    """The error for a key --algo ALGO does not take: the variants of the lab that take it, else the
+    closest keys (a name from another trainer first: ALIASES)."""
+    homes = variants_with(key, getattr(module, "base", algo))  # an option that became a variant's
+    close = [ALIASES[key]] if ALIASES.get(key) in defaults else []
+    close += [k for k in difflib.get_close_matches(key, defaults, n=3) if k not in close]
+    return ValueError(f"unknown config key {key!r} for --algo {algo}" + (
+        f"; it is an option of {' or '.join(f'--algo {v} (lab/{v}.py)' for v in homes)}" if homes else
+        f"; did you mean {', '.join(close)}?" if close else ""))
 
 
 def fill_out_dir(out_dir, algo):
@@ -397,27 +400,21 @@ def check_out_dir(cfg):
 
 def parse_args(argv):
     """`--key=value` (a Python literal, else a string), `--algo name`, and config files `x.py`."""
-    overrides = {}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
+    overrides, args = {}, iter(argv)
+    for arg in args:
         if arg.endswith(".py") and not arg.startswith("--"):
             overrides.update(read_config_file(arg))
-        elif arg.startswith("--"):
-            if "=" in arg:
-                key, raw = arg[2:].split("=", 1)
-            elif i + 1 < len(argv):
-                key, raw = arg[2:], argv[i + 1]
-                i += 1
-            else:
-                raise ValueError(f"argument {arg!r} has no value: use --key=value")
-            try:
-                overrides[key] = ast.literal_eval(raw)
-            except (ValueError, SyntaxError):
-                overrides[key] = raw
-        else:
+            continue
+        if not arg.startswith("--"):
             raise ValueError(f"cannot parse argument {arg!r}: use --key=value or a config file ending in .py")
-        i += 1
+        key, is_pair, raw = arg[2:].partition("=")
+        raw = raw if is_pair else next(args, None)
+        if raw is None:
+            raise ValueError(f"argument {arg!r} has no value: use --key=value")
+        try:
+            overrides[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            overrides[key] = raw
     return overrides
 
 

@@ -142,8 +142,9 @@ class Tokenizer:
         return ids, mask
 
     def prompt_ids(self, prompt):
-        """A single-turn prompt, ready for the assistant to answer."""
-        return self.render_chat([{"role": "user", "content": prompt}], add_generation_prompt=True)[0]
+        """A single-turn prompt, ready for the assistant to answer: render_chat's ids of one user message
+        with the generation prompt, <|bos|><|user|>PROMPT<|eos|><|assistant|>."""
+        return [self.bos, self.special["user"]] + self.encode(prompt) + [self.eos, self.special["assistant"]]
 
     def response_ids(self, response):
         """The assistant's answer as the model must produce it (end token included)."""

@@ -110,7 +110,8 @@ def applies(key, cfg, module):
     dropout only off-policy (on-policy RL scores with dropout off), --data and the share of bare
     demonstrations only for the algorithms that read demonstrations, a task's keys only for that task,
     the sharded rollouts only under --fsdp, --fsdp only under torchrun, lora_alpha only with LoRA,
-    gradient accumulation only where an optimizer step is a number of micro-batches."""
+    gradient accumulation only where an optimizer step is a number of micro-batches, the decay's length
+    only where the learning rate decays (min_lr below it; RL's is constant after the warm-up)."""
     scratch = cfg["init_from"] == "scratch" and not getattr(module, "starts_from", {}).get("init_from")
     if key in MODEL_KEYS or key == "block_size":
         return scratch
@@ -135,6 +136,8 @@ def applies(key, cfg, module):
         return cfg["fsdp"] or int(os.environ.get("WORLD_SIZE", 1)) > 1
     if key == "lora_alpha":
         return cfg["lora_rank"] > 0
+    if key == "lr_decay_iters":
+        return cfg["min_lr"] < cfg["learning_rate"]
     if key == "gradient_accumulation_steps":
         return getattr(module, "base", cfg["algo"]) in ACCUMULATES
     return True

@@ -67,12 +67,17 @@ def test_help_lists_no_more_keys_than_its_ratchet(algo, monkeypatch):
 
 
 def test_help_lists_a_key_once_it_can_apply(monkeypatch):
-    """lora_alpha with LoRA, fsdp under torchrun (WORLD_SIZE set), gradient accumulation for SFT."""
+    """lora_alpha with LoRA, fsdp under torchrun (WORLD_SIZE set), gradient accumulation for SFT, the
+    decay's length where the learning rate decays (train.lr_at: with min_lr = learning_rate it is constant)."""
     from nanopost import usage
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     plain = usage.help_text(dict(algo="grpo"))
     assert "  --lora_alpha=" not in plain and "  --fsdp=" not in plain and "  --gradient_accumulation_steps=" not in plain
     assert "  --lora_alpha=32.0" in usage.help_text(dict(algo="grpo", lora_rank=8))
     assert "  --gradient_accumulation_steps=1" in usage.help_text(dict(algo="sft"))
+    assert "  --lr_decay_iters=" not in plain and "  --lr_decay_iters=0" in usage.help_text(dict(algo="grpo", min_lr=1e-5))
+    import train
+    flat = dict(learning_rate=1e-4, min_lr=1e-4, warmup_iters=5, max_iters=20)
+    assert {train.lr_at(dict(flat, lr_decay_iters=n), it) for n in (0, 7, 50) for it in range(5, 60)} == {1e-4}
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert "  --fsdp=False" in usage.help_text(dict(algo="grpo"))

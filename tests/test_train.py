@@ -249,6 +249,8 @@ def test_chat_template_mask_is_one_exactly_on_assistant_tokens():
     assert tok.pad != tok.eos and tok.decode(tok.encode("<|eos|> é")) == "<|eos|> é"  # no special injection
     prompt = tok.prompt_ids("hi")
     assert prompt + tok.response_ids("yo") == ids[:len(prompt) + 3]
+    for text in ("What is 7 + 8 - 3?", "", "<|user|> é\n"):  # prompt_ids writes render_chat's template itself
+        assert tok.prompt_ids(text) == tok.render_chat([{"role": "user", "content": text}], add_generation_prompt=True)[0]
 
 
 def test_sft_loss_ignores_prompt_and_padding():
@@ -420,6 +422,19 @@ def test_config_comments_read_the_line_then_the_lines_above_then_merged_dicts(tm
     assert usage.config_comments(main_cfg, "defaults") == {
         "merged": "from the other file", "a": "a's own comment, continued below it", "b": "b's comment, on two lines",
         "c": "shared by c and d", "d": "shared by c and d"}
+
+
+@pytest.mark.parametrize("algo", options.available_algos())
+def test_an_algorithm_changes_a_shared_default_only_to_a_value_of_its_type(algo):
+    """An algorithm's (or variant's) defaults that change a shared key pass the type check a command
+    line's value passes (options.coerce), so make_config need not check the source at every run."""
+    module = options.algo_module(algo)
+    changed = {key: value for key, value in module.defaults.items() if key in options.DEFAULTS}
+    assert all(options.coerce(key, value, options.DEFAULTS[key]) == value for key, value in changed.items())
+    cfg = options.make_config(dict(algo=algo))
+    assert all(type(cfg[key]) is type(options.DEFAULTS[key]) for key in options.DEFAULTS), algo
+    with pytest.raises(ValueError, match="expects float"):  # what the check says of a wrong one
+        options.coerce("learning_rate", "fast", options.DEFAULTS["learning_rate"])
 
 
 @pytest.mark.parametrize("algo", options.available_algos())
