@@ -387,8 +387,8 @@ def main(argv=None):
             parser.error(f"--labelers={labeler} needs --{flag}=DIR with a checkpoint ({path!r} holds none): make one "
                          f"with `{maker}`")
     if not os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):
-        parser.error(f"--init_from={args.init_from!r} holds no checkpoint: run the ladder's sft stage first "
-                     f"(`python train.py --algo sft --out_dir=out/sft`, or `python ladder.py`)")
+        parser.error(f"--init_from={args.init_from!r} holds no checkpoint: make the study's start first (`python "
+                     f"train.py --algo sft --init_from=out/pretrain --env_direct_frac=0.9 --out_dir=out/sft_direct90`)")
     for what, total, by in (("--answers", args.answers, args.grpo_group_size), ("--answers × --online_every",
                             args.answers * args.online_every, args.group_size), ("--iters", args.iters, args.online_every),
                             ("--iters", args.iters, args.eval_every)):
