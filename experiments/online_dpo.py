@@ -285,8 +285,8 @@ def table(results):
         lines.append(f"- {d['arms']}: {bands.paired_cell(d['per_seed'], d.get('per_problem_bands'))}")
     dpo_arms = [arm for arm, p in results["points"].items() if any("saturated" in q for q in p)]
     if dpo_arms:
-        lines += ["", f"Training pairs saturated, σ(z) > {SATURATED} (z: β times the implicit-reward margin, chosen minus "
-                      "rejected, against π_ref): offline DPO all its pairs, online DPO its current round's; the seeds' "
+        lines += ["", f"Training pairs saturated, σ(z) > {SATURATED} (z: the implicit-reward margin r̂(y_w) − r̂(y_l), "
+                      "β times the log-ratios to π_ref): offline DPO all its pairs, online DPO its current round's; the seeds' "
                       "mean (per seed):", "", "| arm | " + " | ".join(f"it. {i}" for i in results["eval_iters"]) + " |",
                   "|---" * (len(results["eval_iters"]) + 1) + "|"]
         for arm in dpo_arms:
