@@ -8,7 +8,9 @@ model", "DPO"; M14 §3–5.
   answers per prompt at `pair_temperature`, and --pairs picks the kind of preference:
     verifier  chosen = an answer the verifier accepts, rejected = one it refuses; demo_chosen: when
               no sample is correct, the solver's demonstration stands in as chosen (demo_chosen)
-              (counted as demo_chosen in the printed counts);
+              (counted as demo_chosen in the printed counts); builtin_pairs(..., demo_fallback=False)
+              drops that stand-in: such a prompt makes no pair, as in online DPO (counted as
+              no_right_sample; experiments/online_dpo.py's offline arm);
     style     both correct: chosen = the concise demonstration, rejected = the same answer padded
               with filler sentences, so that length effects can be seen;
     both      one pair of each kind per prompt.
@@ -140,8 +142,9 @@ def padded_answer(demonstration, rng, n_fillers=2):
     return " ".join(fillers[:1] + steps + fillers[1:]) + " Answer:" + answer
 
 
-def builtin_pairs(run, sampler, split, n_prompts, seed, kind=None):
-    """Pairs on `n_prompts` problems of `split`, of the kind `kind` (default cfg["pairs"]); returns (pairs, counts)."""
+def builtin_pairs(run, sampler, split, n_prompts, seed, kind=None, demo_fallback=True):
+    """Pairs on `n_prompts` problems of `split`, of the kind `kind` (default cfg["pairs"]); returns (pairs, counts).
+    demo_fallback=False: a verifier pair is made of two sampled answers only (no demonstration as chosen)."""
     cfg, tok, env = run.cfg, run.tok, run.env
     kind = kind or cfg["pairs"]
     if kind not in PAIR_KINDS:
@@ -157,17 +160,20 @@ def builtin_pairs(run, sampler, split, n_prompts, seed, kind=None):
         answers = list(zip(roll.responses, roll.response_masks(), roll.verified.tolist()))  # (ids, loss mask, verdict)
         samples = [answers[i * k:(i + 1) * k] for i in range(len(problems))]
     rng = random.Random(seed)
-    pairs, counts = [], dict(verifier=0, demo_chosen=0, all_correct=0, style=0, too_long=0)
+    pairs, counts = [], dict(verifier=0, demo_chosen=0, all_correct=0, no_right_sample=0, style=0, too_long=0)
     for problem, prompt, answers in zip(problems, prompts, samples):
         demo = env.solve(problem)
         if kind in ("verifier", "both"):
             correct = [(ids, mask) for ids, mask, verdict in answers if verdict == 1.0]
             wrong = [(ids, mask) for ids, mask, verdict in answers if verdict == 0.0]
             # demo_chosen: where no sample is right, the demonstration stands in as the chosen answer (so every
-            # prompt with a wrong sample makes a pair; such pairs also teach the demonstration's form)
+            # prompt with a wrong sample makes a pair; such pairs also teach the demonstration's form); without
+            # the fallback such a prompt makes none, as online DPO's rounds do
             demo_chosen = not correct
             chosen = tok.assistant_ids(demo) if demo_chosen else correct[0]
-            if wrong and len(prompt) + len(chosen[0]) > cfg["block_size"]:
+            if demo_chosen and not demo_fallback:
+                counts["no_right_sample"] += 1
+            elif wrong and len(prompt) + len(chosen[0]) > cfg["block_size"]:
                 counts["too_long"] += 1  # (sampled answers always fit; a demonstration may not)
             elif wrong:
                 pairs.append(dict(prompt=prompt, responses=(chosen[0], wrong[0][0]), masks=(chosen[1], wrong[0][1]),

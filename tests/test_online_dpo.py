@@ -13,14 +13,15 @@ import zlib
 import pytest
 import torch
 
+import dpo
 import envs
-from nanopost import bands, options
+from nanopost import bands, options, pairs
 import train as T
 from nanopost.checkpoints import frozen, load_model
 from conftest import TINY, run_ddp
 from nanopost.judge import judge_scores, rollout_seed
 from lab import online_dpo
-from nanopost.rollouts import score_responses
+from nanopost.rollouts import response_text, score_responses
 from test_judge import write_scalar_checkpoint
 from test_opd import write_checkpoint
 
@@ -240,6 +241,48 @@ def test_a_round_without_a_pair_names_what_to_raise(start, tmp_path, monkeypatch
 # ----------------------------------------------------------------------------------------------
 # experiments/online_dpo.py
 
+def test_the_studys_offline_pairs_are_the_fallbacks_minus_the_demonstrations(start, tmp_path):
+    """The study's offline arm (pairs.builtin_pairs with demo_fallback=False) on the same answers as dpo.py's
+    pairs (the same π_ref, prompts and seed): exactly dpo.py's pairs whose chosen answer is sampled, in order;
+    the prompts where dpo.py took the demonstration make none, and are counted."""
+    from experiments import online_dpo as study
+    config = dict(TINY, algo="dpo", init_from=start, max_iters=0, train_prompts=24, heldout_prompts=8, group_size=3,
+                  max_new_tokens=10, batch_size=2)
+    offline = T.train(dict(config, out_dir=str(tmp_path / "study")), algo=study.module_of("offline_dpo"))
+    fallback = T.train(dict(config, out_dir=str(tmp_path / "dpo")))
+    counts = json.load(open(tmp_path / "study" / study.PAIR_COUNTS))
+    _, fallback_counts = pairs.builtin_pairs(fallback, fallback.state.reference, "train", 24, seed=1)
+    assert fallback_counts["demo_chosen"] > 0 and fallback_counts["too_long"] == 0 and counts["train"]["demo_chosen"] == 0
+    assert counts["train"]["no_right_sample"] == fallback_counts["demo_chosen"]
+    assert counts["train"]["verifier"] == fallback_counts["verifier"] - fallback_counts["demo_chosen"]
+    problems = fallback.env.problems("train", 24, seed=1)
+    demonstrations = {tuple(fallback.tok.assistant_ids(fallback.env.solve(p))[0]) for p in problems}
+    sampled = [(ex["prompt"], ex["responses"]) for ex in fallback.state.train_examples
+               if tuple(ex["responses"][0]) not in demonstrations]
+    assert [(ex["prompt"], ex["responses"]) for ex in offline.state.train_examples] == sampled
+    for ex in offline.state.train_examples:  # every chosen answer is a sampled one the verifier accepts
+        problem = next(p for p in problems if fallback.tok.prompt_ids(p["prompt"]) == ex["prompt"])
+        assert fallback.env.verify(problem, response_text(fallback, ex["responses"][0])) == 1.0
+
+
+def test_the_saturated_share_by_hand(start, tmp_path):
+    """Two pairs whose π_ref sums are set so that z = 5.0 (σ = 0.99331, saturated) and z = 4.5 (σ = 0.98901,
+    not): the share 1/2, the mean z 4.75; at z = 0 (π_θ = π_ref) none."""
+    from experiments import online_dpo as study
+    run = T.train(dict(TINY, algo="dpo", init_from=start, max_iters=0, train_prompts=8, heldout_prompts=4, group_size=3,
+                       max_new_tokens=10, out_dir=str(tmp_path / "run")))
+    examples = [dict(ex) for ex in run.state.train_examples[:2]]
+    assert len(examples) == 2 and study.saturation(run, run.raw_model, examples)["train_pairs_saturated"] == 0.0
+    with torch.no_grad():
+        (lp_w, lp_l), _ = dpo.sequence_sums(run, run.raw_model, pairs.collate(run, examples))
+    beta = run.cfg["beta"]
+    for ex, z, w, l in zip(examples, (5.0, 4.5), lp_w.tolist(), lp_l.tolist()):
+        ex["ref"] = (w - z / beta, l)  # z = β[(lp_w − ref_w) − (lp_l − ref_l)]
+    figures = study.saturation(run, run.raw_model, examples)
+    assert figures["train_pairs_saturated"] == 0.5 and figures["train_pairs_n"] == 2
+    assert figures["train_pairs_z"] == pytest.approx(4.75, abs=1e-3)
+
+
 def test_online_dpo_study_summary_by_hand():
     """Three seeds' final accuracies: online 0.62, 0.60, 0.58; offline 0.50, 0.55, 0.60; GRPO 0.60, 0.60, 0.60.
     online − offline per seed +0.12, +0.05, −0.02: mean 0.05, sd 0.07, band 4.303·0.07/√3 = 0.1739."""
@@ -259,9 +302,10 @@ def test_online_dpo_study_summary_by_hand():
 
 @pytest.mark.slow  # (a study script end to end at toy size, 5-10 s: with -m slow, as ood.py's)
 def test_online_dpo_study_runs_at_toy_size(tmp_path):
-    """--quick end to end: offline DPO, online DPO and GRPO from one toy SFT model, three seeds each, the same
-    answers sampled per arm, evaluated at the same points; bands and paired differences; the table and plot."""
-    command = [sys.executable, os.path.join(ROOT, "experiments", "online_dpo.py"), "--quick", f"--out={tmp_path}"]
+    """--quick --grpo end to end: offline DPO (no demonstration as chosen), online DPO and GRPO from one toy SFT
+    model, three seeds each, the same answers sampled per arm, evaluated at the same points; bands and paired
+    differences; the DPO arms' saturated shares; the tables and plot."""
+    command = [sys.executable, os.path.join(ROOT, "experiments", "online_dpo.py"), "--quick", "--grpo", f"--out={tmp_path}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.load(open(tmp_path / "results.json"))
@@ -278,4 +322,10 @@ def test_online_dpo_study_runs_at_toy_size(tmp_path):
                                                      "offline_dpo − grpo"}
     assert all(d["band"] is not None and len(d["per_seed"]) == 3 for d in results["paired"])
     assert all(0 <= r["online_pair_share"] <= 1 for r in results["rounds"]["online_dpo"]["1337"])
-    assert "| online_dpo |" in (tmp_path / "online_dpo.md").read_text() and (tmp_path / "online_dpo.png").exists()
+    for arm in ("offline_dpo", "online_dpo"):  # the saturated share at every evaluation (online: once a round exists)
+        assert all(0 <= s <= 1 for p in results["points"][arm] for s in p.get("saturated", []))
+        assert len([p for p in results["points"][arm] if "saturated" in p]) == len(results["eval_iters"]) - (arm != "offline_dpo")
+    assert all(r["pair_counts"]["train"]["demo_chosen"] == 0 for r in results["arms"]["offline_dpo"].values())
+    assert all(len(r["verdicts"]) == results["eval_problems"] for runs in results["arms"].values() for r in runs.values())
+    text = (tmp_path / "online_dpo.md").read_text()
+    assert "| online_dpo |" in text and "saturated" in text and (tmp_path / "online_dpo.png").exists()
