@@ -218,7 +218,7 @@ def load_model(ckpt_dir, device="cpu", dropout=None):
     if ckpt["lora_rank"]:
         apply_lora(model, ckpt["lora_rank"], ckpt["lora_alpha"])
     model.load_state_dict(ckpt["model"])
-    return merge_lora(model).to(device).eval()
+    return (merge_lora(model) if ckpt["lora_rank"] else model).to(device).eval()
 
 
 def load_tokenizer(ckpt_dir):
@@ -325,7 +325,7 @@ def save_checkpoint(run, optimizer, it, train_tokens, algo_state):
     rename, so a crash never leaves a half-written ckpt.pt. algo_state: the algorithm's state_dict, or None.
     "model" is what load_model() gives later scripts: the trained module itself, or its `policy` when
     the algorithm trains several (PPO's policy + critic); "train_model" then holds all of them."""
-    rng = gather_objects(run, rng_state(run))
+    rng = gather_objects(run, rng_state(run)) if run.ddp else [rng_state(run)]
     raw = run.raw_model
     export = raw.policy if hasattr(raw, "policy") else raw
     sharded = save_sharded(run, optimizer, it) if run.fsdp else None
