@@ -185,31 +185,34 @@ def fit_block_size(run, overrides, positions):
     cfg["block_size"] = positions
 
 
-def resume(run, optimizer, ckpt, metrics_path):
-    """(the iteration to start from, the tokens trained so far): the checkpoint's, with the optimizer
-    and RNG restored and metrics.jsonl cut back to it; or (0, 0), with a fresh metrics.jsonl and
-    config.json. Rank 0 takes out_dir's lock first (run_dir.take_lock: one writer per run directory)."""
+def open_out_dir(run, ckpt, metrics_path):
+    """The run's first writes into out_dir, once setup has succeeded (a setup that failed has left it as
+    it was): rank 0 takes its lock (run_dir.take_lock: one writer per run directory); a new run starts a
+    fresh metrics.jsonl and config.json and says what it trains; then the files setup held back."""
     cfg = run.cfg
     held, run.held = run.held, None  # (what setup wrote: run_dir.write_out)
-    if run.master:  # the run's first writes into out_dir: a setup that failed has left it as it was
+    if run.master:
         os.makedirs(cfg["out_dir"], exist_ok=True)
         run.locked = take_lock(cfg["out_dir"])
         if ckpt is None and os.path.isfile(os.path.join(cfg["out_dir"], "ckpt.pt")):  # --overwrite=True
             set_aside(cfg["out_dir"])  # until this run's first checkpoint (run_dir.PREVIOUS)
-        if ckpt is None:  # a new run's files start afresh
+        if ckpt is None:
             open(metrics_path, "w").close()
             with open(os.path.join(cfg["out_dir"], "config.json"), "w") as f:
                 json.dump(cfg, f, indent=1)
     for name, text, mode in held:
         write_out(run, name, text, mode)
-    if ckpt is None:
-        if run.master:
-            n_train, n_total = count_parameters(run.raw_model)
-            print(f"{cfg['algo']}: {n_train:,} trainable of {n_total:,} parameters on {run.device}"
-                  f" x{run.world_size}, out_dir={cfg['out_dir']}")
-        return 0, 0
+    if ckpt is None and run.master:
+        n_train, n_total = count_parameters(run.raw_model)
+        print(f"{cfg['algo']}: {n_train:,} trainable of {n_total:,} parameters on {run.device}"
+              f" x{run.world_size}, out_dir={cfg['out_dir']}")
+
+
+def resume(run, optimizer, ckpt, metrics_path):
+    """init_from=resume: the optimizer and every rank's RNG restored, metrics.jsonl cut back to the
+    checkpoint. Returns (the iteration to start from, the tokens trained so far)."""
     if ckpt.get("sharded"):  # --fsdp: the weights and AdamW state of every rank (checkpoints.save_sharded)
-        load_sharded(run, optimizer, os.path.join(cfg["out_dir"], ckpt["sharded"]))
+        load_sharded(run, optimizer, os.path.join(run.cfg["out_dir"], ckpt["sharded"]))
     else:
         optimizer.load_state_dict(ckpt["optimizer"])
     restore_rng(run, ckpt["rng"], ckpt["iter"])
@@ -372,7 +375,8 @@ def train(overrides, algo=None):
     run, optimizer, state = setup(overrides, ckpt, algo)
     cfg, metrics_path = run.cfg, os.path.join(run.cfg["out_dir"], "metrics.jsonl")
     with running(run) as asked:
-        start_iter, train_tokens = resume(run, optimizer, ckpt, metrics_path)
+        open_out_dir(run, ckpt, metrics_path)
+        start_iter, train_tokens = (0, 0) if ckpt is None else resume(run, optimizer, ckpt, metrics_path)
         run.watch = watcher(run, metrics_path)  # the monitors (monitors.ALARMS) on every logged row
         stop_early, state_dict = getattr(run.algo, "stop_early", None), getattr(run.algo, "state_dict", None)
         evaluating, bar, metrics, drawn_at = cfg["eval_interval"] > 0, progress_bar(run, start_iter), {}, time.time()

@@ -328,16 +328,13 @@ def save_checkpoint(run, optimizer, it, train_tokens, algo_state):
     rng = gather_objects(run, rng_state(run)) if run.ddp else [rng_state(run)]
     raw = run.raw_model
     export = raw.policy if hasattr(raw, "policy") else raw
-    sharded = save_sharded(run, optimizer, it) if run.fsdp else None
-    if run.fsdp:  # the export gathered to rank 0's CPU, for load_model and later scripts
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        model = get_model_state_dict(export, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    sharded, model = save_sharded(run, optimizer, it, export) if run.fsdp else (None, export.state_dict())
     if not run.master:
         return
     gpt = export.gpt if isinstance(export, ScalarHeadGPT) else export
     ckpt = dict(
         format=CHECKPOINT_FORMAT, sharded=sharded,  # --fsdp: the trained state is in out_dir/`sharded`
-        model=model if run.fsdp else export.state_dict(),
+        model=model,
         train_model=raw.state_dict() if export is not raw and not run.fsdp else None,
         optimizer=None if run.fsdp else optimizer.state_dict(), iter=it, config=run.cfg,
         model_args=dataclasses.asdict(gpt.config), kind="scalar" if isinstance(export, ScalarHeadGPT) else "lm",
@@ -375,16 +372,17 @@ def not_written(path, it, error):
                       f"free space on that disk, then resume with --init_from=resume (the earlier ckpt.pt, if any, is kept)")
 
 
-def save_sharded(run, optimizer, it):
+def save_sharded(run, optimizer, it, export):
     """--fsdp: every rank writes its shards of the trained weights and AdamW state with
     torch.distributed.checkpoint into out_dir/sharded_ITER (nothing is gathered); ckpt.pt, written
-    after it, names it, so a crash midway leaves the last complete pair. Returns the name."""
+    after it, names it, so a crash midway leaves the last complete pair. Returns (the name, the weights
+    of `export` gathered whole to rank 0's CPU, for load_model and later scripts)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
     name = f"sharded_{it:07d}"
     model_state, optim_state = get_state_dict(run.raw_model, optimizer)
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=os.path.join(run.cfg["out_dir"], name))
-    return name
+    return name, get_model_state_dict(export, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def load_sharded(run, optimizer, path):
