@@ -31,17 +31,22 @@ def build_model(cfg, tok):
     """The model a run starts from (before the algorithm wraps it and before LoRA)."""
     init = cfg["init_from"]
     if init == "scratch":
-        vocab = -(-tok.n_vocab // 64) * 64
-        with torch.random.fork_rng():  # the same init every time it is built (π_ref == π_0), RNG untouched
-            torch.manual_seed(cfg["seed"])
-            return GPT(GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, n_layer=cfg["n_layer"],
-                                 n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"],
-                                 bias=cfg["bias"]))
+        return from_scratch(cfg, tok)
     if os.path.isfile(os.path.join(init, "ckpt.pt")):
         return load_model(init, dropout=cfg["dropout"])
     if is_gguf(init):
         return from_gguf(cfg, tok)
     return from_transformers(cfg, tok)
+
+
+def from_scratch(cfg, tok):
+    """build_model's fresh model of the config's shape, its vocabulary the tokenizer's rounded up to a
+    multiple of 64, initialised the same every time it is built (π_ref == π_0), the RNG untouched."""
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg["seed"])
+        return GPT(GPTConfig(block_size=cfg["block_size"], vocab_size=-(-tok.n_vocab // 64) * 64,
+                             n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],
+                             dropout=cfg["dropout"], bias=cfg["bias"]))
 
 
 def from_gguf(cfg, tok):
