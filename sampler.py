@@ -118,11 +118,9 @@ def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=No
     greedy, temperature=0, reports the temperature-1 log-prob), and 0/1 marks on the ids tool_hook
     injected (log-prob 0.0, masked in RL). tool_hook(row, generated_ids) -> ids or None is called after
     each sampled token; the ids it returns are fed to that row one per step while the others sample.
-    The model's train/eval mode is the caller's (train.py samples with dropout off).
-
-    all_ranks_busy(busy) -> bool keeps processes in lockstep where every forward is a collective (a
-    model sharded over them): called before each decode forward with whether this process has one to
-    make, it says whether any has; a process with nothing left makes a dummy forward meanwhile.
+    The model's train/eval mode is the caller's (train.py samples with dropout off). all_ranks_busy(busy)
+    -> bool (a model sharded over processes: every forward a collective) says, before each decode
+    forward, whether any process has one to make; one with nothing left makes a dummy forward meanwhile.
     """
     # inference mode: no autograd bookkeeping at all, ~10% faster decode than no_grad on CPU; but
     # not in lockstep: FSDP2 would make its buffers of gathered weights inference tensors, which a
