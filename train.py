@@ -409,7 +409,8 @@ def train(overrides, algo=None):
                     row["grad_norm"] = float(grad_norm)
                 log(run, metrics_path, row)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)  # shown at the next redraw
-            stopping = (all_reduce_sum([len(asked)], run)[0] if run.ddp else len(asked)) > 0  # every rank stops here
+            # a Ctrl-C or SIGTERM that reached any rank: every rank stops here
+            stopping = (all_reduce_sum([len(asked)], run)[0] if run.ddp else len(asked)) > 0
             at_eval = evaluating and ((it + 1) % cfg["eval_interval"] == 0 or it + 1 == cfg["max_iters"])
             saving = cfg["checkpoint"] and (at_eval or stopping or it + 1 == cfg["max_iters"])
             if at_eval or saving:
