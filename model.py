@@ -140,11 +140,10 @@ GELU_C = 2 * math.sqrt(2 / math.pi)
 
 
 def gelu(x):
-    """GPT-2's tanh-GELU, ½·x·(1 + tanh u) with u = √(2/π)·(x + 0.044715·x³). Without autograd, on a
-    CPU and from 64 rows of 512 on, it is evaluated as x·σ(2u), the same function (½(1 + tanh u) =
-    σ(2u)): PyTorch's CPU tanh kernel is slow, and this form measured 1.4–1.9× faster at 64 to 1,024
-    rows (one thread), as fast at 8,192, and slower below 32, where its 6 calls cost more than the
-    arithmetic. Big-batch decoding gains; training keeps F.gelu and its fused backward."""
+    """GPT-2's tanh-GELU, ½·x·(1 + tanh u) with u = √(2/π)·(x + 0.044715·x³). Without autograd on a CPU,
+    from 64 rows of 512 on, as x·σ(2u), the same function: PyTorch's CPU tanh kernel is slow, and this
+    form measured 1.4–1.9× faster at 64 to 1,024 rows (slower below 32). Big-batch decoding gains;
+    training keeps F.gelu and its fused backward."""
     if torch.is_grad_enabled() or x.device.type != "cpu" or x.numel() < 32768:
         return F.gelu(x, approximate="tanh")
     two_u = x * x
@@ -184,10 +183,9 @@ class Block(nn.Module):
 
 
 def fp32_linear(x, layer):
-    """An output head (LM head, scalar head) in fp32 whatever the autocast: under bf16 the logits would
-    be rounded to 8 bits of mantissa, differently for different batch shapes, so the same weights
-    would score a token differently in the sampler, the scoring pass and the loss (the first PPO/GRPO
-    ratio ≠ 1, DPO's margin ≠ 0 at init, rewards and values quantised). In fp32 it is nn.Linear."""
+    """An output head (LM head, scalar head) in fp32 whatever the autocast: bf16 logits, rounded
+    differently for different batch shapes, would score a token differently in the sampler, the scoring
+    pass and the loss (the first PPO/GRPO ratio ≠ 1, DPO's margin ≠ 0 at init)."""
     with torch.autocast(x.device.type, enabled=False):
         if layer.weight.dtype == torch.float32:
             return layer(x.float())  # (the module itself: its hooks run)
@@ -403,9 +401,8 @@ def token_logprobs(logits, targets, temperature=1.0, top_k=None, top_p=None):
 
 
 def token_logprobs_and_entropy(logits, targets, temperature=1.0, top_k=None, top_p=None, max_elements=2 ** 22):
-    """token_logprobs, and without gradient the entropy (nats) of each position's distribution:
-    (B, T, V), (B, T) -> (B, T), (B, T). One log_softmax serves both (computed apart, the two cost 1.5×
-    as much on CPU, backward included)."""
+    """token_logprobs, and without gradient each position's entropy (nats), (B, T) each, from one
+    log_softmax (computed apart, the two cost 1.5× as much on CPU, backward included)."""
     logp_all = sampled_logprobs(logits, temperature, top_k, top_p)
     return gather_targets(logp_all, targets), token_entropy(logp_all, max_elements)
 
@@ -419,9 +416,8 @@ def gather_targets(logp_all, targets):
 
 @torch.no_grad()
 def token_entropy(logp_all, max_elements=2 ** 22):
-    """H = −Σ_v p(v) log p(v) per position of log-probs (..., V), without gradient, a few rows at a time
-    (at most 16 MB of fp32 per chunk, so that a logged figure never copies the whole (B, T, V)); a
-    truncated distribution's −inf counts 0 (0·log 0 = 0)."""
+    """H = −Σ_v p(v) log p(v) per position of log-probs (..., V), without gradient, in chunks of at most
+    16 MB (a logged figure never copies the whole (B, T, V)); a truncated distribution's −inf counts 0."""
     rows = logp_all.detach().flatten(0, -2)
     chunks = rows.split(max(1, max_elements // rows.size(-1)))
     entropy = [-(c.exp() * c.masked_fill(c == float("-inf"), 0.0)).sum(-1) for c in chunks]

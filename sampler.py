@@ -109,89 +109,72 @@ def draw(logp, generator):
 
 def sample(model, prompts, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
            stop_tokens=(), seed=None, pad_id=0, tool_hook=None, all_ranks_busy=None):
-    """Batched sampling with a preallocated KV cache.
+    """Batched sampling with a preallocated KV cache. prompts: token-id lists (ragged), left-padded so
+    that every row writes the same cache column; each row's positions start at 0 at its own first
+    token and pad keys are masked out, so a row's logits equal those of its prompt alone.
 
-    prompts: list of token-id lists (ragged). They are left-padded so every row writes the same
-    cache column; each row's position ids start at 0 at its own first token, and pad keys are
-    masked out, so a row's logits equal those of the same prompt alone.
-
-    Returns Samples(tokens, logprobs, forced): per row the generated ids (stop token included when hit),
-    their log-probs under the distribution they were drawn from (sampled_logprobs: logits /
-    temperature, truncated by top-k / top-p and renormalised; what RL uses as π_old; greedy
-    (temperature=0) reports the temperature-1 log-prob), and a 0/1 list marking tokens injected by
-    tool_hook (log-prob 0.0, masked in RL).
-
-    tool_hook(row, generated_ids) -> list of ids or None is called after each sampled token; ids it
-    returns are fed to that row one per step (the tool's output) while other rows keep sampling.
-
-    The model's train/eval mode is left as it is: the caller decides dropout (train.py's loop samples
-    and evaluates in eval mode).
-
-    all_ranks_busy(busy) -> bool keeps processes in lockstep where every forward is a collective (a
-    model sharded over them): called before each decode forward with whether this process has one to
-    make, it returns whether any process has. A process with nothing left (its rows finished, or no
-    prompts at all) makes a dummy forward instead while another one still decodes.
+    Returns Samples(tokens, logprobs, forced): per row the generated ids (the stop token included when
+    hit), their log-probs under the distribution they were drawn from (sampled_logprobs: RL's π_old;
+    greedy, temperature=0, reports the temperature-1 log-prob), and 0/1 marks on the ids tool_hook
+    injected (log-prob 0.0, masked in RL). tool_hook(row, generated_ids) -> ids or None is called after
+    each sampled token; the ids it returns are fed to that row one per step while the others sample.
+    The model's train/eval mode is the caller's (train.py samples with dropout off). all_ranks_busy(busy)
+    -> bool (a model sharded over processes: every forward a collective) says, before each decode
+    forward, whether any process has one to make; one with nothing left makes a dummy forward meanwhile.
     """
     # inference mode: no autograd bookkeeping at all, ~10% faster decode than no_grad on CPU; but
     # not in lockstep: FSDP2 would make its buffers of gathered weights inference tensors, which a
     # training forward then cannot write into
     with torch.inference_mode(all_ranks_busy is None), torch.no_grad():
-        return decode_steps(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens, seed, pad_id,
-                            tool_hook, all_ranks_busy)
+        device = next(model.parameters()).device
+        B = len(prompts)
+        if B == 0:
+            if all_ranks_busy is not None:  # the other processes' prefill, then their decode steps
+                idle(model, all_ranks_busy, device, prefill=True)
+            return Samples([], [], [])
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        logits, lens, cache, max_new_tokens = prefill(model, prompts, max_new_tokens, pad_id, device)
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed) if seed is not None else gen.seed()
 
-
-def decode_steps(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens, seed, pad_id, tool_hook,
-                 all_ranks_busy):
-    """sample's work, under the grad mode it chose."""
-    device = next(model.parameters()).device
-    B = len(prompts)
-    if B == 0:
-        if all_ranks_busy is not None:  # the other processes' prefill, then their decode steps
-            idle(model, all_ranks_busy, device, prefill=True)
-        return Samples([], [], [])
-    if any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
-    logits, lens, cache, max_new_tokens = prefill(model, prompts, max_new_tokens, pad_id, device)
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed) if seed is not None else gen.seed()
-
-    # what each row generated, kept on the device: no per-row Python work in the decode loop
-    out_tok = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    out_logp = torch.zeros(B, max_new_tokens, device=device)
-    out_forced = torch.zeros(B, max_new_tokens, dtype=torch.bool, device=device)
-    length = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
-    stop = torch.tensor(sorted(set(stop_tokens)) or [-1], dtype=torch.long, device=device)
-    queued = [[] for _ in range(B)]        # tool output waiting to be fed, per row
-    rows = torch.arange(B, device=device)  # original row index of each cache row still active
-    next_pos = lens.clone()
-    for step in range(max_new_tokens):
-        logp = sampled_logprobs(logits, temperature, top_k, top_p)  # (truncated and renormalised, if asked)
-        tok = logits.argmax(-1) if temperature == 0 else draw(logp, gen)
-        tok_logp = logp.gather(1, tok[:, None]).squeeze(1)
-        if tool_hook is not None:
-            tok, tok_logp, forced = _tool_step(tool_hook, queued, rows, tok, tok_logp, out_tok[:, :step])
-            out_forced[rows, step] = forced
-        out_tok[rows, step], out_logp[rows, step] = tok, tok_logp
-        if step == max_new_tokens - 1:
-            break
-        finished = torch.isin(tok, stop) if tool_hook is None else torch.isin(tok, stop) & ~forced
-        if bool(finished.any()):  # (the one host sync per step)
-            length[rows[finished]] = step + 1
-            keep_idx = (~finished).nonzero().squeeze(1)
-            if len(keep_idx) == 0:
+        # what each row generated, kept on the device: no per-row Python work in the decode loop
+        out_tok = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
+        out_logp = torch.zeros(B, max_new_tokens, device=device)
+        out_forced = torch.zeros(B, max_new_tokens, dtype=torch.bool, device=device)
+        length = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
+        stop = torch.tensor(sorted(set(stop_tokens)) or [-1], dtype=torch.long, device=device)
+        queued = [[] for _ in range(B)]        # tool output waiting to be fed, per row
+        rows = torch.arange(B, device=device)  # original row index of each cache row still active
+        next_pos = lens.clone()
+        for step in range(max_new_tokens):
+            logp = sampled_logprobs(logits, temperature, top_k, top_p)  # (truncated and renormalised, if asked)
+            tok = logits.argmax(-1) if temperature == 0 else draw(logp, gen)
+            tok_logp = logp.gather(1, tok[:, None]).squeeze(1)
+            if tool_hook is not None:
+                tok, tok_logp, forced = _tool_step(tool_hook, queued, rows, tok, tok_logp, out_tok[:, :step])
+                out_forced[rows, step] = forced
+            out_tok[rows, step], out_logp[rows, step] = tok, tok_logp
+            if step == max_new_tokens - 1:
                 break
-            # drop finished rows from the batch: later steps cost only what is still running
-            cache.select_rows(keep_idx)
-            rows, tok, next_pos = rows[keep_idx], tok[keep_idx], next_pos[keep_idx]
-        if all_ranks_busy is not None:
-            all_ranks_busy(True)
-        logits = model(tok[:, None], pos=next_pos[:, None], cache=cache)[:, -1]
-        next_pos = next_pos + 1
-    if all_ranks_busy is not None:  # (no per-process early exit: the others' remaining steps)
-        idle(model, all_ranks_busy, device)
-    n = length.tolist()
-    return Samples([t[:k] for t, k in zip(out_tok.tolist(), n)], [lp[:k] for lp, k in zip(out_logp.tolist(), n)],
-                   [[int(f) for f in fs[:k]] for fs, k in zip(out_forced.tolist(), n)])
+            finished = torch.isin(tok, stop) if tool_hook is None else torch.isin(tok, stop) & ~forced
+            if bool(finished.any()):  # (the one host sync per step)
+                length[rows[finished]] = step + 1
+                keep_idx = (~finished).nonzero().squeeze(1)
+                if len(keep_idx) == 0:
+                    break
+                # drop finished rows from the batch: later steps cost only what is still running
+                cache.select_rows(keep_idx)
+                rows, tok, next_pos = rows[keep_idx], tok[keep_idx], next_pos[keep_idx]
+            if all_ranks_busy is not None:
+                all_ranks_busy(True)
+            logits = model(tok[:, None], pos=next_pos[:, None], cache=cache)[:, -1]
+            next_pos = next_pos + 1
+        if all_ranks_busy is not None:  # (no per-process early exit: the others' remaining steps)
+            idle(model, all_ranks_busy, device)
+        n = length.tolist()
+        return Samples([t[:k] for t, k in zip(out_tok.tolist(), n)], [lp[:k] for lp, k in zip(out_logp.tolist(), n)],
+                       [[int(f) for f in fs[:k]] for fs, k in zip(out_forced.tolist(), n)])
 
 
 def idle(model, all_ranks_busy, device, prefill=False):

@@ -101,13 +101,6 @@ def as_means(sums):
             for k, v in sums.items() if k not in ("count", "micro_batches")}
 
 
-def load_resume(overrides):
-    """init_from=resume: (the checkpoint, the overrides it implies: resume.resumed); else (None, overrides)."""
-    if overrides.get("init_from") != "resume":
-        return None, overrides
-    return resumed(overrides)
-
-
 def setup(overrides, ckpt, algo=None):
     """The run (config, device, tokenizer, environment, the model it trains), seeded; its optimizer;
     and the algorithm's state (its setup, given the checkpoint's saved state when resuming)."""
@@ -124,14 +117,15 @@ def setup(overrides, ckpt, algo=None):
     # the checkpoint; a resumed run checks its own against those it started with
     run.frozen, run.started_with = {}, ckpt.get("frozen") if ckpt is not None else None
     run.held = []  # files setup writes (passport.md, samples.txt) wait here until it has succeeded
-    with rank0_first():  # a download (tokenizer, dataset) by rank 0 alone; the others read its cache
+    in_turn = rank0_first if run.ddp else contextlib.nullcontext  # torchrun: rank 0 first, the others after it
+    with in_turn():  # a download (tokenizer, dataset) by rank 0 alone; the others read its cache
         run.tok = make_tokenizer(cfg["tokenizer"])
         run.env = config_env(cfg)
     torch.manual_seed(cfg["seed"])
     random.seed(cfg["seed"])
     np.random.seed(cfg["seed"])
 
-    with rank0_first():  # on resume too: the same construction, then the saved weights
+    with in_turn():  # on resume too: the same construction, then the saved weights
         model = build_model(cfg, run.tok)
     if ckpt is None and cfg["init_from"] != "scratch":  # a checkpoint or transformers start brings its shape
         check_model_keys(overrides, dataclasses.asdict(model.config), f"init_from={cfg['init_from']}")
@@ -154,7 +148,7 @@ def setup(overrides, ckpt, algo=None):
         trained = torch.compile(model) if cfg["compile"] else model
         run.model = DDP(trained, device_ids=[run.device] if run.device.startswith("cuda") else None) if run.ddp else trained
     torch.manual_seed(cfg["seed"] + run.rank)  # same init on every rank (above), own dropout masks (below)
-    with gathered(run):  # --fsdp: setup's sampling and scoring on full weights (distributed.gathered)
+    with gathered(run) if run.fsdp else contextlib.nullcontext():  # setup's sampling and scoring on full weights
         state = run.algo.setup(run, ckpt["algo_state"] if ckpt is not None else None)
 
     if hasattr(run.algo, "make_optimizer"):  # (lab/muon.py: Muon for the blocks' matrices)
@@ -191,31 +185,34 @@ def fit_block_size(run, overrides, positions):
     cfg["block_size"] = positions
 
 
-def resume(run, optimizer, ckpt, metrics_path):
-    """(the iteration to start from, the tokens trained so far): the checkpoint's, with the optimizer
-    and RNG restored and metrics.jsonl cut back to it; or (0, 0), with a fresh metrics.jsonl and
-    config.json. Rank 0 takes out_dir's lock first (run_dir.take_lock: one writer per run directory)."""
+def open_out_dir(run, ckpt, metrics_path):
+    """The run's first writes into out_dir, once setup has succeeded (a setup that failed has left it as
+    it was): rank 0 takes its lock (run_dir.take_lock: one writer per run directory); a new run starts a
+    fresh metrics.jsonl and config.json and says what it trains; then the files setup held back."""
     cfg = run.cfg
     held, run.held = run.held, None  # (what setup wrote: run_dir.write_out)
-    if run.master:  # the run's first writes into out_dir: a setup that failed has left it as it was
+    if run.master:
         os.makedirs(cfg["out_dir"], exist_ok=True)
         run.locked = take_lock(cfg["out_dir"])
         if ckpt is None and os.path.isfile(os.path.join(cfg["out_dir"], "ckpt.pt")):  # --overwrite=True
             set_aside(cfg["out_dir"])  # until this run's first checkpoint (run_dir.PREVIOUS)
-        if ckpt is None:  # a new run's files start afresh
+        if ckpt is None:
             open(metrics_path, "w").close()
             with open(os.path.join(cfg["out_dir"], "config.json"), "w") as f:
                 json.dump(cfg, f, indent=1)
     for name, text, mode in held:
         write_out(run, name, text, mode)
-    if ckpt is None:
-        if run.master:
-            n_train, n_total = count_parameters(run.raw_model)
-            print(f"{cfg['algo']}: {n_train:,} trainable of {n_total:,} parameters on {run.device}"
-                  f" x{run.world_size}, out_dir={cfg['out_dir']}")
-        return 0, 0
+    if ckpt is None and run.master:
+        n_train, n_total = count_parameters(run.raw_model)
+        print(f"{cfg['algo']}: {n_train:,} trainable of {n_total:,} parameters on {run.device}"
+              f" x{run.world_size}, out_dir={cfg['out_dir']}")
+
+
+def resume(run, optimizer, ckpt, metrics_path):
+    """init_from=resume: the optimizer and every rank's RNG restored, metrics.jsonl cut back to the
+    checkpoint. Returns (the iteration to start from, the tokens trained so far)."""
     if ckpt.get("sharded"):  # --fsdp: the weights and AdamW state of every rank (checkpoints.save_sharded)
-        load_sharded(run, optimizer, os.path.join(cfg["out_dir"], ckpt["sharded"]))
+        load_sharded(run, optimizer, os.path.join(run.cfg["out_dir"], ckpt["sharded"]))
     else:
         optimizer.load_state_dict(ckpt["optimizer"])
     restore_rng(run, ckpt["rng"], ckpt["iter"])
@@ -260,7 +257,8 @@ def optimizer_step(run, state, optimizer, micro_batches, it):
         # the backward pass at every micro-batch instead of once per step
         for k, v in {"count": n, "loss": loss_sum, **extra}.items():
             local[k] = local.get(k, 0.0) + (v.detach() if torch.is_tensor(v) else v)
-    step = all_reduce_sum(local, run)  # one all-reduce per step: the global count and figures
+    # one all-reduce per step: the global count and figures (one process: its own, as floats)
+    step = all_reduce_sum(local, run) if run.ddp else {k: float(local[k]) for k in sorted(local)}
     # DDP averaged the per-rank sums over ranks; turn that into the sum over the global count,
     # then clip: one pass to measure the gradient and one to scale it (rescale and clip together)
     # (--fsdp: each rank's shards, DTensor's local tensors, scaled in place; the norm sums over ranks)
@@ -293,8 +291,8 @@ def not_finite(it, what):
 def check_weights(run, it):
     """Before an evaluation or a checkpoint: every weight finite (an update with a finite gradient can
     still overflow at a huge learning rate). One pass over the weights, at those iterations only."""
-    local = sum(float(not torch.isfinite(p.to_local() if run.fsdp else p).all()) for p in run.raw_model.parameters())
-    if all_reduce_sum([local], run)[0]:
+    bad = sum(float(not torch.isfinite(p.to_local() if run.fsdp else p).all()) for p in run.raw_model.parameters())
+    if all_reduce_sum([bad], run)[0] if run.ddp else bad:
         raise not_finite(it, "the weights are no longer finite after this step")
 
 
@@ -304,7 +302,7 @@ def evaluate(run, state, it, metrics_path, drawn_at):
     Returns (the figures, when metrics.png was last drawn)."""
     set_dropout(run, False)
     t0 = time.time()
-    with gathered(run):  # --fsdp: ranks may hold different numbers of problems
+    with gathered(run) if run.fsdp else contextlib.nullcontext():  # ranks may hold different numbers of problems
         metrics = run.algo.evaluate(run, state, it)
     metrics["eval_time"] = time.time() - t0
     log(run, metrics_path, {"iter": it, **metrics})
@@ -372,11 +370,13 @@ def train(overrides, algo=None):
     """Run one training job. Returns the run, with run.state (what the algorithm's setup made) and
     run.metrics (the last evaluation). algo: an object with the algorithm interface to run in place
     of the --algo module (experiments/bench.py times the loop around sft's batches wrapped in its own)."""
-    ckpt, overrides = load_resume(dict(overrides))
+    overrides = dict(overrides)  # init_from=resume: the checkpoint, and the overrides it implies (resume.resumed)
+    ckpt, overrides = resumed(overrides) if overrides.get("init_from") == "resume" else (None, overrides)
     run, optimizer, state = setup(overrides, ckpt, algo)
     cfg, metrics_path = run.cfg, os.path.join(run.cfg["out_dir"], "metrics.jsonl")
     with running(run) as asked:
-        start_iter, train_tokens = resume(run, optimizer, ckpt, metrics_path)
+        open_out_dir(run, ckpt, metrics_path)
+        start_iter, train_tokens = (0, 0) if ckpt is None else resume(run, optimizer, ckpt, metrics_path)
         run.watch = watcher(run, metrics_path)  # the monitors (monitors.ALARMS) on every logged row
         stop_early, state_dict = getattr(run.algo, "stop_early", None), getattr(run.algo, "state_dict", None)
         evaluating, bar, metrics, drawn_at = cfg["eval_interval"] > 0, progress_bar(run, start_iter), {}, time.time()
@@ -387,7 +387,7 @@ def train(overrides, algo=None):
             for group in optimizer.param_groups:
                 group["lr"] = lr
             set_dropout(run, False)
-            with gathered(run):  # --fsdp: rollouts and scoring on full weights (distributed.gathered)
+            with gathered(run) if run.fsdp else contextlib.nullcontext():  # rollouts and scoring on full weights
                 steps, figures = run.algo.batches(run, state, it)  # RL: the rollouts happen here
             t_update, sums, grad_norm = time.time(), {}, None  # sums: over steps, micro-batches and ranks
             for micro_batches in steps:
@@ -409,7 +409,8 @@ def train(overrides, algo=None):
                     row["grad_norm"] = float(grad_norm)
                 log(run, metrics_path, row)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)  # shown at the next redraw
-            stopping = all_reduce_sum([len(asked)], run)[0] > 0  # a Ctrl-C or SIGTERM: every rank stops here
+            # a Ctrl-C or SIGTERM that reached any rank: every rank stops here
+            stopping = (all_reduce_sum([len(asked)], run)[0] if run.ddp else len(asked)) > 0
             at_eval = evaluating and ((it + 1) % cfg["eval_interval"] == 0 or it + 1 == cfg["max_iters"])
             saving = cfg["checkpoint"] and (at_eval or stopping or it + 1 == cfg["max_iters"])
             if at_eval or saving:

@@ -31,17 +31,22 @@ def build_model(cfg, tok):
     """The model a run starts from (before the algorithm wraps it and before LoRA)."""
     init = cfg["init_from"]
     if init == "scratch":
-        vocab = -(-tok.n_vocab // 64) * 64
-        with torch.random.fork_rng():  # the same init every time it is built (π_ref == π_0), RNG untouched
-            torch.manual_seed(cfg["seed"])
-            return GPT(GPTConfig(block_size=cfg["block_size"], vocab_size=vocab, n_layer=cfg["n_layer"],
-                                 n_head=cfg["n_head"], n_embd=cfg["n_embd"], dropout=cfg["dropout"],
-                                 bias=cfg["bias"]))
+        return from_scratch(cfg, tok)
     if os.path.isfile(os.path.join(init, "ckpt.pt")):
         return load_model(init, dropout=cfg["dropout"])
     if is_gguf(init):
         return from_gguf(cfg, tok)
     return from_transformers(cfg, tok)
+
+
+def from_scratch(cfg, tok):
+    """build_model's fresh model of the config's shape, its vocabulary the tokenizer's rounded up to a
+    multiple of 64, initialised the same every time it is built (π_ref == π_0), the RNG untouched."""
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg["seed"])
+        return GPT(GPTConfig(block_size=cfg["block_size"], vocab_size=-(-tok.n_vocab // 64) * 64,
+                             n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],
+                             dropout=cfg["dropout"], bias=cfg["bias"]))
 
 
 def from_gguf(cfg, tok):
@@ -218,7 +223,7 @@ def load_model(ckpt_dir, device="cpu", dropout=None):
     if ckpt["lora_rank"]:
         apply_lora(model, ckpt["lora_rank"], ckpt["lora_alpha"])
     model.load_state_dict(ckpt["model"])
-    return merge_lora(model).to(device).eval()
+    return (merge_lora(model) if ckpt["lora_rank"] else model).to(device).eval()
 
 
 def load_tokenizer(ckpt_dir):
@@ -325,19 +330,16 @@ def save_checkpoint(run, optimizer, it, train_tokens, algo_state):
     rename, so a crash never leaves a half-written ckpt.pt. algo_state: the algorithm's state_dict, or None.
     "model" is what load_model() gives later scripts: the trained module itself, or its `policy` when
     the algorithm trains several (PPO's policy + critic); "train_model" then holds all of them."""
-    rng = gather_objects(run, rng_state(run))
+    rng = gather_objects(run, rng_state(run)) if run.ddp else [rng_state(run)]
     raw = run.raw_model
     export = raw.policy if hasattr(raw, "policy") else raw
-    sharded = save_sharded(run, optimizer, it) if run.fsdp else None
-    if run.fsdp:  # the export gathered to rank 0's CPU, for load_model and later scripts
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        model = get_model_state_dict(export, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    sharded, model = save_sharded(run, optimizer, it, export) if run.fsdp else (None, export.state_dict())
     if not run.master:
         return
     gpt = export.gpt if isinstance(export, ScalarHeadGPT) else export
     ckpt = dict(
         format=CHECKPOINT_FORMAT, sharded=sharded,  # --fsdp: the trained state is in out_dir/`sharded`
-        model=model if run.fsdp else export.state_dict(),
+        model=model,
         train_model=raw.state_dict() if export is not raw and not run.fsdp else None,
         optimizer=None if run.fsdp else optimizer.state_dict(), iter=it, config=run.cfg,
         model_args=dataclasses.asdict(gpt.config), kind="scalar" if isinstance(export, ScalarHeadGPT) else "lm",
@@ -375,16 +377,17 @@ def not_written(path, it, error):
                       f"free space on that disk, then resume with --init_from=resume (the earlier ckpt.pt, if any, is kept)")
 
 
-def save_sharded(run, optimizer, it):
+def save_sharded(run, optimizer, it, export):
     """--fsdp: every rank writes its shards of the trained weights and AdamW state with
     torch.distributed.checkpoint into out_dir/sharded_ITER (nothing is gathered); ckpt.pt, written
-    after it, names it, so a crash midway leaves the last complete pair. Returns the name."""
+    after it, names it, so a crash midway leaves the last complete pair. Returns (the name, the weights
+    of `export` gathered whole to rank 0's CPU, for load_model and later scripts)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
     name = f"sharded_{it:07d}"
     model_state, optim_state = get_state_dict(run.raw_model, optimizer)
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=os.path.join(run.cfg["out_dir"], name))
-    return name
+    return name, get_model_state_dict(export, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def load_sharded(run, optimizer, path):

@@ -36,13 +36,10 @@ def autocast_dtype(device, bf16_supported):
 
 
 def keep_freed_memory():
-    """Let glibc's malloc keep the memory a step frees for the next step. By default it hands a large
-    block (from 128 KB, a threshold it raises as blocks are freed) to its own mmap, and the free space
-    at its heap's top back to the system: each step then faults in, page by page, zero-filled pages for
-    the activations the step before freed. Both thresholds at 1 GiB: a step reuses its memory (the
-    process keeps its peak): SFT and GRPO steps about 6% faster on one CPU thread (docs/benchmarks.md,
-    "The allocator"). The numbers are the same: torch aligns every tensor to 64 bytes wherever malloc
-    puts it. Linux with glibc only (elsewhere nothing); calling it again changes nothing."""
+    """Let glibc's malloc keep the memory a step frees for the next step, rather than hand large blocks
+    to mmap and its heap's top back to the system, so that each step faults in fresh zeroed pages for
+    the activations the step before freed: SFT and GRPO steps about 6% faster on one CPU thread
+    (docs/benchmarks.md, "The allocator"), the same numbers. Linux with glibc only; idempotent."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -155,9 +152,7 @@ def shard_model(run, model):
     is not a unit of its own (the head calls its `hidden`, not its forward, which carries the hooks):
     its embeddings go with the head. A module that holds several models (PPO's policy and critic) is
     not a unit itself: each model is a root of its own, so that one can run without the other (the
-    sampler calls the policy alone). Nothing happens without --fsdp."""
-    if not run.fsdp:
-        return model
+    sampler calls the policy alone). Called under --fsdp only."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor
     # inputs are not cast (autocast does it), so that a block's `record` list stays the caller's object
@@ -230,10 +225,7 @@ def gathered(run):
 
 def all_ranks_busy(run):
     """--fsdp_rollouts=sharded: the sampler's lockstep, busy(this rank has a forward to make) -> whether
-    any rank has (one all-reduce per decode step); None otherwise (ranks decode independently)."""
-    if not run.lockstep:
-        return None
-
+    any rank has (one all-reduce per decode step). Otherwise ranks decode independently."""
     def busy(mine):
         flag = torch.tensor([float(mine)], device=run.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -254,7 +246,8 @@ def lockstep_count(run, n):
 
 def place(run, model):
     """A frozen model on the run's device, sharded under --fsdp."""
-    return shard_model(run, model.to(run.device))
+    model = model.to(run.device)
+    return shard_model(run, model) if run.fsdp else model
 
 
 def all_reduce_sum(values, run):
@@ -272,9 +265,7 @@ def all_reduce_sum(values, run):
 
 
 def gather_objects(run, obj):
-    """Every rank's `obj` (picklable), in rank order, on every rank: [obj] in one process."""
-    if not run.ddp:
-        return [obj]
+    """Every rank's `obj` (picklable), in rank order, on every rank (under torchrun)."""
     out = [None] * run.world_size
     dist.all_gather_object(out, obj)
     return out
@@ -287,7 +278,7 @@ def over_ranks(run, items, size, fn):
     chunk's result depends only on the chunk and its index, not on the rank that computes it)."""
     parts = chunks(items, size)
     mine = {i: fn(parts[i], i) for i in range(run.rank, len(parts), run.world_size)}
-    gathered = gather_objects(run, mine)
+    gathered = gather_objects(run, mine) if run.ddp else [mine]
     return [gathered[i % run.world_size][i] for i in range(len(parts))]
 
 

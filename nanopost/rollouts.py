@@ -66,19 +66,21 @@ def generate(run, model, prompts, max_new_tokens=None, temperature=0.0, seed=Non
     (pair sampling, RFT pools): the chunks are shared out over the ranks and gathered (over_ranks)."""
     max_new_tokens = max_new_tokens or run.cfg["max_new_tokens"]
     batch_size = batch_size or run.cfg["eval_batch_size"]
+    busy = all_ranks_busy(run) if run.lockstep else None  # (--fsdp_rollouts=sharded: ranks decode in lockstep)
 
     def sample_chunk(chunk, i):
         with run.autocast:
             return sample(model, chunk, max_new_tokens, temperature=temperature, stop_tokens=(run.tok.eos,),
                           pad_id=run.tok.pad, seed=None if seed is None else seed + i * batch_size,
-                          tool_hook=tool_hook(run, chunk), all_ranks_busy=all_ranks_busy(run), **kw)
+                          tool_hook=tool_hook(run, chunk), all_ranks_busy=busy, **kw)
     if spread and run.lockstep:
         raise ValueError("--fsdp_rollouts=sharded does not share setup sampling out over ranks yet: use gathered")
     if spread:
         parts = over_ranks(run, prompts, batch_size, sample_chunk)
     else:
         mine = chunks(prompts, batch_size)
-        mine += [[]] * (lockstep_count(run, len(mine)) - len(mine))  # (sharded rollouts: an empty chunk idles)
+        if run.lockstep:  # (sharded rollouts: an empty chunk idles while another rank samples)
+            mine += [[]] * (lockstep_count(run, len(mine)) - len(mine))
         parts = [sample_chunk(chunk, i) for i, chunk in enumerate(mine)]
     return Samples(*([x for part in parts for x in part[k]] for k in range(3)))
 
