@@ -10,7 +10,11 @@ environment (a name another file uses goes into that list).
     gsm8k.py          GSM8K, built from the dataset's rows (data.config_env reads them; no ood split)
 
 Each environment offers
-- problems(split, n, seed): disjoint "train" / "heldout" splits and an "ood" split;
+- problems(split, n, seed): disjoint "train" / "heldout" splits and an "ood" split; training draws
+  may repeat a problem, evaluations on small splits do not: GeneralPoints' held-out and OOD hands and
+  the treasure hunt's held-out maps are a census (every problem of the split once, in a seeded order,
+  the first n), the calculator's and the treasure hunt's larger splits never repeat a draw, gsm8k's
+  held-out rows are read in order; the default task draws with replacement (docs/log.md, 2026-12-06);
 - solve(problem): the worked solution;
 - demonstration(problem): the SFT target (the worked solution, or for a share only the answer);
 - verify(problem, response): the reward, 1.0 or 0.0, from a strict answer parser;

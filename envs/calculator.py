@@ -163,17 +163,25 @@ class Calculator:
     def problems(self, split, n, seed=0):
         """n problems of `split`: a 3-digit start times a 2-digit number, then n_ops − 1 additions or
         subtractions of 2-digit numbers (the value never goes below 0); "ood" has one step more.
-        Train and held-out are disjoint by equation."""
+        Train and held-out are disjoint by equation. Every chain of a split is equally likely, and
+        "heldout" and "ood" never repeat one (a repeat is drawn again): an evaluation's n chains are
+        distinct, a sample without replacement of a split too large to enumerate (900 × 90 × 180^(n_ops−1)
+        chains, a tenth of them held out: at n_ops 3, 1,000 draws hold no repeat to drop; at n_ops 1
+        the held-out split is 8,110 chains, and n must stay below that). "train" may repeat a chain."""
         if split not in ("train", "heldout", "ood"):
             raise ValueError(f"split must be train, heldout or ood, got {split!r}")
         rng = random.Random(f"{self.name}-{split}-{seed}")
-        out = []
+        out, seen = [], set()
         while len(out) < n:
             start = rng.randint(100, 999)
             steps = [("*", rng.randint(10, 99))]
             steps += [(rng.choice("+-"), rng.randint(10, 99)) for _ in range(self.n_ops - 1 + (split == "ood"))]
             if split != "ood" and Arithmetic._split_of(start, steps) != split:
                 continue
+            if split != "train":
+                if (start, *steps) in seen:
+                    continue
+                seen.add((start, *steps))
             values = self.values(start, steps)
             out.append({"prompt": "What is " + str(start) + "".join(f"{op}{b}" for op, b in steps) + "?",
                         "answer": values[-1], "start": start, "steps": steps})

@@ -3,6 +3,7 @@
 import ast
 import functools
 import hashlib
+import itertools
 import operator
 import random
 import re
@@ -191,25 +192,47 @@ class GeneralPoints:
             return "ood" if any(c in "JQK" for c in cards) else None
         return "train"
 
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def census(split, target=24):
+        """Every solvable hand of `split` once, as sorted faces, in the order of
+        itertools.combinations_with_replacement over FACES: 119 held-out hands and 182 OOD hands at
+        target 24 (train: 852). Each distinct hand counts once, however often four cards dealt with
+        replacement would give it."""
+        rule = SPLIT_RULE[split]
+        return tuple(cards for cards in itertools.combinations_with_replacement(FACES, 4)
+                     if GeneralPoints._split_of(cards) == split
+                     and easiest_solution(tuple(card_value(c, rule) for c in cards), target) is not None)
+
     def problems(self, split, n, seed=0):
-        """n solvable hands of `split` ("train", "heldout" or "ood"), dealt with repetition."""
+        """n solvable hands of `split` ("train", "heldout" or "ood").
+        "heldout" and "ood" are small, so an evaluation is a census: the split's hands (`census`) in a
+        seeded shuffle, the first n of them; n at least the split's size gives every hand once, and
+        no hand ever counts twice. "train" deals four cards with replacement and keeps the hands of
+        its split: a hand may recur, and hands with four different faces come up more often than
+        pairs (what the training run sees; seeded, so the same seed deals the same hands)."""
         if split not in SPLIT_RULE:
             raise ValueError(f"split must be train, heldout or ood, got {split!r}")
-        rule = SPLIT_RULE[split]
         rng = random.Random(f"{self.name}-{split}-{seed}")
+        if split != "train":
+            hands = list(self.census(split, self.target))
+            rng.shuffle(hands)
+            return [self._problem(cards, split) for cards in hands[:n]]
         out = []
         while len(out) < n:
             cards = sorted(rng.choices(FACES, k=4), key=FACES.index)
-            if self._split_of(cards) != split:
-                continue
-            values = [card_value(c, rule) for c in cards]
-            answer = easiest_solution(tuple(values), self.target)
-            if answer is None:
-                continue
-            prompt = f"Cards {' '.join(cards)} ({RULE_TEXT[rule]}): make {self.target} with +-*/ using each card once."
-            out.append({"prompt": prompt, "cards": cards, "values": values, "target": self.target,
-                        "answer": answer})
+            if self._split_of(cards) == split and easiest_solution(
+                    tuple(card_value(c, SPLIT_RULE[split]) for c in cards), self.target) is not None:
+                out.append(self._problem(cards, split))
         return out
+
+    def _problem(self, cards, split):
+        """The problem of a solvable hand (its faces in FACES order) under its split's rule."""
+        rule = SPLIT_RULE[split]
+        values = [card_value(c, rule) for c in cards]
+        prompt = f"Cards {' '.join(cards)} ({RULE_TEXT[rule]}): make {self.target} with +-*/ using each card once."
+        return {"prompt": prompt, "cards": list(cards), "values": values, "target": self.target,
+                "answer": easiest_solution(tuple(values), self.target)}
 
     # -- solver, verifier, corpus -------------------------------------------------------------
     @staticmethod

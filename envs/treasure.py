@@ -3,6 +3,7 @@
 import collections
 import functools
 import hashlib
+import itertools
 import random
 import re
 import string
@@ -201,26 +202,48 @@ class Treasure:
         key = " ".join(names[room] for room in ROOMS)
         return "heldout" if int(hashlib.sha1(key.encode()).hexdigest(), 16) % 100 < HELDOUT_PERCENT else "train"
 
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def census():
+        """Every held-out map once, as a tuple of names in ROOMS order, in the order of
+        itertools.product over ROOM_NAMES: 87 of the 729 maps."""
+        return tuple(names for names in itertools.product(*(ROOM_NAMES[room] for room in ROOMS))
+                     if Treasure._split_of(dict(zip(ROOMS, names))) == "heldout")
+
     def problems(self, split, n, seed=0):
         """n maps of `split`: "train" / "heldout" (each role named from its own three, disjoint by
-        map) or "ood" (each role named from another role's three)."""
+        map) or "ood" (each role named from another role's three).
+        "heldout" is small, so an evaluation is a census: its 87 maps (`census`) in a seeded shuffle,
+        the first n; n ≥ 87 gives every map once. "ood" holds 4,625,505 maps: n drawn uniformly
+        without replacement (a repeat is drawn again). "train" draws with replacement (a map may
+        recur; seeded, so the same seed gives the same maps)."""
         if split not in ("train", "heldout", "ood"):
             raise ValueError(f"split must be train, heldout or ood, got {split!r}")
         rng = random.Random(f"{self.name}-{split}-{seed}")
+        if split == "heldout":
+            maps = list(self.census())
+            rng.shuffle(maps)
+            return [self._problem(dict(zip(ROOMS, names))) for names in maps[:n]]
         everything = sorted(name for names in ROOM_NAMES.values() for name in names)
-        out = []
+        out, seen = [], set()
         while len(out) < n:
             if split == "ood":
                 names = dict(zip(ROOMS, rng.sample(everything, len(ROOMS))))
-                if any(names[room] in ROOM_NAMES[room] for room in ROOMS):
+                if any(names[room] in ROOM_NAMES[room] for room in ROOMS) or tuple(names.values()) in seen:
                     continue
+                seen.add(tuple(names.values()))
             else:
                 names = {room: rng.choice(ROOM_NAMES[room]) for room in ROOMS}
                 if self._split_of(names) != split:
                     continue
-            plan = [action for action, _ in optimal_episode(tuple(names[room] for room in ROOMS))]
-            out.append({"prompt": MAP_TEXT.format(**names), "names": names, "answer": ", ".join(plan)})
+            out.append(self._problem(names))
         return out
+
+    @staticmethod
+    def _problem(names):
+        """The problem of a map ({role: name}): its text, its names and the optimal plan."""
+        plan = [action for action, _ in optimal_episode(tuple(names[room] for room in ROOMS))]
+        return {"prompt": MAP_TEXT.format(**names), "names": names, "answer": ", ".join(plan)}
 
     # -- the game as a tool, solver, verifier -------------------------------------------------
     @staticmethod

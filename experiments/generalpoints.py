@@ -12,7 +12,9 @@ time sampling, which trained-token counts would not see. RL runs --rl_iters iter
 then gets as many iterations as fit in RL's training time at the SFT rate of the initial SFT run
 (its metrics.jsonl), unless --sft_iters says how many. Both arms are plotted against their measured
 training time, so a mismatch (a busy machine) shows. Each arm is evaluated --evals times after its
-start (greedy accuracy on --eval_problems hands of each split, the same problems for both arms).
+start (greedy accuracy on --eval_problems hands of each split, the same problems for both arms;
+each split is a census of distinct hands, 119 held-out and 182 OOD, so a larger --eval_problems
+evaluates the whole split once).
 
     python experiments/generalpoints.py                                    # trains out/generalpoints/init first
     python experiments/generalpoints.py --plot=docs/img/generalpoints.png    # the README's figure
@@ -32,6 +34,7 @@ sys.path.insert(0, ROOT)
 
 from experiments.study import (init_checkpoint, pyplot, rows, run, save_figure, save_study, set_keys,  # noqa: E402
                                study_flags)  # (after the path: the script runs from anywhere)
+from envs import GeneralPoints  # noqa: E402
 
 # --quick: a model and batches small enough that the whole pipeline runs in seconds
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, batch_size=4, prompts_per_iter=2, group_size=2, eval_batch_size=8,
@@ -73,9 +76,9 @@ def table(results):
         first, last = points[0], points[-1]
         lines.append(f"- {arm}: held-out {first['heldout_acc']:.1%} → {last['heldout_acc']:.1%}, "
                      f"OOD {first['ood_acc']:.1%} → {last['ood_acc']:.1%} in {last['seconds']:.0f} s of training")
-    lines.append(f"- (Chu et al. 2025, OOD: RL 11.5% → 15.0%, SFT 11.5% → 3.4%; {results['eval_problems']} "
-                 f"problems per split here: one accuracy is ± at most {98 / results['eval_problems'] ** 0.5:.1f} "
-                 f"points at 95%)")
+    held_out, ood = results["problems"]["heldout"], results["problems"]["ood"]
+    lines.append(f"- (Chu et al. 2025, OOD: RL 11.5% → 15.0%, SFT 11.5% → 3.4%; {held_out} held-out and {ood} OOD "
+                 f"distinct hands here: one accuracy is ± at most {98 / min(held_out, ood) ** 0.5:.1f} points at 95%)")
     return "\n".join(lines) + "\n"
 
 
@@ -110,7 +113,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     init = init_checkpoint(args, common)
 
-    results = dict(init_from=init, eval_problems=args.eval_problems, arms={})
+    problems = {split: len(GeneralPoints().problems(split, args.eval_problems)) for split in ("heldout", "ood")}
+    results = dict(init_from=init, eval_problems=args.eval_problems, problems=problems, arms={})
     budget = None
     for arm in ("rl", "sft"):
         iters = args.rl_iters if arm == "rl" else args.sft_iters or max(1, round(budget / sft_seconds_per_iter(init)))

@@ -21,7 +21,8 @@ from nanopost.rollouts import rollouts
 
 def greedy_accuracy(run, model, split, n):
     """{split}_acc, {split}_len, {split}_work of greedy answers to n problems of `split` (the first
-    seeded n; spread over ranks, counts summed), transcripts of the first few, and this rank's answers
+    seeded n, or the whole split once where it holds fewer: a census, envs/generalpoints.py and
+    envs/treasure.py; spread over ranks, counts summed), transcripts of the first few, and this rank's answers
     ({prompt, answer, response, verdict}: answers.jsonl, report.py's before and after)."""
     if split not in getattr(run.env, "splits", ("train", "heldout", "ood")):
         return {}, [], []  # (a dataset has no ood split: no figures for it)

@@ -1,6 +1,7 @@
 """envs.calculator (the tool) against injection and blow-ups, and the calculator environment:
 splits, solver, verifier, SFT demonstrations with masked results, process steps."""
 
+import hashlib
 import time
 
 import pytest
@@ -66,6 +67,18 @@ def test_tool_calls_reads_what_the_regex_read():
         expected = [(m.group(1), m.group(2), m.start() + len(envs.TOOL_CALL) + len(m.group(1)) + len(envs.END_CALL))
                     for m in before.finditer(text)]
         assert envs.tool_calls(text) == expected, repr(text)
+
+
+def test_evaluation_chains_are_distinct_and_the_defaults_unchanged():
+    """Held-out and OOD never repeat a chain: where the split is small enough for repeats (n_ops 1,
+    8,110 held-out chains) 1,000 draws are 1,000 distinct chains, where drawn with replacement 946;
+    at the default n_ops 3 no draw repeated, so the problems are the ones drawn before; train may repeat."""
+    digest = lambda problems: hashlib.sha1(" | ".join(p["prompt"] for p in problems).encode()).hexdigest()[:12]
+    one = Calculator(n_ops=1)
+    assert len({p["prompt"] for p in one.problems("heldout", 1000)}) == 1000
+    assert len({p["prompt"] for p in one.problems("train", 800)}) == 795 and digest(one.problems("train", 800)) == "b8e007c003e8"
+    env = Calculator()
+    assert digest(env.problems("heldout", 1000)) == "411908110322" and digest(env.problems("ood", 1000)) == "81bd511b4057"
 
 
 def test_problems_splits_and_solver():

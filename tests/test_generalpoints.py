@@ -1,6 +1,7 @@
 """GeneralPoints: solver, verifier, rule variant, splits, demonstrations that fit the context; the SFT vs
 RL experiment script at toy size."""
 
+import hashlib
 import itertools
 import json
 import os
@@ -90,6 +91,34 @@ def test_splits_are_disjoint_by_hand_solvable_and_fit_the_context():
         assert GeneralPoints.verify(p, env.demonstration(p)) == 1.0
         assert len(tok.prompt_ids(p["prompt"])) + len(tok.response_ids(env.solve(p))) <= 129
     assert env.problems("train", 5, seed=1) == env.problems("train", 5, seed=1) != env.problems("train", 5, seed=2)
+
+
+def prompts_digest(problems):
+    """A short fingerprint of a list of problems (their prompts, in order)."""
+    return hashlib.sha1(" | ".join(p["prompt"] for p in problems).encode()).hexdigest()[:12]
+
+
+def test_heldout_and_ood_are_a_census_of_distinct_hands():
+    """Held-out and OOD: every solvable hand of the split once. The census's size is a brute-force
+    count over all 13^4 ordered deals; n below it gives n distinct hands (the first n of the whole
+    split's seeded order), n above it every hand once; the train split deals as it always did."""
+    env = GeneralPoints()
+    for split, size in (("heldout", 119), ("ood", 182)):
+        hands = {tuple(sorted(deal, key=FACES.index)) for deal in itertools.product(FACES, repeat=4)}
+        brute = [h for h in hands if GeneralPoints._split_of(h) == split
+                 and solutions(tuple(card_value(c, SPLIT_RULE[split]) for c in h))]
+        assert len(GeneralPoints.census(split)) == len(set(GeneralPoints.census(split))) == len(brute) == size
+        everything = env.problems(split, 1000)
+        assert len(everything) == size and sorted(tuple(p["cards"]) for p in everything) == sorted(brute)
+        some = env.problems(split, 50, seed=3)
+        assert len({tuple(p["cards"]) for p in some}) == 50 and some == env.problems(split, 1000, seed=3)[:50]
+        assert some != env.problems(split, 50, seed=4)
+    # 200 draws with replacement, as evaluations dealt before the census, held 88 distinct held-out hands
+    assert len({tuple(p["cards"]) for p in env.problems("heldout", 200)}) == 119
+    train = env.problems("train", 500)
+    assert [" ".join(p["cards"]) for p in train[:4]] == ["4 8 10 10", "2 4 7 8", "5 8 8 9", "5 7 9 10"]
+    assert prompts_digest(train) == "71a48d7a626a"  # the same hands, in the same order, as before the census
+    assert len({tuple(p["cards"]) for p in train}) < 500  # training deals may repeat a hand
 
 
 def test_demonstrations_worked_or_direct_and_env_knobs():

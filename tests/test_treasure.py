@@ -1,6 +1,8 @@
 """The treasure hunt as a multi-turn tool environment (--env=treasure): the solver's play wins, wrong
 or forged play scores 0, the tool hook replays a transcript's observations, splits differ."""
 
+import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -93,6 +95,23 @@ def test_heldout_and_ood_maps_differ_from_train():
     assert not ood & (train | heldout)
     assert all(p["names"][r] not in envs.ROOM_NAMES[r] for p in ENV.problems("ood", 50) for r in envs.ROOMS)
     assert ENV.problems("train", 5, seed=1) == ENV.problems("train", 5, seed=1) != ENV.problems("train", 5, seed=2)
+
+
+def test_heldout_is_a_census_and_ood_never_repeats_a_map():
+    """Held-out: all 87 of the 729 maps once (a brute-force count of the maps the hash holds out),
+    n below that n distinct maps; OOD: distinct maps, the same ones as before for the same seed;
+    train: the same maps as before, repeats allowed."""
+    maps = list(itertools.product(*(envs.ROOM_NAMES[r] for r in envs.ROOMS)))
+    brute = [m for m in maps if int(hashlib.sha1(" ".join(m).encode()).hexdigest(), 16) % 100 < 10]
+    assert len(maps) == 729 and len(brute) == len(Treasure.census()) == len(set(Treasure.census())) == 87
+    everything = ENV.problems("heldout", 1000)
+    assert sorted(tuple(p["names"][r] for r in envs.ROOMS) for p in everything) == sorted(brute)
+    some = ENV.problems("heldout", 30, seed=2)
+    assert len({p["prompt"] for p in some}) == 30 and some == ENV.problems("heldout", 87, seed=2)[:30]
+    digest = lambda problems: hashlib.sha1(" | ".join(p["prompt"] for p in problems).encode()).hexdigest()[:12]
+    ood, train = ENV.problems("ood", 300), ENV.problems("train", 700)
+    assert len({p["prompt"] for p in ood}) == 300 and digest(ood) == "b9dda86e62c8"  # as drawn before
+    assert digest(train[:500]) == "134524cfd132" and len({p["prompt"] for p in train}) == 441  # repeats: train only
 
 
 def test_sft_then_grpo_run_on_the_treasure_hunt(tmp_path):
