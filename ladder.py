@@ -48,7 +48,7 @@ import torch
 import report
 from nanopost import bands
 from nanopost.checkpoints import load_model, safe_load
-from nanopost.data import config_env
+from nanopost.options import config_env
 from nanopost.distributed import setup_device
 from nanopost.evaluation import evaluate_policy
 from model import ScalarHeadGPT

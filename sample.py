@@ -31,7 +31,7 @@ from types import SimpleNamespace
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from nanopost.checkpoints import load_model, load_tokenizer, read_checkpoint
-from nanopost.data import config_env
+from nanopost.options import config_env
 from nanopost.gguf_file import gguf_path, is_gguf, read_model
 from nanopost.tokenizer import make_tokenizer
 from nanopost.options import DEFAULTS, optional_dependency

@@ -38,7 +38,7 @@ The contract: an algorithm module (options.ALGOS) supplies plain values and func
 `run` is what the loop made: run.cfg, run.tok, run.env, run.raw_model (the model) and run.model (what
 the loss calls: DDP, FSDP2 or compiled), run.algo, and the device and ranks (distributed.setup_device).
 The loop owns them, gradient accumulation, loss normalisation, AdamW (or make_optimizer's) with warmup + cosine, clipping,
-train/eval mode (set_dropout), evaluation, metrics.jsonl and its monitors (monitors.watcher), plots,
+train/eval mode (set_dropout), evaluation, metrics.jsonl and its monitors (monitors.flag), plots,
 atomic checksummed checkpoints that resume exactly, out_dir's lock and --overwrite's earlier run
 (run_dir), and Ctrl-C, which saves at the next step boundary. train() at the bottom is the loop;
 setup, resume and the optimizer step are above it.
@@ -68,12 +68,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from nanopost.checkpoints import build_model, check_resumable, load_sharded, restore_rng, save_checkpoint
-from nanopost.data import config_env
+from nanopost.options import config_env
 from nanopost.distributed import (all_reduce_sum, gathered, keep_gathered_through_backward, rank0_first, set_gathered,
                          set_gradient_sync, setup_device, shard_model)
 from nanopost.evaluation import plot_metrics, read_metrics
 from model import GPT, apply_lora, count_parameters
-from nanopost.monitors import watcher
+from nanopost.monitors import flag, start_monitors
 from nanopost.options import (MODEL_KEYS, after_the_ladder, algo_module, check_model_keys, check_out_dir, check_start,
                               make_config, optional_dependency, parse_args)
 from nanopost.resume import resumed
@@ -316,7 +316,7 @@ def evaluate(run, state, it, metrics_path, drawn_at):
 def log(run, metrics_path, row):
     """One row of metrics.jsonl (rank 0), flagged by the monitors: an alarm's first firing is printed."""
     if run.master:
-        row = run.watch(row)
+        row = flag(run.monitors, row)
         with open(metrics_path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -377,7 +377,7 @@ def train(overrides, algo=None):
     with running(run) as asked:
         open_out_dir(run, ckpt, metrics_path)
         start_iter, train_tokens = (0, 0) if ckpt is None else resume(run, optimizer, ckpt, metrics_path)
-        run.watch = watcher(run, metrics_path)  # the monitors (monitors.ALARMS) on every logged row
+        run.monitors = start_monitors(run, metrics_path) if run.master else None  # (monitors.ALARMS) on every logged row
         stop_early, state_dict = getattr(run.algo, "stop_early", None), getattr(run.algo, "state_dict", None)
         evaluating, bar, metrics, drawn_at = cfg["eval_interval"] > 0, progress_bar(run, start_iter), {}, time.time()
         if start_iter == 0 and evaluating and cfg["eval_at_start"]:

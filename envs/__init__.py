@@ -7,7 +7,7 @@ environment (a name another file uses goes into that list).
     generalpoints.py  24 with four cards (exact-rational solver; J, Q, K re-ranked in "ood")
     calculator.py     the safe calculator tool, and the tool-using calculator task
     treasure.py       the treasure hunt: the game (qlearn.py's) and the multi-turn tool task
-    gsm8k.py          GSM8K, built from the dataset's rows (data.config_env reads them; no ood split)
+    gsm8k.py          GSM8K, built from the dataset's rows (options.config_env reads them; no ood split)
 
 Each environment offers
 - problems(split, n, seed): disjoint "train" / "heldout" splits and an "ood" split; training draws

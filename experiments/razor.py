@@ -31,7 +31,8 @@ sys.path.insert(0, ROOT)
 
 from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
 from nanopost.checkpoints import load_model  # noqa: E402
-from nanopost.data import collate, config_env  # noqa: E402
+from nanopost.data import collate  # noqa: E402
+from nanopost.options import config_env  # noqa: E402
 from nanopost.distributed import setup_device  # noqa: E402
 from nanopost.options import parse_args  # noqa: E402
 from nanopost.rollouts import rollouts  # noqa: E402

@@ -1,7 +1,7 @@
 """
 Data files and rows: JSON lines, JSON and parquet files or hub datasets (load_rows), a dataset
 environment's splits, rows checked field by field (RowError names the bad one), chat messages
-through the template, the environment a configuration names, and collate (right-padded batches).
+through the template, and collate (right-padded batches).
 """
 
 import json
@@ -11,7 +11,6 @@ import torch
 
 from nanopost.distributed import rank0_first
 from nanopost.hf import looks_local
-from envs import ENVS, GSM8K
 
 
 class RowError(ValueError):
@@ -156,16 +155,6 @@ def pretraining(cfg):
     """Whether a run of sft.py pre-trains (the corpus, every token in the loss): --algo pretrain, or a
     variant of SFT's lab given --pretrain=True (lab/muon.py: the optimiser is all it changes)."""
     return cfg["algo"] == "pretrain" or cfg.get("pretrain", False)
-
-
-def config_env(cfg):
-    """The environment a run's configuration names (the task its data, rewards and evaluation use);
-    gsm8k is built from the rows of env_data rather than generated (options.make_config has checked the name)."""
-    if cfg["env"] == "gsm8k":
-        return GSM8K(*dataset_splits(cfg["env_data"], GSM8K.check_row))
-    pool = cfg.get("env_train_pool")  # (arithmetic's alone; a config.json written before the key has none)
-    pool = dict(train_pool=pool) if pool else {}
-    return ENVS[cfg["env"]](digits=cfg["env_digits"], n_ops=cfg["env_ops"], direct_frac=cfg["env_direct_frac"], **pool)
 
 
 def collate(examples, pad_id, device):

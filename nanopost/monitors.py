@@ -1,6 +1,6 @@
 """
 The monitors (ALARMS): they read any run's logged figures and name the classic failure each caught
-(SPEC §6). train.py's loop runs them on every row it logs (watcher: a printed line, an `alarms` flag in
+(SPEC §6). train.py's loop runs them on every row it logs (flag: a printed line, an `alarms` flag in
 metrics.jsonl, a line in the passport), monitors.alarms on a finished run's rows. experiments/failures.py
 causes each failure on purpose, by replacing the one function it breaks (docs/failures.md, tested).
 """
@@ -92,30 +92,33 @@ def fired_text(fired):
     return ", ".join(f"{name} (iter {it})" for name, it in fired.items()) or "none"
 
 
-def watcher(run, metrics_path):
-    """The monitors as the loop logs (rank 0): a function row -> row that flags the alarms holding on
-    it (row["alarms"], a list of their names), prints a line the first time each fires and notes it in the run's passport.
-    The passport gets the list of monitors with their thresholds now; a resumed run replays its
-    metrics.jsonl first."""
+def start_monitors(run, metrics_path):
+    """The monitors of a run as its loop logs (rank 0): their history (a resumed run replays its
+    metrics.jsonl first), with the passport's list of the monitors and their thresholds written now."""
     h = history(run.cfg)
-    passport = os.path.join(run.cfg["out_dir"], "passport.md")
-
-    def note(text):
-        if run.master and os.path.isfile(passport):
-            with open(passport, "a") as f:
-                f.write(text)
-    note("\n## Monitors\nEach alarm is printed when it first fires, flagged in metrics.jsonl (`alarms`) and noted "
+    h.passport = os.path.join(run.cfg["out_dir"], "passport.md")
+    note(h, "\n## Monitors\nEach alarm is printed when it first fires, flagged in metrics.jsonl (`alarms`) and noted "
          "below (docs/failures.md):\n" + "".join(f"- `{name}`: {threshold}\n" for name, (_, threshold, _) in ALARMS.items()))
     if os.path.isfile(metrics_path):
         for line in open(metrics_path):
             check(h, json.loads(line))
-    note("".join(f"- fired: `{name}` at iteration {it}\n" for name, it in h.fired.items()))
+    note(h, "".join(f"- fired: `{name}` at iteration {it}\n" for name, it in h.fired.items()))
+    return h
 
-    def watch(row):
-        holding, fresh = check(h, row)
-        for name in fresh:
-            figures = ", ".join(f"{k} {row[k]:.4g}" for k in ALARMS[name][0] if isinstance(row.get(k), (int, float)))
-            print(f"monitor {name} fired at iter {row['iter']}: {figures} ({ALARMS[name][1]})", flush=True)
-            note(f"- fired: `{name}` at iteration {row['iter']} ({figures})\n")
-        return {**row, "alarms": holding} if holding else row
-    return watch
+
+def flag(h, row):
+    """`row` with the alarms that hold on it flagged (row["alarms"], their names); each alarm's first
+    firing is printed and noted in the passport."""
+    holding, fresh = check(h, row)
+    for name in fresh:
+        figures = ", ".join(f"{k} {row[k]:.4g}" for k in ALARMS[name][0] if isinstance(row.get(k), (int, float)))
+        print(f"monitor {name} fired at iter {row['iter']}: {figures} ({ALARMS[name][1]})", flush=True)
+        note(h, f"- fired: `{name}` at iteration {row['iter']} ({figures})\n")
+    return {**row, "alarms": holding} if holding else row
+
+
+def note(h, text):
+    """A line for the run's passport (a run that wrote none, e.g. a test's, has nowhere to note it)."""
+    if os.path.isfile(h.passport):
+        with open(h.passport, "a") as f:
+            f.write(text)

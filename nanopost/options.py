@@ -5,7 +5,8 @@ algorithm module's own `defaults`, overridden by `--key=value` (a Python literal
 error naming the closest valid keys; an old key name still works for one release and says its new
 one (RENAMED). `python train.py --algo NAME --help` prints every option with its value and its
 description, read from the comments beside the keys (usage.py). After `python ladder.py` the
-command line's defaults start from the ladder's checkpoints (after_the_ladder).
+command line's defaults start from the ladder's checkpoints (after_the_ladder). config_env builds the
+environment a configuration names.
 """
 
 import ast
@@ -18,7 +19,7 @@ import sys
 
 from nanopost.checkpoints import is_hf_checkpoint
 from nanopost.run_dir import PREVIOUS
-from envs import ENVS
+from envs import ENVS, GSM8K
 
 DEFAULTS = dict(
     algo="sft",                 # the algorithm: pretrain, sft, rm, dpo, ppo, grpo, opd, rft, or a variant of the lab (lab/NAME.py)
@@ -285,6 +286,17 @@ def algo_module(name):
         raise ValueError(f"unknown algo {name!r}; " + (f"did you mean {', '.join(close)}? " if close else "")
                          + f"choose from {', '.join(choices)}")
     return importlib.import_module(f"lab.{name}")
+
+
+def config_env(cfg):
+    """The environment a run's configuration names (the task its data, rewards and evaluation use);
+    gsm8k is built from the rows of env_data rather than generated (options.make_config has checked the name)."""
+    if cfg["env"] == "gsm8k":
+        from nanopost.data import dataset_splits  # (a dataset's rows: only this task reads them)
+        return GSM8K(*dataset_splits(cfg["env_data"], GSM8K.check_row))
+    pool = cfg.get("env_train_pool")  # (arithmetic's alone; a config.json written before the key has none)
+    pool = dict(train_pool=pool) if pool else {}
+    return ENVS[cfg["env"]](digits=cfg["env_digits"], n_ops=cfg["env_ops"], direct_frac=cfg["env_direct_frac"], **pool)
 
 
 def make_config(overrides):

@@ -152,7 +152,7 @@ def test_a_train_pool_fixes_the_training_problems_of_every_algorithm():
     option is arithmetic's alone."""
     from types import SimpleNamespace
     from nanopost import options
-    from nanopost.data import config_env
+    from nanopost.options import config_env
     from nanopost.rollouts import shard_problems
     env = config_env(options.make_config(dict(env_train_pool=7)))
     pool = {p["prompt"] for p in env.pool}

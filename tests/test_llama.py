@@ -17,7 +17,8 @@ from nanopost import options
 import train as T
 from nanopost.checkpoints import build_model, load_model
 from conftest import TINY, random_ids
-from nanopost.data import config_env, dataset_splits
+from nanopost.data import dataset_splits
+from nanopost.options import config_env
 from envs import GSM8K
 from envs.gsm8k import final_number
 from nanopost.hf import from_pretrained, to_transformers
