@@ -8,7 +8,9 @@ every rollout batch is split into --minibatches optimizer steps (4: π_θ moves 
 the first step; at 1 the ratio is always 1 and the arms differ only in their advantages and
 aggregation). Greedy held-out accuracy on --eval_problems problems every --eval_every iterations,
 against the rollout tokens decoded so far (DAPO's dynamic sampling decodes extra rollouts: they are
-counted). Prints a table, writes results.json and accuracy_vs_rollout_tokens.png into --out.
+counted). Prints a table, writes results.json and accuracy_vs_rollout_tokens.png into --out; with a
+learning-rate sweep also sweep.md and accuracy_vs_learning_rate.png (sweep: each arm against the first at
+the same rate, paired per seed, so that no choice of a best rate enters the comparison).
 
     python experiments/pg_family.py --sft=out/sft
     python experiments/pg_family.py --sft=out/sft --arms=grpo,cispo --iters=12 --seeds=1337 --edge=""
@@ -147,6 +149,51 @@ def kl_test(seeds, common, out, n):
     save_figure(fig, os.path.join(out, "kl_test.png"), dpi=100)
 
 
+def last_verdicts(run_dir):
+    """The per-problem verdicts of a finished run's last held-out evaluation (its answers.jsonl)."""
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "answers.jsonl"))]
+    return [a["verdict"] for a in max((r for r in rows if r["split"] == "heldout"), key=lambda r: r["iter"])["answers"]]
+
+
+def sweep(results, names, rates, seeds, n, out):
+    """With a learning-rate sweep: each arm's end against the rate (accuracy_vs_learning_rate.png), and
+    every other arm minus the first at the same rate, paired per seed on the same problems: no choice of
+    a best rate enters the comparison (bands.paired_cell: the t band over seeds, floored by each seed's
+    per-problem paired band). Writes sweep.md."""
+    lines = [f"| arm − {names[0]}, at the same learning rate | " + " | ".join(f"{lr:g}" for lr in rates) + " |",
+             "|---" * (len(rates) + 1) + "|"]
+    for name in names[1:]:
+        cells = []
+        for lr in rates:
+            pairs = [bands.paired(last_verdicts(os.path.join(out, f"{name}_lr{lr:g}_{s}")),
+                                  last_verdicts(os.path.join(out, f"{names[0]}_lr{lr:g}_{s}"))) for s in seeds]
+            cells.append(bands.paired_cell([m for m, _ in pairs], [h for _, h in pairs]))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(out, "sweep.md"), "w") as f:
+        f.write(text)
+    print(text)
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for k, name in enumerate(names):
+        ends = [[points[-1][2] for points in results[f"{name}_lr{lr:g}"]] for lr in rates]
+        mean_band = [bands.across_seeds(e, n) for e in ends]
+        shift = 1 + 0.04 * (k - (len(names) - 1) / 2)  # (side by side at each rate)
+        ax.errorbar([lr * shift for lr in rates], [m for m, _ in mean_band], yerr=[h or 0.0 for _, h in mean_band],
+                    marker="o", capsize=3, label=name)
+    start = results[f"{names[0]}_lr{rates[0]:g}"][0][0][2]
+    ax.axhline(start, color="gray", lw=0.8, ls="--", label="the start")
+    ax.set_xscale("log")
+    ax.set_xticks(rates, [f"{lr:g}" for lr in rates])
+    ax.minorticks_off()
+    ax.set_xlabel("learning rate (constant after the warm-up)")
+    ax.set_ylabel(f"greedy held-out accuracy at the end ({n} problems)")
+    ax.set_title(f"Every arm at every rate, equal rollouts; {len(seeds)} seeds' mean and band", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    save_figure(fig, os.path.join(out, "accuracy_vs_learning_rate.png"), dpi=110)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -196,6 +243,9 @@ def main(argv=None):
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(dict(settings=dict(common, seeds=seeds), results=results), f, indent=1)
     plot(results, n, os.path.join(args.out, "accuracy_vs_rollout_tokens.png"))
+    rates = [float(x) for x in args.learning_rates.split(",") if x]
+    if len(rates) > 1:
+        sweep(results, args.arms.split(","), rates, seeds, n, args.out)
 
 
 if __name__ == "__main__":

@@ -64,3 +64,23 @@ def test_a_learning_rate_sweep_runs_every_arm_at_every_rate(tmp_path):
     assert set(results) == {"grpo_lr0.001", "grpo_lr0.003", "sapo_lr0.001", "sapo_lr0.003"}
     config = json.load(open(out / "sapo_lr0.003_1" / "config.json"))
     assert (config["algo"], config["learning_rate"], config["min_lr"], config["lora_rank"]) == ("sapo", 3e-3, 3e-3, 1)
+    assert (out / "sweep.md").exists() and (out / "accuracy_vs_learning_rate.png").stat().st_size > 1000
+
+
+def test_the_sweep_pairs_each_arm_with_the_first_at_the_same_rate(tmp_path):
+    """sweep's table: per seed, the arm's last held-out verdicts minus the first arm's at the same rate, on
+    the same problems; over 3 seeds the mean and bands.paired_across_seeds' band (a worked example)."""
+    verdicts = {("grpo", 1): [1, 0, 1, 0], ("grpo", 2): [1, 1, 0, 0], ("grpo", 3): [0, 0, 1, 0],
+                ("sapo", 1): [1, 1, 1, 0], ("sapo", 2): [1, 1, 0, 0], ("sapo", 3): [1, 1, 1, 1]}
+    results = {}
+    for (arm, seed), v in verdicts.items():
+        os.makedirs(tmp_path / f"{arm}_lr0.001_{seed}")
+        with open(tmp_path / f"{arm}_lr0.001_{seed}" / "answers.jsonl", "w") as f:
+            for it, answers in ((0, [0, 0, 0, 0]), (30, v)):  # the last evaluation is the one compared
+                f.write(json.dumps({"iter": it, "split": "heldout", "answers": [{"verdict": x} for x in answers]}) + "\n")
+        results.setdefault(f"{arm}_lr0.001", []).append([(0, 0, 0.0, 0, 0), (30, 1, sum(v) / 4, 0, 0)])
+    pg_family.sweep(results, ["grpo", "sapo"], [1e-3], [1, 2, 3], 4, str(tmp_path))
+    row = (tmp_path / "sweep.md").read_text().splitlines()[2]
+    # per seed: +0.25, 0, +0.75; mean 1/3; t(0.975, 2)·SE = 4.303·0.3819/√3 = 0.949, and the per-problem
+    # bands (1.96·sd/√4 of the differences: 0.490, 0, 0.490) add in variance: √(0.949² + 0.160) = 1.030
+    assert row.startswith("| sapo | +0.333 ± 1.030 (per seed +0.250, +0.000, +0.750)"), row
