@@ -23,10 +23,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (before torch loads OpenM
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from nanopost.options import config_env  # noqa: E402
 from nanopost.gguf_file import gguf_path, read_model  # noqa: E402
 from nanopost.hf import to_transformers  # noqa: E402
-from nanopost.options import DEFAULTS  # noqa: E402
+from nanopost.options import DEFAULTS, config_env  # noqa: E402
 from nanopost.tokenizer import make_tokenizer  # noqa: E402
 from sampler import sample  # noqa: E402
 
