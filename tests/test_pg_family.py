@@ -84,3 +84,24 @@ def test_the_sweep_pairs_each_arm_with_the_first_at_the_same_rate(tmp_path):
     # per seed: +0.25, 0, +0.75; mean 1/3; t(0.975, 2)·SE = 4.303·0.3819/√3 = 0.949, and the per-problem
     # bands (1.96·sd/√4 of the differences: 0.490, 0, 0.490) add in variance: √(0.949² + 0.160) = 1.030
     assert row.startswith("| sapo | +0.333 ± 1.030 (per seed +0.250, +0.000, +0.750)"), row
+
+
+def test_lora_regret_pairs_lora_at_ten_times_full_rate(tmp_path):
+    """experiments/lora_regret.py's comparisons on a worked example: LoRA at 1e-3 against full at 1e-4 (the
+    tenfold pair, and here the best against the best), paired per seed on the same problems, the rule's word."""
+    from argparse import Namespace
+    from experiments import lora_regret
+    verdicts = {("full", 1): [1, 0, 1, 0], ("full", 2): [1, 1, 0, 0], ("full", 3): [0, 0, 1, 0],
+                ("r1", 1): [1, 1, 1, 0], ("r1", 2): [1, 1, 0, 0], ("r1", 3): [1, 1, 1, 1]}
+    for (name, seed), v in verdicts.items():
+        run_dir = tmp_path / name / f"grpo_lr{1e-3 if name == 'r1' else 1e-4:g}_{seed}"
+        os.makedirs(run_dir)
+        with open(run_dir / "answers.jsonl", "w") as f:
+            f.write(json.dumps({"iter": 30, "split": "heldout", "answers": [{"verdict": x} for x in v]}) + "\n")
+    text = lora_regret.report(Namespace(out=str(tmp_path)), [("r1", 1, [1e-3]), ("full", 0, [1e-4])], [1, 2, 3])
+    rows = [line for line in text.splitlines() if line.startswith("| r1 at 0.001 − full at 0.0001")]
+    # the same differences as the sweep's worked example: +0.333 ± 1.030, too wide a band to say "matches"
+    assert rows == [f"| r1 at 0.001 − full at 0.0001 ({kind}) | +0.333 ± 1.030 | +0.250, +0.000, +0.750 | "
+                    f"a null (the band is too wide to say it matches) |" for kind in ("tenfold", "best against best")]
+    # the columns are the rates 1e-4, 1e-3: r1 only at 1e-3 (3, 2, 4 of 4 right), full only at 1e-4 (2, 2, 1)
+    assert "| r1 |  | 0.750 ± " in text and "| full | 0.417 ± " in text and " |  |\n" in text
