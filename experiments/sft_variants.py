@@ -76,7 +76,7 @@ def table(results):
         if None in ups:
             lines.append(f"- {NAMES.get(a, a)} missed the level in {ups.count(None)} of {len(ups)} seeds")
         else:
-            mean, half = bands.paired_across_seeds([x - 1 for x in ups])
+            mean, half = bands.paired_across_seeds([x - 1 for x in ups], None)  # (steps: no per-problem results)
             lines.append(f"- {NAMES.get(a, a)}: speed-up in steps {1 + mean:.2f}x"
                          + (f" ± {half:.2f}" if half is not None else " (fewer than 3 seeds: no band)"))
     for a in s["arms"]:
