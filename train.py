@@ -117,15 +117,14 @@ def setup(overrides, ckpt, algo=None):
     # the checkpoint; a resumed run checks its own against those it started with
     run.frozen, run.started_with = {}, ckpt.get("frozen") if ckpt is not None else None
     run.held = []  # files setup writes (passport.md, samples.txt) wait here until it has succeeded
-    in_turn = rank0_first if run.ddp else contextlib.nullcontext  # torchrun: rank 0 first, the others after it
-    with in_turn():  # a download (tokenizer, dataset) by rank 0 alone; the others read its cache
+    with rank0_first():  # a download (tokenizer, dataset) by rank 0 alone; the others read its cache
         run.tok = make_tokenizer(cfg["tokenizer"])
         run.env = config_env(cfg)
     torch.manual_seed(cfg["seed"])
     random.seed(cfg["seed"])
     np.random.seed(cfg["seed"])
 
-    with in_turn():  # on resume too: the same construction, then the saved weights
+    with rank0_first():  # on resume too: the same construction, then the saved weights
         model = build_model(cfg, run.tok)
     if ckpt is None and cfg["init_from"] != "scratch":  # a checkpoint or transformers start brings its shape
         check_model_keys(overrides, dataclasses.asdict(model.config), f"init_from={cfg['init_from']}")
@@ -148,7 +147,7 @@ def setup(overrides, ckpt, algo=None):
         trained = torch.compile(model) if cfg["compile"] else model
         run.model = DDP(trained, device_ids=[run.device] if run.device.startswith("cuda") else None) if run.ddp else trained
     torch.manual_seed(cfg["seed"] + run.rank)  # same init on every rank (above), own dropout masks (below)
-    with gathered(run) if run.fsdp else contextlib.nullcontext():  # setup's sampling and scoring on full weights
+    with gathered(run):  # --fsdp: setup's sampling and scoring on full weights (distributed.gathered)
         state = run.algo.setup(run, ckpt["algo_state"] if ckpt is not None else None)
 
     if hasattr(run.algo, "make_optimizer"):  # (lab/muon.py: Muon for the blocks' matrices)
@@ -257,8 +256,7 @@ def optimizer_step(run, state, optimizer, micro_batches, it):
         # the backward pass at every micro-batch instead of once per step
         for k, v in {"count": n, "loss": loss_sum, **extra}.items():
             local[k] = local.get(k, 0.0) + (v.detach() if torch.is_tensor(v) else v)
-    # one all-reduce per step: the global count and figures (one process: its own, as floats)
-    step = all_reduce_sum(local, run) if run.ddp else {k: float(local[k]) for k in sorted(local)}
+    step = all_reduce_sum(local, run)  # one all-reduce per step: the global count and figures
     # DDP averaged the per-rank sums over ranks; turn that into the sum over the global count,
     # then clip: one pass to measure the gradient and one to scale it (rescale and clip together)
     # (--fsdp: each rank's shards, DTensor's local tensors, scaled in place; the norm sums over ranks)
@@ -292,7 +290,7 @@ def check_weights(run, it):
     """Before an evaluation or a checkpoint: every weight finite (an update with a finite gradient can
     still overflow at a huge learning rate). One pass over the weights, at those iterations only."""
     bad = sum(float(not torch.isfinite(p.to_local() if run.fsdp else p).all()) for p in run.raw_model.parameters())
-    if all_reduce_sum([bad], run)[0] if run.ddp else bad:
+    if all_reduce_sum([bad], run)[0]:
         raise not_finite(it, "the weights are no longer finite after this step")
 
 
@@ -302,7 +300,7 @@ def evaluate(run, state, it, metrics_path, drawn_at):
     Returns (the figures, when metrics.png was last drawn)."""
     set_dropout(run, False)
     t0 = time.time()
-    with gathered(run) if run.fsdp else contextlib.nullcontext():  # ranks may hold different numbers of problems
+    with gathered(run):  # --fsdp: ranks may hold different numbers of problems
         metrics = run.algo.evaluate(run, state, it)
     metrics["eval_time"] = time.time() - t0
     log(run, metrics_path, {"iter": it, **metrics})
@@ -387,7 +385,7 @@ def train(overrides, algo=None):
             for group in optimizer.param_groups:
                 group["lr"] = lr
             set_dropout(run, False)
-            with gathered(run) if run.fsdp else contextlib.nullcontext():  # rollouts and scoring on full weights
+            with gathered(run):  # --fsdp: rollouts and scoring on full weights (distributed.gathered)
                 steps, figures = run.algo.batches(run, state, it)  # RL: the rollouts happen here
             t_update, sums, grad_norm = time.time(), {}, None  # sums: over steps, micro-batches and ranks
             for micro_batches in steps:
@@ -409,8 +407,7 @@ def train(overrides, algo=None):
                     row["grad_norm"] = float(grad_norm)
                 log(run, metrics_path, row)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", refresh=False)  # shown at the next redraw
-            # a Ctrl-C or SIGTERM that reached any rank: every rank stops here
-            stopping = (all_reduce_sum([len(asked)], run)[0] if run.ddp else len(asked)) > 0
+            stopping = all_reduce_sum([len(asked)], run)[0] > 0  # a Ctrl-C or SIGTERM on any rank: every rank stops here
             at_eval = evaluating and ((it + 1) % cfg["eval_interval"] == 0 or it + 1 == cfg["max_iters"])
             saving = cfg["checkpoint"] and (at_eval or stopping or it + 1 == cfg["max_iters"])
             if at_eval or saving:

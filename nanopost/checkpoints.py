@@ -330,7 +330,7 @@ def save_checkpoint(run, optimizer, it, train_tokens, algo_state):
     rename, so a crash never leaves a half-written ckpt.pt. algo_state: the algorithm's state_dict, or None.
     "model" is what load_model() gives later scripts: the trained module itself, or its `policy` when
     the algorithm trains several (PPO's policy + critic); "train_model" then holds all of them."""
-    rng = gather_objects(run, rng_state(run)) if run.ddp else [rng_state(run)]
+    rng = gather_objects(run, rng_state(run))
     raw = run.raw_model
     export = raw.policy if hasattr(raw, "policy") else raw
     sharded, model = save_sharded(run, optimizer, it, export) if run.fsdp else (None, export.state_dict())

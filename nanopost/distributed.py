@@ -265,7 +265,9 @@ def all_reduce_sum(values, run):
 
 
 def gather_objects(run, obj):
-    """Every rank's `obj` (picklable), in rank order, on every rank (under torchrun)."""
+    """Every rank's `obj` (picklable), in rank order, on every rank: [obj] in one process."""
+    if not run.ddp:
+        return [obj]
     out = [None] * run.world_size
     dist.all_gather_object(out, obj)
     return out
@@ -278,7 +280,7 @@ def over_ranks(run, items, size, fn):
     chunk's result depends only on the chunk and its index, not on the rank that computes it)."""
     parts = chunks(items, size)
     mine = {i: fn(parts[i], i) for i in range(run.rank, len(parts), run.world_size)}
-    gathered = gather_objects(run, mine) if run.ddp else [mine]
+    gathered = gather_objects(run, mine)
     return [gathered[i % run.world_size][i] for i in range(len(parts))]
 
 

@@ -49,7 +49,7 @@ def rollout_figures(run, state, shards):
         sums["gap"] = float(gap.sum())
         sums.update({f"gap_max_{r}": float(gap.max()) if r == run.rank else 0.0
                      for r in range(run.world_size)})  # the max over ranks, through a sum
-    sums = all_reduce_sum(sums, run) if run.ddp else {k: float(v) for k, v in sums.items()}
+    sums = all_reduce_sum(sums, run)
     n, len_mean = sums["n"], sums["len_sum"] / sums["n"]
     figures = dict(
         reward=sums["reward"] / n, degenerate_frac=sums["degenerate"] / sums["groups"],

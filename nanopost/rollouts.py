@@ -79,8 +79,7 @@ def generate(run, model, prompts, max_new_tokens=None, temperature=0.0, seed=Non
         parts = over_ranks(run, prompts, batch_size, sample_chunk)
     else:
         mine = chunks(prompts, batch_size)
-        if run.lockstep:  # (sharded rollouts: an empty chunk idles while another rank samples)
-            mine += [[]] * (lockstep_count(run, len(mine)) - len(mine))
+        mine += [[]] * (lockstep_count(run, len(mine)) - len(mine))  # (sharded rollouts: an empty chunk idles)
         parts = [sample_chunk(chunk, i) for i, chunk in enumerate(mine)]
     return Samples(*([x for part in parts for x in part[k]] for k in range(3)))
 
