@@ -32,7 +32,7 @@ sys.path.insert(0, ROOT)
 
 from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
 from experiments import pg_family  # noqa: E402
-from experiments.study import pyplot, save_figure  # noqa: E402
+from experiments.study import last_verdicts, pyplot, save_figure  # noqa: E402
 
 
 def setting_args(args, name, rank, rates):
@@ -45,7 +45,7 @@ def setting_args(args, name, rank, rates):
 
 def verdicts(args, name, lr, seed):
     """The per-problem verdicts of one run's last held-out evaluation."""
-    return pg_family.last_verdicts(os.path.join(args.out, name, f"grpo_lr{lr:g}_{seed}"))
+    return last_verdicts(os.path.join(args.out, name, f"grpo_lr{lr:g}_{seed}"))
 
 
 def accuracy(args, name, lr, seeds):

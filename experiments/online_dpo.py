@@ -73,8 +73,8 @@ from nanopost.checkpoints import load_reference  # noqa: E402
 from nanopost.distributed import chunks  # noqa: E402
 from nanopost.evaluation import write_samples  # noqa: E402
 from nanopost.passports import preference_passport, write_passport  # noqa: E402
-from experiments.study import (band_line, finished, pyplot, rows, run, save_figure, save_study,  # noqa: E402
-                               set_keys, study_flags, train_once)
+from experiments.study import (band_line, finished, last_verdicts, pyplot, rows, run, save_figure,  # noqa: E402
+                               save_study, set_keys, study_flags, train_once)
 
 LABELERS = online_dpo.LABELERS
 SATURATED = 0.99  # σ(z) above it: a pair's loss slope σ(−z) is under 0.01 (0.5 at the start, z = 0)
@@ -192,12 +192,6 @@ def curve(out_dir):
     evaluation of a run."""
     keys = ("heldout_acc", "heldout_work", "heldout_len", "train_pairs_saturated", "train_pairs_z", "train_pairs_n")
     return [dict(iter=r["iter"], **{k: r[k] for k in keys if k in r}) for r in rows(out_dir) if "heldout_acc" in r]
-
-
-def last_verdicts(out_dir):
-    """The last evaluation's greedy held-out verdicts, one 0/1 per problem in the problems' order (answers.jsonl)."""
-    evaluations = [json.loads(line) for line in open(os.path.join(out_dir, "answers.jsonl"))]
-    return [a["verdict"] for a in [e for e in evaluations if e["split"] == "heldout"][-1]["answers"]]
 
 
 def rounds(out_dir):

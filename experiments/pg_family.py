@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
 from nanopost import options  # noqa: E402
 import train as T  # noqa: E402
-from experiments.study import band_line, pyplot, save_figure  # noqa: E402  (a seed mean and its band, drawn)
+from experiments.study import band_line, last_verdicts, pyplot, save_figure  # noqa: E402  (a seed mean and its band, drawn)
 
 
 def recipe(name, **extra):
@@ -149,12 +149,6 @@ def kl_test(seeds, common, out, n):
     save_figure(fig, os.path.join(out, "kl_test.png"), dpi=100)
 
 
-def last_verdicts(run_dir):
-    """The per-problem verdicts of a finished run's last held-out evaluation (its answers.jsonl)."""
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "answers.jsonl"))]
-    return [a["verdict"] for a in max((r for r in rows if r["split"] == "heldout"), key=lambda r: r["iter"])["answers"]]
-
-
 def sweep(results, names, rates, seeds, n, out):
     """With a learning-rate sweep: each arm's end against the rate (accuracy_vs_learning_rate.png), and
     every other arm minus the first at the same rate, paired per seed on the same problems: no choice of
@@ -176,8 +170,7 @@ def sweep(results, names, rates, seeds, n, out):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for k, name in enumerate(names):
-        ends = [[points[-1][2] for points in results[f"{name}_lr{lr:g}"]] for lr in rates]
-        mean_band = [bands.across_seeds(e, n) for e in ends]
+        mean_band = [final(results[f"{name}_lr{lr:g}"], n) for lr in rates]
         shift = 1 + 0.04 * (k - (len(names) - 1) / 2)  # (side by side at each rate)
         ax.errorbar([lr * shift for lr in rates], [m for m, _ in mean_band], yerr=[h or 0.0 for _, h in mean_band],
                     marker="o", capsize=3, label=name)

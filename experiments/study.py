@@ -62,6 +62,13 @@ def last_logged(out_dir, key):
     return logged[-1] if logged else None
 
 
+def last_verdicts(out_dir):
+    """The last held-out evaluation's verdicts of a run, one per problem in the problems' order
+    (answers.jsonl): what bands.paired compares between two runs on the same problems."""
+    evaluations = [json.loads(line) for line in open(os.path.join(out_dir, "answers.jsonl"))]
+    return [a["verdict"] for a in [e for e in evaluations if e["split"] == "heldout"][-1]["answers"]]
+
+
 def finished(out_dir, overrides, key):
     """Whether out_dir holds a run with these settings (its config.json agrees on every key it has) that
     logged `key` at its last iteration (overrides' max_iters), so that it is read rather than run again."""
