@@ -208,7 +208,8 @@ COLOURS = dict(outcome="#444444", partial="#1f77b4")
 
 def plot(results, path):
     """One row per task: the rollout reward, the all-fail share of groups and the partial credit's share of
-    Σ|A| per iteration (trailing means of 10, each arm's seed mean and band), and the endpoint per arm."""
+    Σ|A| per iteration (trailing means of 10, each arm's seed mean and band), and the endpoint: partial
+    − outcome in sampled and greedy accuracy, each seed's paired difference and their mean ± the band."""
     tasks = list(results["tasks"])
     panels = ("reward", "all_fail_frac", "shaping_adv_share")
     fig, axes = pyplot().subplots(len(tasks), len(panels) + 1, figsize=(4 * (len(panels) + 1), 3.2 * len(tasks)),
@@ -222,16 +223,17 @@ def plot(results, path):
                 band_line(ax, curves, COLOURS[arm], arm, top=1.0)
             ax.set_title(f"{task}: {TITLES[key]} (mean of {window})", fontsize=8)
             ax.set_xlabel("iteration", fontsize=8)
-            ax.set_ylim(0, 1)
-        ax = row[-1]
-        for k, arm in enumerate(tr["arms"]):
-            m, h = tr["summary"][arm]["sampled"]
-            ax.bar(k, m, yerr=h or 0.0, color=COLOURS[arm], capsize=4, label=arm)
-            ax.scatter([k] * len(tr["arms"][arm]), [mean(r["sampled"]) for r in tr["arms"][arm].values()], color="k", s=8, zorder=3)
-        ax.axhline(mean(tr["start"]["sampled"]), color="#999999", ls="--", lw=1, label="start")
-        ax.set_xticks(range(len(tr["arms"])), list(tr["arms"]))
-        ax.set_title(f"{task}: sampled accuracy at the end ({tr['problems']} problems), {tr['summary']['verdict']}", fontsize=8)
-        ax.set_ylim(bottom=0)
+            ax.set_ylim(0, 1.05)
+        ax, paired = row[-1], tr["summary"]["partial − outcome"]
+        for k, key in enumerate(("sampled", "greedy")):
+            m, h = paired[key]["band"]
+            ax.errorbar([k], [m], yerr=[h or 0.0], fmt="o", color=COLOURS["partial"], capsize=5)
+            ax.scatter([k + 0.12] * len(paired[key]["per_seed"]), paired[key]["per_seed"], color="k", s=8)
+        ax.axhline(0.0, color="#999999", lw=1)
+        ax.set_xticks([0, 1], ["sampled", "greedy"])
+        ax.set_xlim(-0.5, 1.5)
+        ax.set_title(f"{task}: partial − outcome at the end, paired\n({tr['problems']} problems; dots: seeds): "
+                     f"{tr['summary']['verdict']}", fontsize=8)
         row[0].legend(fontsize=7)
     save_figure(fig, path, dpi=90)
 
