@@ -134,7 +134,9 @@ def shortest_solution(start=START, names=BY_ROLE):
 #
 # No game state is kept anywhere: each call replays the response's earlier calls from the start the
 # prompt's map describes (Treasure.tool, given the prompt and the earlier calls by rollouts.tool_hook),
-# so rows pause and resume independently and a transcript alone determines its episode.
+# so rows pause and resume independently and a transcript alone determines its episode. A mid-map
+# start (env_midstart_frac) is a prompt followed by the opening calls already played, which the tool
+# replays first.
 #
 # What varies is the rooms' names. Each role has three (ROOM_NAMES), 3^6 = 729 maps; "train" and
 # "heldout" are disjoint by map (a hash holds out 10%), so a held-out map is a combination of names
@@ -145,6 +147,7 @@ def shortest_solution(start=START, names=BY_ROLE):
 ROOM_NAMES = {"hall": ("hall", "yard", "porch"), "armory": ("armory", "arsenal", "barracks"),
               "library": ("library", "study", "attic"), "forge": ("forge", "smelter", "smithy"),
               "lair": ("lair", "den", "cave"), "vault": ("vault", "crypt", "cellar")}
+MIDSTART_MAX = 10  # a mid-map start has played at most 10 of the 11 actions: the chest is still to open
 MAP_TEXT = ("Paths: {hall}-{armory}, {hall}-{library}, {hall}-{lair}, {armory}-{forge} (red door), {forge}-{lair}, "
             "{lair}-{vault} (blue door). {hall}: red key. {armory}: sword. {forge}: ore. {lair}: guardian. "
             "{vault}: chest. You are in the {hall}.")
@@ -162,6 +165,11 @@ def _map_pattern(text):
             pattern += f"(?P={role})" if role in seen else f"(?P<{role}>[a-z]+)"
             seen.add(role)
     return re.compile(pattern)
+
+
+def transcript(episode):
+    """[(action, observation)] as the calls and results a play writes."""
+    return "".join(f"{TOOL_CALL}{action}{END_CALL}{TOOL_RESULT}{observation}{END_RESULT}" for action, observation in episode)
 
 
 @functools.lru_cache(maxsize=None)
@@ -190,11 +198,14 @@ class Treasure:
     # names); every demonstration plays, there is no bare answer to mix in
     train_defaults = dict(block_size=576, max_new_tokens=320, max_tool_calls=16, env_direct_frac=0.0)
 
-    def __init__(self, digits=1, n_ops=3, direct_frac=0.0):
+    def __init__(self, digits=1, n_ops=3, direct_frac=0.0, midstart_frac=0.0):
         # train.py passes every env the arithmetic knobs; the treasure hunt has no use for them
         if (digits, n_ops, direct_frac) != (1, 3, 0.0):
             raise ValueError("env_digits, env_ops and env_direct_frac set the arithmetic task; the treasure hunt "
                              "has one map shape, and a bare answer is no way to play it")
+        if not 0.0 <= midstart_frac <= 1.0:
+            raise ValueError(f"env_midstart_frac={midstart_frac}: a share of the train maps, in [0, 1]")
+        self.midstart_frac = midstart_frac  # (train.py's env_midstart_frac)
 
     # -- problems ---------------------------------------------------------------------------
     @staticmethod
@@ -216,7 +227,13 @@ class Treasure:
         "heldout" is small, so an evaluation is a census: its 87 maps (`census`) in a seeded shuffle,
         the first n; n ≥ 87 gives every map once. "ood" holds 4,625,505 maps: n drawn uniformly
         without replacement (a repeat is drawn again). "train" draws with replacement (a map may
-        recur; seeded, so the same seed gives the same maps)."""
+        recur; seeded, so the same seed gives the same maps).
+        Mid-map starts (midstart_frac > 0, "train" only): round(midstart_frac·n) of the n maps, chosen
+        by a seeded draw of their own (the maps are the same as without), start after the optimal
+        play's first k actions, k uniform in 1..MIDSTART_MAX: problem["played"] holds them with the
+        game's results, which the rollouts render as the assistant's opening (forced context, never
+        trained on), so that the chest-bound actions are sampled (a reverse curriculum: Salimans &
+        Chen 2018, arXiv:1812.03381; Xi et al. 2024, R^3, arXiv:2402.05808)."""
         if split not in ("train", "heldout", "ood"):
             raise ValueError(f"split must be train, heldout or ood, got {split!r}")
         rng = random.Random(f"{self.name}-{split}-{seed}")
@@ -237,13 +254,33 @@ class Treasure:
                 if self._split_of(names) != split:
                     continue
             out.append(self._problem(names))
+        if split == "train" and self.midstart_frac:
+            rng = random.Random(f"{self.name}-midstart-{seed}")
+            for i in rng.sample(range(n), round(self.midstart_frac * n)):
+                out[i] = self._problem(out[i]["names"], played=rng.randint(1, MIDSTART_MAX))
         return out
 
     @staticmethod
-    def _problem(names):
-        """The problem of a map ({role: name}): its text, its names and the optimal plan."""
-        plan = [action for action, _ in optimal_episode(tuple(names[room] for room in ROOMS))]
-        return {"prompt": MAP_TEXT.format(**names), "names": names, "answer": ", ".join(plan)}
+    def _problem(names, played=0):
+        """The problem of a map ({role: name}): its text, its names and the optimal plan; with `played`
+        > 0 the plan's first `played` actions are done (problem["played"], their transcript) and the
+        answer is the rest."""
+        episode = optimal_episode(tuple(names[room] for room in ROOMS))
+        problem = {"prompt": MAP_TEXT.format(**names), "names": names,
+                   "answer": ", ".join(action for action, _ in episode[played:])}
+        if played:
+            problem["played"] = transcript(episode[:played])
+        return problem
+
+    @staticmethod
+    def _opening(problem):
+        """(state, the states visited) where a play of `problem` begins: START, or after the calls of
+        problem["played"] (a mid-map start)."""
+        names, state, seen = problem["names"], START, {START}
+        for call, _, _ in tool_calls(problem.get("played", "")):
+            state = step(state, call, names)[0]
+            seen.add(state)
+        return state, seen
 
     # -- the game as a tool, solver, verifier -------------------------------------------------
     @staticmethod
@@ -264,16 +301,17 @@ class Treasure:
         if found is None:
             return "error: no map in the prompt"
         names, state, done = found.groupdict(), START, False
-        for previous in earlier:
+        played = [call for call, _, _ in tool_calls(prompt[found.end():])]  # a mid-map start's opening, rendered
+        for previous in played + list(earlier):
             state, done, _, _ = self._act(state, done, previous, names)
         return self._act(state, done, call, names)[2]
 
     @staticmethod
     def solve(problem):
-        """The optimal play (BFS): every action of shortest_solution as a call with its observation."""
+        """The optimal play (BFS): every action of shortest_solution as a call with its observation (after
+        a mid-map start, the actions still to play)."""
         episode = optimal_episode(tuple(problem["names"][room] for room in ROOMS))
-        return "".join(f"{TOOL_CALL}{action}{END_CALL}{TOOL_RESULT}{observation}{END_RESULT}"
-                       for action, observation in episode)
+        return transcript(episode[len(tool_calls(problem.get("played", ""))):])
 
     def demonstration(self, problem):
         """The SFT target: the optimal play."""
@@ -290,10 +328,11 @@ class Treasure:
         return bool(tool_calls(response))
 
     def verify(self, problem, response):
-        """1.0 when the calls, replayed from the start, open the chest, and every result up to that call
-        is the one the game gives: a call the sampler refused (past max_tool_calls) or a result the
-        model wrote itself never counts. The response may end there or go on; nothing after counts."""
-        names, state, done = problem["names"], START, False
+        """1.0 when the calls, replayed from where the play begins (START, or a mid-map start's opening),
+        open the chest, and every result up to that call is the one the game gives: a call the sampler
+        refused (past max_tool_calls) or a result the model wrote itself never counts. The response may
+        end there or go on; nothing after counts."""
+        names, state, done = problem["names"], self._opening(problem)[0], False
         for call, result, _ in tool_calls(response):
             state, done, observation, reward = self._act(state, done, call, names)
             if result != observation:
@@ -305,7 +344,8 @@ class Treasure:
     # -- the rule engine: step rewards (process) and path signals (RLVP) ---------------------------
     def judge_calls(self, problem, response):
         """[(character offset just after the call, +1, 0 or −1)] for every call, the calls replayed
-        from the start (SPEC §3 RLVP, Process vs outcome; each judgement is a fact of the game):
+        from where the play begins (a mid-map start's opening counts as visited; SPEC §3 RLVP, Process
+        vs outcome; each judgement is a fact of the game):
           +1 progress: an action the game accepts that brings the chest one action nearer (the fewest
              actions left to win, by BFS, falls by one): taking the red key, the sword, the ore or the
              blue key, crafting, beating the guardian, each room toward the next goal (through a door
@@ -316,7 +356,7 @@ class Treasure:
              loop), and the fatal fight without the great sword;
            0 anything else: an accepted action into a new state that is no nearer (the dead-end
              library). No call, no judgement: absence of progress is never penalised."""
-        names, state, done, seen, out = problem["names"], START, False, {START}, []
+        (state, seen), names, done, out = self._opening(problem), problem["names"], False, []
         for call, result, end in tool_calls(response):
             after, done_after, observation, reward = self._act(state, done, call, names)
             if result != observation or after == state and not done_after or done_after and reward == 0 or done:

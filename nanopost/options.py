@@ -35,6 +35,7 @@ DEFAULTS = dict(
     env_ops=3,                  # operations per problem
     env_direct_frac=0.5,        # share of SFT demonstrations that give only the answer; 0.0 = every one worked
     env_train_pool=0,           # 0 = fresh train problems in every draw; N = the training split is N fixed problems (all algorithms)
+    env_midstart_frac=0.0,      # --env=treasure under GRPO: the share of train maps whose play starts mid-map (envs/treasure.py)
     env_data="openai/gsm8k:main",  # --env=gsm8k's rows: a hub dataset NAME[:CONFIG] (train/test splits) or a local file (last tenth held out)
     # the model, when init_from=scratch
     n_layer=4,                  # transformer blocks
@@ -128,7 +129,7 @@ GONE = {("kl", "off"): "--kl=off is now --kl_coef=0 (no KL term)",
 # Every float must also be finite. A new numeric option needs a line here (tests/test_errors.py).
 SCORED = "> 0 (its samples are scored: a log-probability at temperature 0 is not defined)"
 RANGES = dict(
-    env_digits=">= 1", env_ops=">= 1", env_direct_frac="[0, 1]", env_train_pool=">= 0",
+    env_digits=">= 1", env_ops=">= 1", env_direct_frac="[0, 1]", env_train_pool=">= 0", env_midstart_frac="[0, 1]",
     n_layer=">= 1", n_head=">= 1", n_embd=">= 1", block_size=">= 1", dropout="[0, 1)",
     max_iters=">= 0", lr_decay_iters=">= 0", batch_size=">= 1", gradient_accumulation_steps=">= 1",
     learning_rate=">= 0", min_lr=">= 0", warmup_iters=">= 0", weight_decay=">= 0", beta1="[0, 1)",
@@ -148,7 +149,7 @@ RANGES = dict(
     dynamic_sampling_rounds=">= 0", overlong_cache=">= 0", tis_cap=">= 0", edge_low="[0, 1]",  # its lab
     edge_high="[0, 1]", top_k=">= 0", top_p="(0, 1]", clip_cov="[0, 1)",
     top_entropy_quantile="(0, 1]", judge_samples=">= 0", judge_temperature="> 0 (greedy: judge_samples=0)",
-    sapo_tau_pos="> 0", sapo_tau_neg="> 0", tv_delta="(0, 1]",
+    sapo_tau_pos="> 0", sapo_tau_neg="> 0", tv_delta="(0, 1]", partial_beta="[0, 1]",
     kl_topk=">= 1", anchor_coef=">= 0",  # opd
     rounds=">= 1", round_prompts=">= 1", per_prompt_cap=">= 1",  # rft
 )
@@ -294,9 +295,9 @@ def config_env(cfg):
     if cfg["env"] == "gsm8k":
         from nanopost.data import dataset_splits  # (a dataset's rows: only this task reads them)
         return GSM8K(*dataset_splits(cfg["env_data"], GSM8K.check_row))
-    pool = cfg.get("env_train_pool")  # (arithmetic's alone; a config.json written before the key has none)
-    pool = dict(train_pool=pool) if pool else {}
-    return ENVS[cfg["env"]](digits=cfg["env_digits"], n_ops=cfg["env_ops"], direct_frac=cfg["env_direct_frac"], **pool)
+    # each set only for its task (arithmetic's pool, the treasure hunt's mid-map starts); an old config.json has neither
+    own = {key: cfg[f"env_{key}"] for key in ("train_pool", "midstart_frac") if cfg.get(f"env_{key}")}
+    return ENVS[cfg["env"]](digits=cfg["env_digits"], n_ops=cfg["env_ops"], direct_frac=cfg["env_direct_frac"], **own)
 
 
 def make_config(overrides):
@@ -323,6 +324,9 @@ def make_config(overrides):
     if cfg["env_train_pool"] and cfg["env"] != "arithmetic":
         raise ValueError(f"--env_train_pool cannot apply to --env={cfg['env']}: it fixes the training problems of "
                          f"--env=arithmetic; drop the key")
+    if cfg["env_midstart_frac"] and (cfg["env"] != "treasure" or "grpo" not in (algo, getattr(module, "base", None))):
+        raise ValueError(f"--env_midstart_frac cannot apply to --env={cfg['env']} --algo {algo}: it starts treasure-hunt "
+                         f"plays mid-map in the rollouts of GRPO and its variants (--env=treasure); drop the key")
     if cfg["gradient_accumulation_steps"] != 1 and getattr(module, "base", algo) not in ACCUMULATES:
         raise ValueError(f"--gradient_accumulation_steps cannot apply to --algo {algo}: its optimizer steps are set by "
                          f"its own options (--help); drop the key")

@@ -174,8 +174,10 @@ def rollouts(run, model, problems, group_size, temperature=1.0, max_new_tokens=N
     """The one rollout path: sample `group_size` responses per problem with the KV-cache
     sampler (on all prompts at once, or in chunks of `batch_size`), decode them, verify them with the
     environment's verifier and lay them out with their masks: a Rollout. prompt_ids(problem) -> ids
-    renders a prompt (default: the chat template, run.tok.prompt_ids)."""
-    render = prompt_ids or (lambda problem: run.tok.prompt_ids(problem["prompt"]))
+    renders a prompt (default: the chat template, run.tok.prompt_ids, then a mid-map start's calls
+    already played, problem["played"], as the assistant's opening: context, mask 0)."""
+    render = prompt_ids or (lambda problem: run.tok.prompt_ids(problem["prompt"])
+                            + (run.tok.assistant_ids(problem["played"])[0][:-1] if "played" in problem else []))
     prompts = [render(p) for p in problems for _ in range(group_size)]
     rows = [p for p in problems for _ in range(group_size)]
     t0 = time.time()

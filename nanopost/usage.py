@@ -102,7 +102,7 @@ def help_text(overrides):
 
 
 # the keys that shape the task (envs/) rather than the loop: --help lists those of --env's task apart
-TASK_KEYS = ("env_digits", "env_ops", "env_direct_frac", "env_train_pool", "env_data", "max_tool_calls")
+TASK_KEYS = ("env_digits", "env_ops", "env_direct_frac", "env_train_pool", "env_midstart_frac", "env_data", "max_tool_calls")
 
 
 def applies(key, cfg, module):
@@ -128,6 +128,8 @@ def applies(key, cfg, module):
         return cfg["env"] == "arithmetic"
     if key == "env_data":
         return cfg["env"] == "gsm8k"
+    if key == "env_midstart_frac":
+        return cfg["env"] == "treasure" and "grpo" in (cfg["algo"], getattr(module, "base", None))
     if key == "max_tool_calls":
         return cfg["env"] in ("calculator", "treasure")
     if key == "fsdp_rollouts":

@@ -52,6 +52,8 @@ RUNS = {  # name: the run's overrides on top of TINY (3 iterations, one evaluati
     "grpo_maxrl": dict(algo="maxrl", group_size=4, learning_rate=1e-3, min_lr=1e-3, **RL),
     "grpo_sapo": dict(algo="sapo", group_size=4, minibatches=2, learning_rate=1e-3, min_lr=1e-3, **RL),
     "grpo_dppo": dict(algo="dppo", group_size=4, minibatches=2, learning_rate=1e-3, min_lr=1e-3, **RL),
+    # partial credit for the correct prefix, normalised over the batch (lab/partial_credit.py; docs/rlvp.md)
+    "grpo_partial_credit": dict(algo="partial_credit", group_size=4, learning_rate=1e-3, min_lr=1e-3, **RL),
     "opd": dict(algo="opd", group_size=2, learning_rate=1e-3, min_lr=1e-3, **RL),
     "rft": dict(algo="rft", rounds=1, round_prompts=8, group_size=4, per_prompt_cap=2, max_new_tokens=12,
                 eval_samples=2, warmup_iters=0),
@@ -61,7 +63,7 @@ RUNS = {  # name: the run's overrides on top of TINY (3 iterations, one evaluati
 RENAMED_FIGURES = {"opd": {"reward": "verifier_acc"}, "rft": {"cand_acc": "verifier_acc"}}
 DROPPED_FIGURES = {"opd": ("anchor_kl",)}
 STARTS_FROM_A_POLICY = ("rm", "dpo", "ppo", "grpo", "grpo_rloo", "grpo_cispo", "grpo_maxrl", "grpo_sapo", "grpo_dppo",
-                        "opd", "rft")
+                        "grpo_partial_credit", "opd", "rft")
 # Figures the GRPO family logged of every run, that plain GRPO no longer logs: their value in a run without
 # DAPO's dynamic sampling or reward shaping (lab/dapo.py logs them), filled in before the comparison
 PLAIN_GRPO_FIGURES = dict(reward_shaped=lambda row: row["reward"], kept_groups_frac=lambda row: 1.0,
@@ -71,6 +73,12 @@ PLAIN_GRPO_FIGURES = dict(reward_shaped=lambda row: row["reward"], kept_groups_f
 def coin(problem, response):
     """The verifier's stand-in: 0 or 1, fixed by the answer's text (the same in every process)."""
     return float(zlib.crc32(response.encode()) % 2)
+
+
+def coin_steps(env, problem, response):
+    """The step judge's stand-in (for partial credit, whose random-model answers hold no right
+    equation): a step every 3 characters, right or wrong by the coin of the text so far; the outcome last."""
+    return [(k, coin(problem, response[:k])) for k in range(3, len(response) + 1, 3)] + [(len(response), coin(problem, response))]
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +98,8 @@ def figures(out_dir):
 
 def trajectory(name, starts, out_dir, monkeypatch):
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin))
+    if name == "grpo_partial_credit":
+        monkeypatch.setattr(envs.Arithmetic, "step_rewards", coin_steps)
     policy, teacher = starts
     overrides = dict(TINY, **RUNS[name], max_iters=3, eval_interval=3, eval_at_start=False, out_dir=str(out_dir))
     if name in STARTS_FROM_A_POLICY:

@@ -88,6 +88,66 @@ def test_tool_hook_replays_a_transcript_from_its_ids():
     assert TOK.decode(short(0, ids[:fourth_call_end + 1])) == "<|tool_result|>error: at most 3 calls<|/tool_result|>"
 
 
+def test_a_mid_map_start_is_a_legal_state_the_rollouts_render_and_the_tool_continues(monkeypatch):
+    """env_midstart_frac: exactly round(frac·n) train maps start mid-map, the same maps as without; the
+    opening is the optimal play's first 1-10 calls with the game's own results, so the state is legal
+    and the chest is still reachable by the rest of the plan; held-out and OOD maps never start mid-map.
+    The rollouts render the opening after the prompt, and the tool, the verifier and the rule engine
+    continue from it."""
+    plain, mid = ENV.problems("train", 40, seed=3), Treasure(midstart_frac=0.25).problems("train", 40, seed=3)
+    assert [p["names"] for p in mid] == [p["names"] for p in plain] and sum("played" in p for p in mid) == 10
+    assert sum("played" in p for p in Treasure(midstart_frac=1.0).problems("train", 40, seed=3)) == 40
+    assert sum("played" in p for p in Treasure(midstart_frac=0.5).problems("train", 7, seed=3)) == 4  # round(3.5)
+    assert not any("played" in p for split in ("heldout", "ood") for p in Treasure(midstart_frac=1.0).problems(split, 30))
+    done = set()
+    for p in (p for p in mid if "played" in p):
+        opening = envs.tool_calls(p["played"])
+        k, state = len(opening), envs.START
+        for call, result, _ in opening:  # every call accepted, with the game's own result
+            after, _, finished, observation = envs.step(state, call, p["names"])
+            assert result == observation and after != state and not finished
+            state = after
+        assert 1 <= k <= 10 and envs.actions_to_win(state) == 11 - k  # on a shortest path: the chest is reachable
+        rest = ENV.solve(p)
+        assert rest.count(TOOL_CALL) == 11 - k and ENV.verify(p, rest) == 1.0 and p["answer"].count(",") == 10 - k
+        assert [sign for _, sign in ENV.judge_calls(p, rest)] == [1.0] * (11 - k)
+        assert ENV.verify(p, ENV.demonstration(plain[mid.index(p)])) == 0.0  # a play from the hall does not fit
+        done.add(k)
+    assert len(done) > 3  # several depths drawn
+    # a rollout: the prompt's ids end with the opening (context, mask 0), the tool answers the rest
+    from nanopost import rollouts as R
+    from sampler import Samples
+    p = next(p for p in mid if "played" in p)
+    rest, rest_mask = TOK.assistant_ids(ENV.solve(p))
+    given = {}
+
+    def sampler(run, model, prompts, **kw):
+        given["prompts"] = prompts
+        return Samples([rest], [[0.0] * len(rest)], [[1 - m for m in rest_mask]])
+    monkeypatch.setattr(R, "generate", sampler)
+    run = SimpleNamespace(env=Treasure(midstart_frac=0.25), tok=TOK, cfg={"max_tool_calls": 16}, device="cpu")
+    roll = R.rollouts(run, None, [p], 1)
+    assert given["prompts"] == [TOK.prompt_ids(p["prompt"]) + TOK.assistant_ids(p["played"])[0][:-1]]
+    assert roll.verified.tolist() == [1.0] and roll.mask[0, :roll.prompt_lens[0] - 1].sum() == 0
+    hook, answered = tool_hook(run, given["prompts"]), 0
+    for j in range(len(rest)):
+        injected = hook(0, rest[:j + 1])
+        if injected is not None:
+            assert rest[j + 1:j + 1 + len(injected)] == injected
+            answered += 1
+    assert answered == 11 - len(envs.tool_calls(p["played"]))
+
+
+def test_midstart_frac_applies_to_the_treasure_hunt_under_grpo_only():
+    cfg = options.make_config(dict(algo="partial_credit", env="treasure", env_midstart_frac=0.5))
+    assert options.config_env(cfg).midstart_frac == 0.5 and options.config_env(dict(cfg, env_midstart_frac=0.0)).midstart_frac == 0.0
+    for bad in (dict(algo="sft", env="treasure"), dict(algo="ppo", env="treasure"), dict(algo="grpo")):
+        with pytest.raises(ValueError, match="--env_midstart_frac cannot apply"):
+            options.make_config(dict(bad, env_midstart_frac=0.5))
+    with pytest.raises(ValueError, match="env_midstart_frac"):
+        options.make_config(dict(algo="grpo", env="treasure", env_midstart_frac=1.5))
+
+
 def test_heldout_and_ood_maps_differ_from_train():
     names = lambda split, n: {tuple(p["names"].values()) for p in ENV.problems(split, n)}
     train, heldout, ood = names("train", 3000), names("heldout", 300), names("ood", 300)
