@@ -32,7 +32,7 @@ sys.path.insert(0, ROOT)
 
 from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
 from experiments import pg_family  # noqa: E402
-from experiments.study import last_verdicts, pyplot, save_figure  # noqa: E402
+from experiments.study import last_verdicts, paired_ends, pyplot, save_figure  # noqa: E402
 
 
 def setting_args(args, name, rank, rates):
@@ -55,9 +55,7 @@ def accuracy(args, name, lr, seeds):
 
 def paired_row(args, a, b, seeds):
     """'a − b' over the seeds, paired on the same problems: (mean, band, per-seed differences)."""
-    pairs = [bands.paired(verdicts(args, *a, s), verdicts(args, *b, s)) for s in seeds]
-    mean, half = bands.paired_across_seeds([m for m, _ in pairs], [h for _, h in pairs])
-    return mean, half, [m for m, _ in pairs]
+    return paired_ends(*([os.path.join(args.out, name, f"grpo_lr{lr:g}_{s}") for s in seeds] for name, lr in (a, b)))
 
 
 def verdict_text(mean, half):

@@ -32,25 +32,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
-from experiments.study import finished, pyplot, rows, run, save_figure, save_study, set_keys, study_flags  # noqa: E402
+from experiments.study import finished, last_verdicts, pyplot, rows, run, save_figure, save_study, set_keys, study_flags  # noqa: E402
 
 NAMES = dict(sft="SFT (AdamW)", muon="Muon", dft="DFT")  # the arms' names in the table and the plot
 
 
 def curve(out_dir):
-    """[(iteration, training seconds so far, val_loss, heldout_acc, ood_acc)] at every evaluation of a run."""
+    """[(iteration, training seconds so far, val_loss, heldout_acc, ood_acc, heldout_work)] at every evaluation
+    of a run (heldout_work: the share of greedy held-out answers that show their work)."""
     seconds, points = 0.0, []
     for row in rows(out_dir):
         if "loss" in row:
             seconds += row["iter_time"]
         if "val_loss" in row:
-            points.append((row["iter"], seconds, row["val_loss"], row.get("heldout_acc"), row.get("ood_acc")))
+            points.append((row["iter"], seconds, row["val_loss"], row.get("heldout_acc"), row.get("ood_acc"),
+                           row.get("heldout_work")))
     return points
 
 
 def to_level(points, level):
     """(steps, seconds) of the first evaluation at or below the level, or None (a miss)."""
-    return next(((it, s) for it, s, loss, _, _ in points if it > 0 and loss <= level), None)
+    return next(((it, s) for it, s, loss, *_ in points if it > 0 and loss <= level), None)
 
 
 def table(results):
@@ -80,12 +82,18 @@ def table(results):
             lines.append(f"- {NAMES.get(a, a)}: speed-up in steps {1 + mean:.2f}x"
                          + (f" ± {half:.2f}" if half is not None else " (fewer than 3 seeds: no band)"))
     for a in s["arms"]:
-        for index, split in ((2, "validation loss"), (3, "greedy held-out accuracy"), (4, "greedy OOD accuracy")):
+        for index, split in ((2, "validation loss"), (3, "greedy held-out accuracy"), (4, "greedy OOD accuracy"),
+                             (5, "share of greedy held-out answers that show their work")):
             values = [r[a]["curve"][-1][index] for r in results["seeds"].values()]
             if None not in values:
                 lines.append(f"- {NAMES.get(a, a)}: {split} at iteration {s['iters']}: "
-                             f"{bands.cell(values, None if index == 2 else n, 4 if index == 2 else 3)} "
+                             f"{bands.cell(values, None if index in (2, 5) else n, 4 if index == 2 else 3)} "
                              f"(per seed {', '.join(f'{x:.4f}' for x in values)})")
+    for a in arms:  # the accuracy at equal steps, paired on the same held-out problems
+        if all("heldout_paired" in r[a] for r in results["seeds"].values()):
+            pairs = [r[a]["heldout_paired"] for r in results["seeds"].values()]
+            lines.append(f"- {NAMES.get(a, a)} − {NAMES.get(base, base)}, greedy held-out accuracy at iteration {s['iters']}, "
+                         f"paired per problem and across seeds: {bands.paired_cell([m for m, _ in pairs], [h for _, h in pairs])}")
     return "\n".join(lines) + "\n"
 
 
@@ -95,23 +103,29 @@ def steps_cell(reached):
 
 
 def plot(results, path):
+    """Left: validation loss against iteration (the level dashed); right: greedy held-out accuracy; one line per
+    seed and arm."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, (ax, acc) = plt.subplots(1, 2, figsize=(11, 4.2))
     for arm, colour in zip(results["settings"]["arms"], ("#1b9e77", "#d95f02", "#7570b3", "#e7298a")):
         name = NAMES.get(arm, arm)
         for k, r in enumerate(results["seeds"].values()):
             c = r[arm]["curve"]
             ax.plot([p[0] for p in c], [p[2] for p in c], color=colour, alpha=0.8, marker=".",
                     label=name if k == 0 else None)
+            acc.plot([p[0] for p in c], [p[3] for p in c], color=colour, alpha=0.8, marker=".",
+                     label=name if k == 0 else None)
     for k, r in enumerate(results["seeds"].values()):
         ax.axhline(r["level"], color="grey", lw=0.6, ls="--", label="level (the baseline's end, per seed)" if k == 0 else None)
-    ax.set_xlabel("iteration")
     ax.set_ylabel("validation loss (held-out demonstrations)")
     ax.set_yscale("log")
-    ax.set_title("SFT on the default task: " + " vs ".join(NAMES.get(a, a) for a in results["settings"]["arms"])
-                 + ", one line per seed", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    acc.set_ylabel(f"greedy held-out accuracy ({results['settings']['eval_problems']} problems)")
+    for a in (ax, acc):
+        a.set_xlabel("iteration")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    fig.suptitle("SFT on the default task: " + " vs ".join(NAMES.get(a, a) for a in results["settings"]["arms"])
+                 + f", one line per seed (start: {os.path.basename(results['settings']['init_from'])})", fontsize=9)
     save_figure(fig, path, dpi=110)
 
 
@@ -147,6 +161,10 @@ def main(argv=None):
         level = curves[arms[0]][-1][2]
         results["seeds"][seed] = dict(level=level, **{arm: dict(curve=c, to_level=to_level(c, level))
                                                      for arm, c in curves.items()})
+        base_verdicts = last_verdicts(os.path.join(args.out, f"{arms[0]}_{seed}"))
+        for arm in arms[1:]:  # the last evaluation's held-out answers, arm − baseline on the same problems
+            verdicts = last_verdicts(os.path.join(args.out, f"{arm}_{seed}"))
+            results["seeds"][seed][arm]["heldout_paired"] = bands.paired(verdicts, base_verdicts)
     save_study(args.out, "sft_variants", results, table, plot, args.plot)
     return results
 

@@ -1,7 +1,7 @@
 """
 The helpers the study scripts in experiments/ share: running train.py with a study's keys (run,
 train_once, init_checkpoint, final_models, the flags study_flags and set_keys read), reading a run's
-log (rows, last_logged, finished), bands drawn (band_line), tables and results written (save_study,
+log (rows, last_logged, last_verdicts, paired_ends, finished), bands drawn (band_line), tables and results written (save_study,
 save_analysis) and figures saved (pyplot, save_figure). A script puts the repository root on
 sys.path first and imports them from experiments.study.
 """
@@ -67,6 +67,14 @@ def last_verdicts(out_dir):
     (answers.jsonl): what bands.paired compares between two runs on the same problems."""
     evaluations = [json.loads(line) for line in open(os.path.join(out_dir, "answers.jsonl"))]
     return [a["verdict"] for a in [e for e in evaluations if e["split"] == "heldout"][-1]["answers"]]
+
+
+def paired_ends(runs_a, runs_b):
+    """a − b at the runs' last held-out evaluations, seed by seed (runs_a[k] and runs_b[k] one seed's two
+    runs, on the same problems), across the seeds by bands.paired_across_seeds: (mean, band, per seed)."""
+    pairs = [bands.paired(last_verdicts(a), last_verdicts(b)) for a, b in zip(runs_a, runs_b)]
+    mean, half = bands.paired_across_seeds([m for m, _ in pairs], [h for _, h in pairs])
+    return mean, half, [m for m, _ in pairs]
 
 
 def finished(out_dir, overrides, key):
@@ -138,3 +146,10 @@ def save_analysis(out, name, lines, data):
     with open(os.path.join(out, f"{name}.json"), "w") as f:
         json.dump(data, f, indent=1)
     print("\n".join(lines))
+
+
+if __name__ == "__main__":  # two arms' ends compared, paired: python -m experiments.study A_1337,A_1338,A_1339 B_1337,B_1338,B_1339
+    import sys
+    mean, half, per_seed = paired_ends(sys.argv[1].split(","), sys.argv[2].split(","))
+    print(f"a − b, held-out accuracy at the last evaluations, paired: {mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "")
+          + f" (per seed {', '.join(f'{d:+.3f}' for d in per_seed)})")
