@@ -235,7 +235,7 @@ def test_the_level_rule_of_the_sft_variants_study():
     """experiments/sft_variants.py's pre-registered rule on a worked curve: the first evaluation at or
     below the level, with the training seconds to it; never reached: a miss (None), said in the table."""
     import sft_variants as V
-    points = [(25, 10.0, 1.0, 0.1, 0.0), (50, 21.0, 0.8, 0.2, 0.0), (75, 33.0, 0.7, 0.3, 0.1)]
+    points = [(25, 10.0, 1.0, 0.1, 0.0, 0.5), (50, 21.0, 0.8, 0.2, 0.0, 0.5), (75, 33.0, 0.7, 0.3, 0.1, 0.6)]
     assert V.to_level(points, 0.8) == (50, 21.0) and V.to_level(points, 0.75) == (75, 33.0)
     assert V.to_level(points, 0.5) is None
     results = dict(settings=dict(eval_problems=10, arms=["sft", "muon"], iters=75, eval_every=25, init_from="scratch"),
@@ -243,3 +243,11 @@ def test_the_level_rule_of_the_sft_variants_study():
                                   muon=dict(curve=points[:2], to_level=None))})
     text = V.table(results)
     assert "miss (not reached)" in text and "Muon missed the level in 1 of 1 seeds" in text
+    # the arms' held-out accuracy paired with the baseline's: differences +0.1, +0.2, +0.3 with per-problem bands
+    # 0.05: t(0.975, 2)·0.1/√3 = 0.2484 and the bands' root mean square 0.05, added in variance: 0.2534
+    results["settings"]["arms"] = ["sft", "dft"]
+    results["seeds"] = {seed: dict(level=0.7, sft=dict(curve=points, to_level=(75, 33.0)),
+                                   dft=dict(curve=points, to_level=(75, 33.0), heldout_paired=(d, 0.05)))
+                        for seed, d in ((1, 0.1), (2, 0.2), (3, 0.3))}
+    assert "DFT − SFT (AdamW), greedy held-out accuracy at iteration 75, paired per problem and across seeds: " \
+           "+0.200 ± 0.253 (per seed +0.100, +0.200, +0.300)" in V.table(results)
