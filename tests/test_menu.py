@@ -3,6 +3,7 @@ worked step, AdamW's half against torch's, an exact resume, equal DDP ranks), DF
 advantages and its exact expected gradient by enumeration, SAPO's soft gate and DPPO's divergence mask
 (worked examples and autograd against the formula)."""
 
+import json
 import math
 import os
 import sys
@@ -251,3 +252,31 @@ def test_the_level_rule_of_the_sft_variants_study():
                         for seed, d in ((1, 0.1), (2, 0.2), (3, 0.3))}
     assert "DFT − SFT (AdamW), greedy held-out accuracy at iteration 75, paired per problem and across seeds: " \
            "+0.200 ± 0.253 (per seed +0.100, +0.200, +0.300)" in V.table(results)
+
+
+def test_two_ladders_paired_stage_by_stage(tmp_path):
+    """experiments/ladders_paired.py on two hand-written --seeds=3 ladders: per seed a − b of each stage's
+    ladder_eval.json, the t band over the seeds (t(0.975, 2)·0.1/√3 = 0.2484 for differences 0.1, 0.2, 0.3),
+    a verdict only where the band excludes 0, and a stage either ladder lacks left out."""
+    import ladder
+    import ladders_paired as P
+
+    def write(root, name, k, figures):
+        path = ladder.stage_path(str(root), name, k)
+        os.makedirs(path, exist_ok=True)
+        json.dump(figures, open(os.path.join(path, "ladder_eval.json"), "w"))
+
+    for k, (ga, gb) in enumerate(((0.5, 0.4), (0.6, 0.4), (0.7, 0.4)), start=1):
+        write(tmp_path / "a", "sft", k, dict(kind="policy", greedy_acc=ga, sampled_acc=0.3, pass_at_k=0.8))
+        write(tmp_path / "b", "sft", k, dict(kind="policy", greedy_acc=gb, sampled_acc=0.2, pass_at_k=0.8))
+        write(tmp_path / "a", "rm", k, dict(kind="reward_model", pair_acc=0.8))
+        write(tmp_path / "b", "rm", k, dict(kind="reward_model", pair_acc=0.7))
+    write(tmp_path / "a", "dpo", 1, dict(kind="policy", greedy_acc=0.5, sampled_acc=0.3, pass_at_k=0.8))
+    results = P.compare(str(tmp_path / "a"), str(tmp_path / "b"), 3)
+    assert list(results) == ["sft", "rm"]
+    differences, mean, half = results["sft"]["greedy"]
+    assert differences == pytest.approx([0.1, 0.2, 0.3]) and mean == pytest.approx(0.2) and half == pytest.approx(0.2484, abs=1e-4)
+    assert P.verdict(mean, half) == "the same" and results["sft"]["sampled"][1:] == pytest.approx((0.1, 0.0))
+    assert P.verdict(*results["rm"]["pair accuracy"][1:]) == "higher" and P.verdict(-0.1, 0.05) == "lower"
+    text = P.table(results, ["A", "B"])
+    assert "| sft | +0.200 ± 0.248 | +0.100, +0.200, +0.300 | the same | +0.100 ± 0.000 | +0.000 ± 0.000 |" in text
