@@ -13,7 +13,6 @@ Writes ladders_paired.md and ladders_paired.png (a − b per stage, each seed a 
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -29,8 +28,8 @@ FIGURES = (("greedy_acc", "greedy"), ("sampled_acc", "sampled"), ("pass_at_k", "
 
 def evaluations(root, name, seeds):
     """Every seed's ladder_eval.json of one stage, or None where a seed has not run it."""
-    paths = [os.path.join(ladder.stage_path(root, name, k), "ladder_eval.json") for k in range(1, seeds + 1)]
-    return [json.load(open(p)) for p in paths] if all(os.path.isfile(p) for p in paths) else None
+    found = [ladder.read_json(os.path.join(ladder.stage_path(root, name, k), "ladder_eval.json")) for k in range(1, seeds + 1)]
+    return None if None in found else found
 
 
 def compare(a_root, b_root, seeds):

@@ -48,12 +48,14 @@ def batches(run, state, it):
     sums = all_reduce_sum(dict(squares=sum(float((c ** 2).sum()) for c in centred), n=sum(len(c) for c in centred),
                                phi=sum(float(phi.sum()) for phi in prefixes)), run)
     sigma = (sums["squares"] / sums["n"]) ** 0.5
-    for ro, c in zip(shards, centred):
-        ro.advantages = partial_credit_advantages(ro.reward, c, sigma, beta, G)
+    outcome = [grpo.group_advantages(ro.reward, G) for ro in shards]
+    shaping = [partial_credit(c, sigma, beta) for c in centred]
+    for ro, a_outcome, a_shaping in zip(shards, outcome, shaping):
+        ro.advantages = a_outcome + a_shaping  # A_i = Â(O)_i + β·Φ̃_i
     figures = grpo.rollout_figures(run, state, shards)
     figures.pop("adv_sign_error_frac", None)  # (the advantage is not the outcome's alone)
-    mass = all_reduce_sum(dict(outcome=sum(float(grpo.group_advantages(ro.reward, G).abs().sum()) for ro in shards),
-                               shaping=sum(float(partial_credit(c, sigma, beta).abs().sum()) for c in centred)), run)
+    mass = all_reduce_sum(dict(outcome=sum(float(a.abs().sum()) for a in outcome),
+                               shaping=sum(float(a.abs().sum()) for a in shaping)), run)
     figures.update(shaping_adv_share=mass["shaping"] / (mass["outcome"] + mass["shaping"]) if mass["shaping"] else 0.0,
                    correct_prefix=sums["phi"] / sums["n"])
     grpo.keep_rollouts(run, it, shards)  # tokens.jsonl, for report.py
@@ -78,8 +80,3 @@ def within_groups(phi, G):
 def partial_credit(centred, sigma, beta):
     """β·Φ̃_i = β·(Φ_i − mean(Φ of i's group)) / σ; 0 where no group's prefixes differ (σ = 0)."""
     return beta * centred / sigma if sigma > 0 else torch.zeros_like(centred)
-
-
-def partial_credit_advantages(outcome, centred, sigma, beta, G):
-    """A_i = Â(O)_i + β·Φ̃_i."""
-    return grpo.group_advantages(outcome, G) + partial_credit(centred, sigma, beta)
