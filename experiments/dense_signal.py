@@ -75,6 +75,7 @@ import json
 import math
 import os
 import sys
+from statistics import fmean as mean
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -125,10 +126,6 @@ def tokens_or_all(points, level):
     """tokens_to, a miss counted at the tokens of the whole run (a lower bound on its true figure)."""
     reached = tokens_to(points, level)
     return points[-1]["tokens"] if reached is None else reached
-
-
-def mean(values):
-    return sum(values) / len(values)
 
 
 def best_grpo(runs, level):

@@ -52,6 +52,7 @@ import argparse
 import json
 import os
 import sys
+from statistics import fmean as mean
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -141,10 +142,6 @@ def grpo_run(args, keys, task, spec, arm, seed, init, problems):
         json.dump(figures, f)
     print(f"{task} {arm} seed {seed}: sampled {mean(figures['sampled']):.3f}, greedy {mean(figures['greedy']):.3f}")
     return dict(curve=curve(out_dir), **figures)
-
-
-def mean(values):
-    return sum(values) / len(values)
 
 
 def first_third(values):

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from nanopost import bands
 from nanopost import options
 from nanopost import pairs
 import rm
@@ -290,3 +291,52 @@ def test_overoptimisation_experiment_runs_at_toy_size(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     assert [os.path.getmtime(tmp_path / f"ppo_{seed}" / "metrics.jsonl") for seed in (1337, 1338, 1339)] == stamps
     assert json.load(open(tmp_path / "results.json"))["ppo"] == results["ppo"]
+
+
+def test_rm_size_compares_the_largest_size_with_the_smallest():
+    """experiments/rm_size.py's comparison on hand-made studies: Best-of-N's gold at the largest N paired
+    per prompt (bands.paired), PPO's last bin paired by seed (the t band), the verdict by the band's
+    sign, and the table carrying every size's turning points."""
+    from experiments import rm_size
+
+    def study(gold_top, ppo_last, pair_acc):
+        peak = dict(N=4, kl=0.64, gold=0.4, significant=True)
+        curve = lambda last: [dict(gold=0.3), dict(gold=last)]
+        return dict(rm_val_pair_acc=pair_acc, bon_max=8, best_of_n_per_prompt={"8": gold_top},
+                    best_of_n=[dict(kl=0.0, gold=0.3), dict(kl=1.2, gold=sum(gold_top) / len(gold_top))],
+                    turning_points=dict(best_of_n=peak, ppo=dict(iters="9-16", kl=1.0, gold=0.35, significant=False)),
+                    ppo=dict(runs=[dict(curve=curve(g)) for g in ppo_last],
+                             mean=[dict(kl=0.1, gold=0.3), dict(kl=2.0, gold=sum(ppo_last) / 3)]))
+    small = study([0.0] * 20 + [1.0] * 20, [0.20, 0.25, 0.30], 0.65)
+    large = study([1.0] * 40, [0.30, 0.30, 0.40], 0.75)  # 20 prompts won, none lost
+    out = rm_size.compare({256: small, 4096: large, 1024: small})
+    assert out["sizes"] == [256, 1024, 4096] and (out["small"], out["large"]) == (256, 4096)
+    diff, band = bands.paired([1.0] * 40, [0.0] * 20 + [1.0] * 20)
+    assert out["bon"]["diff"] == pytest.approx(0.5) == pytest.approx(diff) and out["bon"]["band"] == pytest.approx(band)
+    assert band == pytest.approx(1.96 * math.sqrt(40 * 0.25 / 39) / math.sqrt(40))  # d: twenty 1s, twenty 0s
+    assert out["verdict"] == "more data holds gold up"
+    assert out["ppo"]["per_seed"] == pytest.approx([0.10, 0.05, 0.10])
+    sd = math.sqrt(((0.10 - 0.25 / 3) ** 2 * 2 + (0.05 - 0.25 / 3) ** 2) / 2)
+    assert out["ppo"]["band"] == pytest.approx(4.303 * sd / math.sqrt(3), rel=1e-3)
+    assert rm_size.compare({256: large, 4096: small})["verdict"] == "more data lowers gold"
+    assert rm_size.compare({256: small, 4096: small})["verdict"] == "null (within the band)"
+    text = rm_size.table(out)
+    assert "| 4,096 | 0.750 | N = 4 (0.64), 0.400 | yes | 1.000 |" in text and "+0.500 ± " in text
+
+
+@pytest.mark.slow
+def test_rm_size_runs_at_toy_size(tmp_path):
+    """experiments/rm_size.py --quick end to end: one SFT for both sizes, overoptimisation.py once per
+    size into --out/rm<size>, the comparison, table and plot; run again, the finished sizes are read."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    command = [sys.executable, os.path.join(root, "experiments", "rm_size.py"), "--quick", "--sizes=16,32", f"--out={tmp_path}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.load(open(tmp_path / "results.json"))
+    assert results["sizes"] == [16, 32] and sorted(results["per_size"]) == ["16", "32"]
+    # --quick trains both proxies alike (16 prompts each, the same seed): the same samples, the same choices
+    assert results["bon"]["diff"] == 0.0 and results["verdict"] == "null (within the band)"
+    assert (tmp_path / "rm_size.png").exists() and "Verdict" in (tmp_path / "rm_size.md").read_text()
+    stamp = os.path.getmtime(tmp_path / "rm16" / "results.json")
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert again.returncode == 0 and os.path.getmtime(tmp_path / "rm16" / "results.json") == stamp
