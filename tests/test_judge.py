@@ -338,3 +338,36 @@ def test_reward_weights_experiment_runs_at_toy_size(tmp_path):
         assert 0 <= a["heldout"]["acc"] <= 1
     assert "| `correct=1,short=2,parses=0.5` |" in (tmp_path / "reward_weights.md").read_text()
     assert (tmp_path / "reward_weights.png").exists()
+
+
+def test_judge_size_pairs_the_judges_per_problem():
+    """experiments/judge_size.py's comparison on hand-made studies: pair accuracy at the largest k paired
+    per problem over the problems where both judges have a pair (bands.paired), agreement paired over
+    every problem, the verdict by the band's sign, and a judge pair with no shared pair reported as such."""
+    from experiments import judge_size
+    from nanopost import bands
+
+    def study(pairs, agreement):
+        point = dict(k=8, pair_acc=0.7, agreement=0.8, auroc=0.75, balanced_acc=0.7, per_problem_pairs=pairs,
+                     per_problem_agreement=agreement)
+        return dict(judge="j", greedy=dict(pair_acc=0.7), sampled=[dict(point, k=1), point],
+                    heldout=dict(problems=len(pairs)))
+    none = [None] * 10
+    worked = study([0.5] * 20 + none, [0.75] * 30)
+    large = study([1.0] * 20 + none, [1.0] * 30)
+    policy = study([0.5] * 10 + [0.0] * 10 + none, [0.5] * 30)
+    out = judge_size.compare(dict(policy=policy, worked=worked, large=large))
+    size, recipe, both = out["comparisons"]
+    assert (size["a"], size["b"], size["problems"]) == ("large", "worked", 20)
+    assert size["pair_acc"] == pytest.approx(0.5) and size["pair_acc_band"] == 0.0  # +0.5 on every problem
+    assert out["verdict"] == "the larger judge ranks better"
+    assert recipe["pair_acc"] == pytest.approx(0.25)
+    assert (recipe["pair_acc"], recipe["pair_acc_band"]) == pytest.approx(bands.paired([0.5] * 20, [0.5] * 10 + [0.0] * 10))
+    assert both["agreement"] == pytest.approx(0.5) and both["agreement_band"] == 0.0
+    assert judge_size.compare(dict(policy=policy, worked=large, large=worked))["verdict"] == "the larger judge ranks worse"
+    mixed = study([1.0, 0.0] * 10 + none, [0.75] * 30)  # +0.5 and −0.5 against worked: mean 0, inside its band
+    assert judge_size.compare(dict(policy=policy, worked=worked, large=mixed))["verdict"] == "null (within the band)"
+    apart = study([None] * 20 + [1.0] * 10, [0.75] * 30)  # its pairs on other problems than worked's
+    out = judge_size.compare(dict(policy=policy, worked=worked, large=apart))
+    assert out["comparisons"][0]["problems"] == 0 and out["verdict"].startswith("not measurable")
+    assert "| large − worked | – | 0 |" in judge_size.table(out)
