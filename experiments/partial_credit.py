@@ -1,8 +1,8 @@
 """
-Partial credit that can rescue (issue 47, study 3; docs/rlvp.md, "A study prepared, not yet run"): where
-most GRPO groups fail, does credit for the correct prefix of a response's steps (lab/partial_credit.py,
-normalised over the batch) win more than the outcome alone? Prepared, not yet run: its rules are fixed
-here, before any run.
+Partial credit that can rescue (docs/rlvp.md, "Partial credit that can rescue"): where most GRPO groups
+fail, does credit for the correct prefix of a response's steps (lab/partial_credit.py, normalised over
+the batch) win more than the outcome alone? Its rules were fixed here before any run; its result (a
+null on every task, 2026-12-07) is on that page.
 
     python experiments/partial_credit.py                      # the study: three tasks, two arms, three seeds
     python experiments/partial_credit.py --tasks=treasure --treasure_init=out/treasure_sft   # one task, a given start
