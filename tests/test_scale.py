@@ -97,24 +97,24 @@ def _weights(run):
     return {k: v.detach().clone() for k, v in run.raw_model.state_dict().items()}
 
 
-def _in_turn(runs, result=_weights):
-    """result(run) of several training runs one after the other in each rank's process, a fresh port
-    for each process group (the last one's port may still be held)."""
-    port, out = os.environ.get("MASTER_PORT"), []
-    for i, overrides in enumerate(runs):
-        if port:
-            os.environ["MASTER_PORT"] = str(int(port) + 1 + i)
-        out.append(result(T.train(overrides)))
-    return out
+def _one_run(overrides, result):
+    return result(T.train(overrides))
+
+
+def _each_on_two_ranks(runs, result=_weights):
+    """result(run) of several training runs one after the other, each on 2 fresh gloo processes:
+    [rank 0's results, rank 1's]. (Several process groups one after another in the same processes
+    hung there, one rank left in the previous run's teardown while the other waited for it.)"""
+    return [list(per_rank) for per_rank in zip(*(run_ddp(_one_run, overrides, result) for overrides in runs))]
 
 
 def test_two_ranks_resume_their_own_rng_streams(tmp_path):
     """Dropout on, 2 gloo ranks: 2 steps, stop, resume to 4 == 4 steps straight. Each rank draws its
     own masks; restoring rank 0's stream on both (the old behaviour) changes rank 1's masks."""
     base = dict(TINY, **SFT_DATA, algo="sft", dropout=0.2, lr_decay_iters=4, batch_size=2)
-    ranks = run_ddp(_in_turn, [dict(base, out_dir=str(tmp_path / "a"), max_iters=4),
-                                     dict(base, out_dir=str(tmp_path / "b"), max_iters=2),
-                                     dict(init_from="resume", out_dir=str(tmp_path / "b"), max_iters=4, device="cpu")])
+    ranks = _each_on_two_ranks([dict(base, out_dir=str(tmp_path / "a"), max_iters=4),
+                                dict(base, out_dir=str(tmp_path / "b"), max_iters=2),
+                                dict(init_from="resume", out_dir=str(tmp_path / "b"), max_iters=4, device="cpu")])
     (straight, _, resumed), (_, _, resumed_1) = ranks
     for k in straight:
         assert torch.equal(straight[k], resumed[k]), k
@@ -186,8 +186,8 @@ def test_more_ranks_than_eval_problems_and_setup_work_shared_out(tmp_path):
             dict(TINY, algo="dpo", out_dir=str(tmp_path / "dpo"), max_iters=0, train_prompts=12, heldout_prompts=4,
                  group_size=2, eval_batch_size=4, max_new_tokens=8),
 ]
-    one = _in_turn([dict(r, out_dir=r["out_dir"] + "1") for r in runs], _eval_or_pairs)
-    ranks = run_ddp(_in_turn, runs, _eval_or_pairs)
+    one = [_one_run(dict(r, out_dir=r["out_dir"] + "1"), _eval_or_pairs) for r in runs]
+    ranks = _each_on_two_ranks(runs, _eval_or_pairs)
     assert ranks[0][0] == ranks[1][0] and set(ranks[0][0]) >= {"heldout_acc", "heldout_kl_ref"}
     assert ranks[0][0]["heldout_acc"] == one[0]["heldout_acc"]
     for r in ranks:
