@@ -173,12 +173,13 @@ def reward_model_pairs(r, path, roll, problems):
                 per_problem_pairs=pairs, own_val_pair_acc=last_logged(path, "val_pair_acc"))
 
 
-def judge_against_rm(point, rm):
-    """The judge's pair accuracy minus the RM's, paired per problem over the problems with a pair."""
-    both = [(a, b) for a, b in zip(point["per_problem_pairs"], rm["per_problem_pairs"]) if a is not None]
+def paired_pair_accuracy(a, b):
+    """(mean, band, problems) of pair accuracy a − b, two scorers' per-problem figures (pair_scores') paired
+    over the problems where both have a pair; (None, None, 0) where none has."""
+    both = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
     if not both:
-        return None, None
-    return bands.paired([a for a, _ in both], [b for _, b in both])
+        return None, None, 0
+    return (*bands.paired([x for x, _ in both], [y for _, y in both]), len(both))
 
 
 def table(results):
@@ -295,7 +296,8 @@ def main():
     results["heldout"]["pair_problems"] = results["greedy"]["pair_problems"]
     if args.reward_model:
         rm = reward_model_pairs(r, args.reward_model, roll, P)
-        rm["judge_minus_rm"], rm["judge_minus_rm_band"] = judge_against_rm(results["sampled"][-1], rm)
+        rm["judge_minus_rm"], rm["judge_minus_rm_band"], _ = paired_pair_accuracy(
+            results["sampled"][-1]["per_problem_pairs"], rm["per_problem_pairs"])
         results["reward_model"] = rm
     with torch.no_grad(), r.autocast:
         results["examples"] = [dict(prompt=p["prompt"], answer=text, label=float(label),

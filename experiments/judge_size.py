@@ -34,52 +34,36 @@ finished (its results.json) is read, not run again.
 """
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from nanopost import bands, options  # noqa: E402  (after the path: the script runs from anywhere)
-from experiments.judge_agreement import QUICK  # noqa: E402
-from experiments.study import pyplot, save_figure, save_study, train_once  # noqa: E402
+from experiments.judge_agreement import QUICK, paired_pair_accuracy  # noqa: E402
+from experiments.study import pyplot, save_figure, save_study, script_once, study_flags, train_once  # noqa: E402
 
 TEACHER = options.parse_args([os.path.join(ROOT, "config", "teacher.py")])
 STARTS = dict(worked=dict(TEACHER, n_layer=4, n_head=4, n_embd=128), large=TEACHER)
 JUDGES = ("policy", "worked", "large")
 COMPARISONS = (("large", "worked"), ("worked", "policy"), ("large", "policy"))  # the first is the primary
+QUICK_START = dict(QUICK, algo="sft", max_iters=2, eval_interval=0)  # --quick: every start a toy SFT
 
 
 def start(args, name):
     """The judge's start: the policy itself, or a start made once (the rules above)."""
     if name == "policy":
         return args.init_from
-    keys = dict(QUICK, algo="sft", max_iters=2, eval_interval=0) if args.quick else dict(STARTS[name], eval_interval=0)
-    return train_once(os.path.join(args.out, f"start_{name}"), keys)
+    return train_once(os.path.join(args.out, f"start_{name}"), QUICK_START if args.quick else dict(STARTS[name], eval_interval=0))
 
 
 def judge_study(args, name):
     """One judge's judge_agreement.py results (run once: read when its results.json exists)."""
     out = os.path.join(args.out, name)
-    saved = os.path.join(out, "results.json")
-    if not os.path.isfile(saved):
-        command = [sys.executable, os.path.join(ROOT, "experiments", "judge_agreement.py"), f"--init_from={args.init_from}",
-                   f"--judge_init={start(args, name)}", f"--out={out}", *(["--quick"] if args.quick else []),
-                   *[f"--set={kv}" for kv in args.set]]
-        print("[judge_size] " + " ".join(command[1:]), flush=True)
-        subprocess.run(command, check=True)
-    return json.load(open(saved))
-
-
-def paired_pairs(a, b):
-    """(mean, band, problems) of a − b on the problems where both have a pair (their per-problem pair
-    accuracy); (None, None, 0) where none has."""
-    both = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
-    if not both:
-        return None, None, 0
-    return (*bands.paired([x for x, _ in both], [y for _, y in both]), len(both))
+    finished = os.path.isfile(os.path.join(out, "results.json"))  # (then its start is not needed)
+    flags = [] if finished else [f"--init_from={args.init_from}", f"--judge_init={start(args, name)}"]
+    return script_once(args, "judge_agreement.py", out, flags)
 
 
 def compare(studies):
@@ -87,19 +71,16 @@ def compare(studies):
     last = {name: s["sampled"][-1] for name, s in studies.items()}
     rows = []
     for a, b in COMPARISONS:
-        pair, pair_band, n = paired_pairs(last[a]["per_problem_pairs"], last[b]["per_problem_pairs"])
+        pair, pair_band, n = paired_pair_accuracy(last[a]["per_problem_pairs"], last[b]["per_problem_pairs"])
         agree, agree_band = bands.paired(last[a]["per_problem_agreement"], last[b]["per_problem_agreement"])
         rows.append(dict(a=a, b=b, pair_acc=pair, pair_acc_band=pair_band, problems=n, agreement=agree,
                          agreement_band=agree_band))
     primary = rows[0]
     if primary["pair_acc"] is None:
         verdict = "not measurable (no problem with a right and a wrong answer)"
-    elif primary["pair_acc"] - primary["pair_acc_band"] > 0:
-        verdict = "the larger judge ranks better"
-    elif primary["pair_acc"] + primary["pair_acc_band"] < 0:
-        verdict = "the larger judge ranks worse"
     else:
-        verdict = "null (within the band)"
+        verdict = {1: "the larger judge ranks better", -1: "the larger judge ranks worse",
+                   0: "null (within the band)"}[bands.beyond(primary["pair_acc"], primary["pair_acc_band"])]
     judges = {name: dict(judge=s["judge"], k=last[name]["k"], pair_acc=last[name]["pair_acc"],
                          agreement=last[name]["agreement"], auroc=last[name]["auroc"],
                          balanced_acc=last[name]["balanced_acc"], greedy_pair_acc=s["greedy"]["pair_acc"],
@@ -119,9 +100,8 @@ def table(results):
                      f"{fmt(j['auroc'])} | {fmt(j['balanced_acc'])} |")
     lines += ["", f"| paired per problem, k = {k} | pair accuracy | problems with a pair | agreement |", "|---|---|---:|---|"]
     for c in results["comparisons"]:
-        pair = "–" if c["pair_acc"] is None else f"{c['pair_acc']:+.3f} ± {c['pair_acc_band']:.3f}"
-        lines.append(f"| {c['a']} − {c['b']} | {pair} | {c['problems']} | "
-                     f"{c['agreement']:+.3f} ± {c['agreement_band']:.3f} |")
+        pair = "–" if c["pair_acc"] is None else bands.signed(c["pair_acc"], c["pair_acc_band"])
+        lines.append(f"| {c['a']} − {c['b']} | {pair} | {c['problems']} | {bands.signed(c['agreement'], c['agreement_band'])} |")
     return "\n".join(lines + ["", f"**Verdict (large − worked, pair accuracy): {results['verdict']}.**"]) + "\n"
 
 
@@ -144,18 +124,15 @@ def plot(results, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--init_from", default="", help="the policy, the ladder's SFT checkpoint (required unless --quick)")
-    parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke test (numbers mean nothing)")
-    parser.add_argument("--out", default="out/judge_size")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
+    study_flags(parser, "out/judge_size", "judge_size")
     args = parser.parse_args()
     if args.quick:
-        args.init_from = args.init_from or train_once(os.path.join(args.out, "sft"),
-                                                      dict(QUICK, algo="sft", max_iters=2, eval_interval=0))
+        args.init_from = args.init_from or train_once(os.path.join(args.out, "sft"), QUICK_START)
     if not os.path.isfile(os.path.join(args.init_from, "ckpt.pt")):
         parser.error(f"--init_from={args.init_from!r} holds no checkpoint: run the ladder's sft stage first")
     os.makedirs(args.out, exist_ok=True)
     results = compare({name: judge_study(args, name) for name in JUDGES})
-    save_study(args.out, "judge_size", results, table, plot)
+    save_study(args.out, "judge_size", results, table, plot, args.plot)
 
 
 if __name__ == "__main__":

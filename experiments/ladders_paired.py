@@ -51,7 +51,7 @@ def verdict(mean, half):
     """'lower' or 'higher' where the band excludes 0, else 'the same'; no band (under 3 seeds): not judged."""
     if half is None:
         return "not judged (fewer than 3 seeds)"
-    return "higher" if mean - half > 0 else "lower" if mean + half < 0 else "the same"
+    return {1: "higher", -1: "lower", 0: "the same"}[bands.beyond(mean, half)]
 
 
 def table(results, names):
@@ -62,16 +62,12 @@ def table(results, names):
     for name, figures in results.items():
         if "pair accuracy" in figures:
             d, mean, half = figures["pair accuracy"]
-            lines.append(f"| {name} | pair accuracy {cell(mean, half)} | {per_seed(d)} | {verdict(mean, half)} | | |")
+            lines.append(f"| {name} | pair accuracy {bands.signed(mean, half)} | {per_seed(d)} | {verdict(mean, half)} | | |")
             continue
         d, mean, half = figures["greedy"]
-        lines.append(f"| {name} | {cell(mean, half)} | {per_seed(d)} | {verdict(mean, half)} | "
-                     f"{cell(*figures['sampled'][1:])} | {cell(*figures['pass@8'][1:])} |")
+        lines.append(f"| {name} | {bands.signed(mean, half)} | {per_seed(d)} | {verdict(mean, half)} | "
+                     f"{bands.signed(*figures['sampled'][1:])} | {bands.signed(*figures['pass@8'][1:])} |")
     return "\n".join(lines) + "\n"
-
-
-def cell(mean, half):
-    return f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "")
 
 
 def per_seed(differences):

@@ -272,10 +272,6 @@ def gap(results, mode, split):
     return per_seed, bands.paired_across_seeds([d for d, _ in per_seed], [h for _, h in per_seed])
 
 
-def signed(mean, half):
-    return f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "")
-
-
 def problems_in(results, split):
     """How many problems a split's evaluations answer (the training pool may hold fewer than eval_problems)."""
     return len(results["start"]["greedy"][split]["correct"])
@@ -304,7 +300,7 @@ def table(results):
             lines.append(f"| {split} | {mode} | {start[mode][split]['acc']:.3f} | "
                          f"{bands.cell(ends(results, 'sft', mode, split), problems_in(results, split))} | "
                          f"{bands.cell(ends(results, 'grpo', mode, split), problems_in(results, split))} | "
-                         f"{signed(mean, half)} (per seed {', '.join(signed(d, h) for d, h in per_seed)}) | "
+                         f"{bands.signed(mean, half)} (per seed {', '.join(bands.signed(d, h) for d, h in per_seed)}) | "
                          + " / ".join(f"{w:.2f}" for w in work) + " |")
     forms = sorted({f for split in splits for f in start["greedy"][split]["forms"]})
     lines += ["", "Greedy accuracy by the question's form (start → the seeds' mean at the end):", "",

@@ -32,9 +32,7 @@ whose study has finished (its results.json) is read, not run again.
 """
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,22 +40,9 @@ sys.path.insert(0, ROOT)
 
 from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
 from experiments.overoptimisation import QUICK  # noqa: E402
-from experiments.study import pyplot, save_figure, save_study, train_once  # noqa: E402
+from experiments.study import pyplot, save_figure, save_study, script_once, study_flags, train_once  # noqa: E402
 
 SIZES = (256, 1024, 4096)
-
-
-def size_study(args, size):
-    """One size's overoptimisation.py results (run once: read when its results.json exists)."""
-    out = os.path.join(args.out, f"rm{size}")
-    saved = os.path.join(out, "results.json")
-    if not os.path.isfile(saved):
-        command = [sys.executable, os.path.join(ROOT, "experiments", "overoptimisation.py"), f"--rm_prompts={size}",
-                   f"--out={out}", *([f"--init_from={args.init_from}"] if args.init_from else []),
-                   *(["--quick"] if args.quick else []), *[f"--set={kv}" for kv in args.set]]
-        print("[rm_size] " + " ".join(command[1:]), flush=True)
-        subprocess.run(command, check=True)
-    return json.load(open(saved))
 
 
 def compare(studies):
@@ -68,12 +53,8 @@ def compare(studies):
     bon, bon_band = bands.paired(a, b)
     last = lambda s: [r["curve"][-1]["gold"] for r in studies[s]["ppo"]["runs"]]
     ppo, ppo_band = bands.paired_across_seeds([x - y for x, y in zip(last(large), last(small))], None)
-    if bon - bon_band > 0:
-        verdict = "more data holds gold up"
-    elif bon + bon_band < 0:
-        verdict = "more data lowers gold"
-    else:
-        verdict = "null (within the band)"
+    verdict = {1: "more data holds gold up", -1: "more data lowers gold",
+               0: "null (within the band)"}[bands.beyond(bon, bon_band)]
     per_size = {size: dict(pair_acc=s["rm_val_pair_acc"], bon_gold_top=s["best_of_n"][-1]["gold"],
                            bon_peak=s["turning_points"]["best_of_n"], ppo_peak=s["turning_points"]["ppo"],
                            ppo_last=s["ppo"]["mean"][-1]["gold"])
@@ -84,10 +65,6 @@ def compare(studies):
                 curves={size: dict(bon=[(p["kl"], p["gold"]) for p in s["best_of_n"]],
                                    ppo=[(p["kl"], p["gold"]) for p in s["ppo"]["mean"]])
                         for size, s in sorted(studies.items())})
-
-
-def pm(value, band):
-    return f"{value:+.3f}" + ("" if band is None else f" ± {band:.3f}")
 
 
 def table(results):
@@ -101,9 +78,9 @@ def table(results):
                      f"({p['kl']:.2f}), {p['gold']:.3f} | {'yes' if p['significant'] else 'no'} | {s['ppo_last']:.3f} |")
     large, small = f"{results['large']:,}", f"{results['small']:,}"
     lines += ["", f"{large} − {small} prompts, Best-of-N's gold at N = {results['bon_max']}, paired per prompt: "
-              f"{pm(results['bon']['diff'], results['bon']['band'])}. **Verdict: {results['verdict']}.**",
+              f"{bands.signed(results['bon']['diff'], results['bon']['band'])}. **Verdict: {results['verdict']}.**",
               "", f"{large} − {small} prompts, PPO's gold in its last bin, paired by seed: "
-              f"{pm(results['ppo']['diff'], results['ppo']['band'])} (per seed "
+              f"{bands.signed(results['ppo']['diff'], results['ppo']['band'])} (per seed "
               + ", ".join(f"{d:+.3f}" for d in results["ppo"]["per_seed"]) + ")."]
     return "\n".join(lines) + "\n"
 
@@ -129,9 +106,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--init_from", default="", help="the SFT checkpoint of the default task (required unless --quick)")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="the proxy's training prompts, comma-separated")
-    parser.add_argument("--quick", action="store_true", help="toy sizes, for a smoke test (numbers mean nothing)")
-    parser.add_argument("--out", default="out/rm_size")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py key for every run")
+    study_flags(parser, "out/rm_size", "rm_size")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if len(set(sizes)) < 2:
@@ -141,8 +116,9 @@ def main():
         args.init_from = args.init_from or train_once(os.path.join(args.out, "sft"),
                                                       dict(QUICK, algo="sft", max_iters=2, eval_interval=0))
     os.makedirs(args.out, exist_ok=True)
-    results = compare({size: size_study(args, size) for size in sizes})
-    save_study(args.out, "rm_size", results, table, plot)
+    results = compare({size: script_once(args, "overoptimisation.py", os.path.join(args.out, f"rm{size}"),
+                                         [f"--rm_prompts={size}", f"--init_from={args.init_from}"]) for size in sizes})
+    save_study(args.out, "rm_size", results, table, plot, args.plot)
 
 
 if __name__ == "__main__":

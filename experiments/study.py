@@ -1,6 +1,7 @@
 """
 The helpers the study scripts in experiments/ share: running train.py with a study's keys (run,
-train_once, init_checkpoint, final_models, the flags study_flags and set_keys read), reading a run's
+train_once, init_checkpoint, final_models, the flags study_flags and set_keys read; a study script run once as
+one arm of a study of studies, script_once), reading a run's
 log (rows, last_logged, last_verdicts, paired_ends, finished), bands drawn (band_line), tables and results written (save_study,
 save_analysis) and figures saved (pyplot, save_figure). A script puts the repository root on
 sys.path first and imports them from experiments.study.
@@ -8,6 +9,8 @@ sys.path first and imports them from experiments.study.
 
 import json
 import os
+import subprocess
+import sys
 
 from nanopost import bands
 from nanopost import options
@@ -27,6 +30,18 @@ def train_once(out_dir, overrides):
     if not os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
         run(dict(overrides, checkpoint=True, out_dir=out_dir))
     return out_dir
+
+
+def script_once(args, script, out, flags):
+    """The results.json that experiments/SCRIPT writes into `out`, the script run there first (with `flags`,
+    and the study's own --quick and --set) unless it has finished."""
+    saved = os.path.join(out, "results.json")
+    if not os.path.isfile(saved):
+        command = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), script), f"--out={out}",
+                   *flags, *(["--quick"] if args.quick else []), *[f"--set={kv}" for kv in args.set]]
+        print(" ".join(["python", *command[1:]]), flush=True)
+        subprocess.run(command, check=True)
+    return json.load(open(saved))
 
 
 def init_checkpoint(args, common):
@@ -149,7 +164,6 @@ def save_analysis(out, name, lines, data):
 
 
 if __name__ == "__main__":  # two arms' ends compared, paired: python -m experiments.study A_1337,A_1338,A_1339 B_1337,B_1338,B_1339
-    import sys
     mean, half, per_seed = paired_ends(sys.argv[1].split(","), sys.argv[2].split(","))
-    print(f"a − b, held-out accuracy at the last evaluations, paired: {mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "")
+    print(f"a − b, held-out accuracy at the last evaluations, paired: {bands.signed(mean, half)}"
           + f" (per seed {', '.join(f'{d:+.3f}' for d in per_seed)})")

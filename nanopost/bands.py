@@ -123,10 +123,20 @@ def cell(values, n, digits=3):
     return f"{mean:.{digits}f} ± {half:.{digits}f}"
 
 
+def signed(mean, half):
+    """A difference as text: '+mean ± half', or '+mean' where no band is claimed (half None)."""
+    return f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "")
+
+
+def beyond(mean, half):
+    """How a difference is called: +1 where its band lies wholly above 0, −1 wholly below, 0 where it holds 0."""
+    return 1 if mean - half > 0 else -1 if mean + half < 0 else 0
+
+
 def paired_cell(differences, problem_bands):
     """A paired difference over seeds as text: '+mean ± h (per seed +a, +b, ...)', paired_across_seeds' band
     (none under 3 seeds; "no per-problem floor" where problem_bands is None)."""
     mean, half = paired_across_seeds(differences, problem_bands)
     unfloored = half is not None and problem_bands is None
-    return (f"{mean:+.3f}" + (f" ± {half:.3f}" if half is not None else "") + (" (t band alone: no per-problem floor)" if unfloored else "")
+    return (signed(mean, half) + (" (t band alone: no per-problem floor)" if unfloored else "")
             + f" (per seed {', '.join(f'{v:+.3f}' for v in differences)})")
