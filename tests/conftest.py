@@ -4,6 +4,7 @@ import contextlib
 import os
 import socket
 import sys
+import time
 
 import pytest
 import torch
@@ -47,11 +48,23 @@ def random_ids(vocab, batch, length, seed):
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
+DDP_DEADLINE_S = 600  # far above any one run here (seconds on one core); a rank stuck in a collective waits forever
+
+
 def run_ddp(fn, *args, world_size=2):
     """Run fn(*args) in `world_size` gloo processes set up as torchrun would; returns each rank's
-    result (fn must be a module-level function and its result picklable)."""
+    result (fn must be a module-level function and its result picklable). A run that has not ended
+    after DDP_DEADLINE_S fails the test, its processes killed, rather than hang the suite."""
     results = mp.Manager().dict()
-    mp.spawn(_worker, args=(world_size, free_ports(1)[0], fn, args, results), nprocs=world_size, join=True)
+    context = mp.spawn(_worker, args=(world_size, free_ports(1)[0], fn, args, results), nprocs=world_size, join=False)
+    deadline = time.monotonic() + DDP_DEADLINE_S
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            alive = [rank for rank, process in enumerate(context.processes) if process.is_alive()]
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"{fn.__name__} on {world_size} gloo processes did not end in {DDP_DEADLINE_S} s "
+                        f"(ranks {alive} still running: one waits for another in a collective or a rendezvous)")
     return [results[r] for r in range(world_size)]
 
 

@@ -123,6 +123,23 @@ def test_two_ranks_resume_their_own_rng_streams(tmp_path):
     assert len(rng) == 2 and not torch.equal(rng[0]["torch"], rng[1]["torch"])
 
 
+def _rank_1_waits_for_rank_0():
+    import time
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 0:
+        time.sleep(60)  # stuck elsewhere, alive
+    dist.all_reduce(torch.ones(1))  # rank 1 waits here for it
+    return dist.get_rank()
+
+
+def test_a_hung_rank_fails_the_test_instead_of_hanging_the_suite(monkeypatch):
+    import conftest
+    monkeypatch.setattr(conftest, "DDP_DEADLINE_S", 10)
+    with pytest.raises(pytest.fail.Exception, match=r"ranks \[0, 1\] still running"):
+        run_ddp(_rank_1_waits_for_rank_0)
+
+
 # -- fp32 heads under bf16 autocast ----------------------------------------------------------------
 
 def _bf16_autocast_on_cpu(monkeypatch):
