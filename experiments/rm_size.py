@@ -62,8 +62,8 @@ def compare(studies):
     return dict(sizes=sorted(studies), small=small, large=large, bon_max=int(top), per_size=per_size,
                 bon=dict(diff=bon, band=bon_band), ppo=dict(diff=ppo, band=ppo_band, per_seed=[
                     x - y for x, y in zip(last(large), last(small))]), verdict=verdict,
-                curves={size: dict(bon=[(p["kl"], p["gold"]) for p in s["best_of_n"]],
-                                   ppo=[(p["kl"], p["gold"]) for p in s["ppo"]["mean"]])
+                curves={size: dict(bon=[(p["kl"], p["gold"], p["gold_band"]) for p in s["best_of_n"]],
+                                   ppo=[(p["kl"], p["gold"], p["gold_band"]) for p in s["ppo"]["mean"]])
                         for size, s in sorted(studies.items())})
 
 
@@ -88,11 +88,15 @@ def table(results):
 def plot(results, path):
     fig, axes = pyplot().subplots(1, 2, figsize=(11, 4.2), sharey=True)
     colours = pyplot().get_cmap("viridis")([0.85, 0.5, 0.1, 0.3, 0.7][:len(results["sizes"])])
-    for (name, title), ax in zip((("bon", "Best-of-N (N = 1, 2, 4, ...)"), ("ppo", "PPO against the proxy (mean of the seeds)")),
-                                 axes):
+    titles = (("bon", "Best-of-N (N = 1, 2, 4, ...), band shaded"),
+              ("ppo", "PPO against the proxy (mean of the seeds, band shaded)"))
+    for (name, title), ax in zip(titles, axes):
         for colour, size in zip(colours, results["sizes"]):
-            xs, ys = zip(*results["curves"][size][name])
+            xs, ys, band = (list(v) for v in zip(*results["curves"][size][name]))
             ax.plot(xs, ys, "o-" if name == "bon" else "s-", color=colour, label=f"RM on {int(size):,} prompts")
+            ax.fill_between(xs, [y - (b or 0) for y, b in zip(ys, band)],
+                            [y + (b or 0) for y, b in zip(ys, band)], color=colour,
+                            alpha=0.12, lw=0)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("KL to the SFT model (nats)")
         ax.grid(alpha=0.3)

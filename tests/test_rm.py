@@ -303,10 +303,11 @@ def test_rm_size_compares_the_largest_size_with_the_smallest():
         peak = dict(N=4, kl=0.64, gold=0.4, significant=True)
         curve = lambda last: [dict(gold=0.3), dict(gold=last)]
         return dict(rm_val_pair_acc=pair_acc, bon_max=8, best_of_n_per_prompt={"8": gold_top},
-                    best_of_n=[dict(kl=0.0, gold=0.3), dict(kl=1.2, gold=sum(gold_top) / len(gold_top))],
+                    best_of_n=[dict(kl=0.0, gold=0.3, gold_band=0.1), dict(kl=1.2, gold=sum(gold_top) / len(gold_top),
+                                                                            gold_band=0.05)],
                     turning_points=dict(best_of_n=peak, ppo=dict(iters="9-16", kl=1.0, gold=0.35, significant=False)),
                     ppo=dict(runs=[dict(curve=curve(g)) for g in ppo_last],
-                             mean=[dict(kl=0.1, gold=0.3), dict(kl=2.0, gold=sum(ppo_last) / 3)]))
+                             mean=[dict(kl=0.1, gold=0.3, gold_band=0.2), dict(kl=2.0, gold=sum(ppo_last) / 3, gold_band=None)]))
     small = study([0.0] * 20 + [1.0] * 20, [0.20, 0.25, 0.30], 0.65)
     large = study([1.0] * 40, [0.30, 0.30, 0.40], 0.75)  # 20 prompts won, none lost
     out = rm_size.compare({256: small, 4096: large, 1024: small})
@@ -315,6 +316,8 @@ def test_rm_size_compares_the_largest_size_with_the_smallest():
     assert out["bon"]["diff"] == pytest.approx(0.5) == pytest.approx(diff) and out["bon"]["band"] == pytest.approx(band)
     assert band == pytest.approx(1.96 * math.sqrt(40 * 0.25 / 39) / math.sqrt(40))  # d: twenty 1s, twenty 0s
     assert out["verdict"] == "more data holds gold up"
+    assert out["curves"][4096]["bon"] == [(0.0, 0.3, 0.1), (1.2, 1.0, 0.05)]  # (KL, gold, its band), for the figure
+    assert out["curves"][256]["ppo"][1] == (2.0, pytest.approx(0.25), None)
     assert out["ppo"]["per_seed"] == pytest.approx([0.10, 0.05, 0.10])
     sd = math.sqrt(((0.10 - 0.25 / 3) ** 2 * 2 + (0.05 - 0.25 / 3) ** 2) / 2)
     assert out["ppo"]["band"] == pytest.approx(4.303 * sd / math.sqrt(3), rel=1e-3)
