@@ -7,7 +7,8 @@ environment (a name another file uses goes into that list).
     generalpoints.py  24 with four cards (exact-rational solver; J, Q, K re-ranked in "ood")
     calculator.py     the safe calculator tool, and the tool-using calculator task
     treasure.py       the treasure hunt: the game (qlearn.py's) and the multi-turn tool task
-    gsm8k.py          GSM8K, built from the dataset's rows (options.config_env reads them; no ood split)
+    gsm8k.py          GSM8K, built from the dataset's rows (options.config_env reads them; no ood split), or
+                      from the default task's word problems written in its form
 
 Each environment offers
 - problems(split, n, seed): disjoint "train" / "heldout" splits and an "ood" split; training draws
@@ -24,13 +25,13 @@ Each environment offers
 
 from envs.arithmetic import HELDOUT_PERCENT, Arithmetic, parse_answer
 from envs.calculator import END_CALL, END_RESULT, TOOL_CALL, TOOL_RESULT, Calculator, calculator, tool_calls
-from envs.gsm8k import GSM8K
+from envs.gsm8k import GSM8K, WRITTEN, written_rows
 from envs.generalpoints import FACES, SPLIT_RULE, GeneralPoints, card_value, solutions
 from envs.treasure import ROOM_NAMES, ROOMS, START, Treasure, actions, actions_to_win, describe, shortest_solution, step
 
 __all__ = ["ENVS", "make_env", "PRIVILEGED", "privileged_prompt", "HELDOUT_PERCENT", "Arithmetic", "parse_answer", "END_CALL", "END_RESULT", "TOOL_CALL",
            "TOOL_RESULT", "Calculator", "calculator", "tool_calls", "FACES", "SPLIT_RULE", "GeneralPoints", "card_value",
-           "solutions", "ROOM_NAMES", "ROOMS", "START", "Treasure", "actions", "actions_to_win", "describe", "shortest_solution", "step", "GSM8K"]
+           "solutions", "ROOM_NAMES", "ROOMS", "START", "Treasure", "actions", "actions_to_win", "describe", "shortest_solution", "step", "GSM8K", "WRITTEN", "written_rows"]
 
 ENVS = {"arithmetic": Arithmetic, "generalpoints": GeneralPoints,
         "calculator": Calculator, "treasure": Treasure, "gsm8k": GSM8K}

@@ -17,11 +17,18 @@ the answer is a worked solution ending in "#### N":
 - demonstration (the SFT target): the dataset's worked solution, "#### N" included;
 - splits: "train" and "heldout" (the caller hands both over: the hub's train and test splits, or
   a local file's rows with its last tenth held out). There is no "ood" split: evaluations skip it.
+
+Rows the project writes itself (--env_data=arithmetic, no download): the default task's word problems
+("Ann had 4 coins, got 9, gave away 2. How many now?", held-out disjoint by equation as there), each
+solved in the dataset's form, a calculator annotation per step and "#### N" at the end
+(written_rows): the same path on a task whose difficulty is known.
 """
 
 import random
 import re
 from decimal import Decimal
+
+from envs.arithmetic import Arithmetic
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 # The dataset's answer form after "####": spaces, an optional "$" and spaces, then an integer whose
@@ -38,6 +45,34 @@ def final_number(text):
         return None
     found = _FINAL.match(text.rsplit("####", 1)[1])
     return Decimal(found.group(1).replace(",", "")) if found else None
+
+
+WRITTEN = "arithmetic"  # --env_data naming the rows written here rather than a dataset
+WRITTEN_ROWS = dict(train=4000, heldout=500)  # at most, each a distinct equation (GSM8K has 7,473 and 1,319)
+_WHO = re.compile(r"([A-Z][a-z]+) had [0-9]+ ([a-z]+),")
+
+
+def written_rows(split, digits=1, n_ops=3):
+    """The arithmetic task's word problems of `split` as GSM8K rows, each a distinct equation (a held-out
+    set read once, as the dataset's), solved in the dataset's form:
+    {"question": "Ann had 4 coins, got 9, gave away 2. How many now?",
+     "answer": "Ann got 9: 4 + 9 = <<4+9=13>>13 coins.\nAnn gave away 2: 13 - 2 = <<13-2=11>>11 coins.\n#### 11"}"""
+    task, rows, seen = Arithmetic(digits=digits, n_ops=n_ops, word_frac=1.0), [], set()
+    for problem in task.problems(split, 20 * WRITTEN_ROWS[split], seed="gsm8k"):  # (short chains have fewer equations)
+        equation = (problem["start"], tuple(problem["steps"]))
+        if len(rows) == WRITTEN_ROWS[split]:
+            break
+        if equation in seen:
+            continue
+        seen.add(equation)
+        name, item = _WHO.match(problem["prompt"]).groups()
+        value, lines = problem["start"], []
+        for op, b in problem["steps"]:
+            new = value + b if op == "+" else value - b
+            lines.append(f"{name} {'got' if op == '+' else 'gave away'} {b}: {value} {op} {b} = <<{value}{op}{b}={new}>>{new} {item}.")
+            value = new
+        rows.append({"question": problem["prompt"], "answer": "\n".join(lines) + f"\n#### {value}"})
+    return rows
 
 
 class GSM8K:

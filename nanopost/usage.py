@@ -121,7 +121,7 @@ def applies(key, cfg, module):
     if key in ("data", "skip_bad_rows"):
         return reads_demonstrations
     if key in ("env_digits", "env_ops"):
-        return cfg["env"] in ("arithmetic", "calculator")
+        return cfg["env"] in ("arithmetic", "calculator") or (cfg["env"] == "gsm8k" and cfg["env_data"] == "arithmetic")
     if key == "env_direct_frac":  # (the demonstrations: SFT's data and the preference pairs' gold answer)
         return cfg["env"] in ("arithmetic", "calculator", "generalpoints") and reads_demonstrations
     if key == "env_train_pool":

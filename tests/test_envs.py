@@ -146,6 +146,33 @@ def test_gsm8k_reads_a_number_only_where_the_earlier_pattern_read_the_same_one()
     assert read > 1000  # (the strings do reach numbers)
 
 
+def test_gsm8k_rows_written_from_the_default_task(tmp_path):
+    """--env=gsm8k --env_data=arithmetic: the default task's word problems in GSM8K's form, no download:
+    every row passes the dataset's check and its solution verifies, one line and one calculator
+    annotation per step, each equation once, held-out disjoint from train; --env_ops reaches it; SFT
+    and GRPO run on it."""
+    import train as T
+    from conftest import TINY
+    from nanopost import options
+    from envs.gsm8k import INSTRUCTION
+    from nanopost.options import config_env
+    env = config_env(options.make_config(dict(env="gsm8k", env_data="arithmetic")))
+    train, heldout = env.problems("train", 4000), env.problems("heldout", 500)
+    assert (len(env.rows["train"]), len(env.rows["heldout"])) == (4000, 500)
+    for p in train + heldout:
+        assert env.verify(p, env.demonstration(p)) == 1.0 and env.verify(p, env.demonstration(p) + "1") == 0.0
+        assert p["solution"].count("<<") == 3 == p["solution"].count("\n")
+    def equations(problems):
+        asked = [Arithmetic.parse_problem(p["prompt"].removesuffix(" " + INSTRUCTION)) for p in problems]
+        return {(q["start"], tuple(q["steps"])) for q in asked}
+    assert len(equations(heldout)) == 500 and len(equations(train)) == 4000 and not equations(train) & equations(heldout)
+    long = config_env(options.make_config(dict(env="gsm8k", env_data="arithmetic", env_ops=6)))
+    assert long.problems("train", 1)[0]["solution"].count("<<") == 6
+    task = dict(TINY, env="gsm8k", env_data="arithmetic", block_size=512, max_new_tokens=16, max_iters=1)
+    T.train(dict(task, algo="sft", train_problems=16, val_examples=4, out_dir=str(tmp_path / "sft")))
+    T.train(dict(task, algo="grpo", prompts_per_iter=2, group_size=2, out_dir=str(tmp_path / "grpo")))
+
+
 def test_a_train_pool_fixes_the_training_problems_of_every_algorithm():
     """env_train_pool=N: every draw of the train split (SFT's demonstrations, RL's rollout shards) repeats
     the same N problems, train-split ones, each draw seeded; held-out and OOD stay as they were; the
