@@ -266,6 +266,24 @@ def test_sft_from_a_gguf_file_exports_to_transformers_and_gguf(tiny_files, tmp_p
     assert make_tokenizer(str(tmp_path / "sft.gguf")).encode(CORPUS[1]) == make_tokenizer(path).encode(CORPUS[1])
 
 
+def test_smollm2_recipes_run_on_a_tiny_file(tiny_files, tmp_path):
+    """Every config/smollm2_*.py as written, the tiny file in place of SmolLM2 and everything smaller: SFT,
+    then GRPO and DPO from its checkpoint (the recipes' chain, each a key away from the real runs)."""
+    from nanopost import options
+    path = tiny_files[0]["Q4_1"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    recipe = lambda name: options.parse_args([os.path.join(root, "config", f"smollm2_{name}.py")])
+    small = dict(tokenizer=path, max_iters=1, warmup_iters=0, eval_interval=1, eval_problems=2, eval_batch_size=2,
+                 max_new_tokens=8, batch_size=2, gradient_accumulation_steps=1, plot=False)
+    sft = str(tmp_path / "sft")
+    T.train(dict(recipe("sft"), **small, init_from=path, train_problems=8, val_examples=2, out_dir=sft))
+    grpo = T.train(dict(recipe("grpo"), **small, init_from=sft, prompts_per_iter=2, group_size=2, out_dir=str(tmp_path / "grpo")))
+    dpo = T.train(dict(recipe("dpo"), **small, init_from=sft, train_prompts=4, heldout_prompts=2, group_size=2,
+                       out_dir=str(tmp_path / "dpo")))
+    for run in (grpo, dpo):
+        assert run.cfg["lora_rank"] == 16 and os.path.isfile(os.path.join(run.cfg["out_dir"], "ckpt.pt"))
+
+
 def test_chat_streams_each_answer_over_the_whole_conversation(tiny_files):
     """chat() on piped turns: each answer, streamed, is the greedy answer to the conversation so
     far through the template; /reset forgets it."""
