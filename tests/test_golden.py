@@ -23,7 +23,6 @@ import os
 import zlib
 
 import pytest
-import torch
 
 import envs
 import train as T

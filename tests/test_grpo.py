@@ -19,7 +19,7 @@ import envs
 import grpo
 from nanopost import options
 import train as T
-from nanopost.checkpoints import build_model, load_reference
+from nanopost.checkpoints import build_model
 from conftest import TINY, forward_calls, run_ddp
 from lab import dapo, dr_grpo, one_step_off, rloo
 from model import kl_estimate, sequence_logprobs
@@ -370,7 +370,7 @@ def test_dynamic_sampling_refills_and_never_trains_on_degenerate_groups(run):
 
 def test_first_iteration_from_scratch_logs_zero_kl_and_every_figure(tmp_path, monkeypatch):
     monkeypatch.setattr(envs.Arithmetic, "verify", staticmethod(coin_reward))
-    run = T.train(dict(TINY, **SMALL, max_iters=1, minibatches=1, out_dir=str(tmp_path / "r")))
+    T.train(dict(TINY, **SMALL, max_iters=1, minibatches=1, out_dir=str(tmp_path / "r")))
     row = [json.loads(line) for line in open(tmp_path / "r" / "metrics.jsonl")][-1]
     for key in ("reward", "entropy", "kl_ref", "kl_k3", "clip_frac", "degenerate_frac", "len_mean", "len_std",
                 "time_decode", "time_verify", "time_update", "time_score", "loss"):

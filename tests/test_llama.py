@@ -16,7 +16,7 @@ import export
 from nanopost import options
 import train as T
 from nanopost.checkpoints import build_model, load_model
-from conftest import TINY, random_ids
+from conftest import random_ids
 from nanopost.data import dataset_splits
 from nanopost.options import config_env
 from envs import GSM8K
