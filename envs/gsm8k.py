@@ -57,10 +57,11 @@ def written_rows(split, digits=1, n_ops=3):
     set read once, as the dataset's), solved in the dataset's form:
     {"question": "Ann had 4 coins, got 9, gave away 2. How many now?",
      "answer": "Ann got 9: 4 + 9 = <<4+9=13>>13 coins.\nAnn gave away 2: 13 - 2 = <<13-2=11>>11 coins.\n#### 11"}"""
-    task, rows, seen = Arithmetic(digits=digits, n_ops=n_ops, word_frac=1.0), [], set()
-    for problem in task.problems(split, 20 * WRITTEN_ROWS[split], seed="gsm8k"):  # (short chains have fewer equations)
+    task, n, rows, seen = Arithmetic(digits=digits, n_ops=n_ops, word_frac=1.0), WRITTEN_ROWS[split], [], set()
+    drawn = (p for draw in range(20) for p in task.problems(split, n, seed=f"gsm8k-{draw}"))  # (short chains: fewer equations)
+    for problem in drawn:
         equation = (problem["start"], tuple(problem["steps"]))
-        if len(rows) == WRITTEN_ROWS[split]:
+        if len(rows) == n:
             break
         if equation in seen:
             continue

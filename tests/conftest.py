@@ -58,7 +58,7 @@ def run_ddp(fn, *args, world_size=2):
     results = mp.Manager().dict()
     context = mp.spawn(_worker, args=(world_size, free_ports(1)[0], fn, args, results), nprocs=world_size, join=False)
     deadline = time.monotonic() + DDP_DEADLINE_S
-    while not context.join(timeout=5):
+    while not context.join(timeout=1):
         if time.monotonic() > deadline:
             alive = [rank for rank, process in enumerate(context.processes) if process.is_alive()]
             for process in context.processes:

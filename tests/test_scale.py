@@ -135,7 +135,7 @@ def _rank_1_waits_for_rank_0():
 
 def test_a_hung_rank_fails_the_test_instead_of_hanging_the_suite(monkeypatch):
     import conftest
-    monkeypatch.setattr(conftest, "DDP_DEADLINE_S", 10)
+    monkeypatch.setattr(conftest, "DDP_DEADLINE_S", 3)
     with pytest.raises(pytest.fail.Exception, match=r"ranks \[0, 1\] still running"):
         run_ddp(_rank_1_waits_for_rank_0)
 
