@@ -1,6 +1,6 @@
 """
 Data files and rows: JSON lines, JSON and parquet files or hub datasets (load_rows), a dataset
-environment's splits, rows checked field by field (RowError names the bad one), chat messages
+environment's splits (gsm8k_env: a dataset's, or the rows the project writes), rows checked field by field (RowError names the bad one), chat messages
 through the template, and collate (right-padded batches).
 """
 
@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from envs import GSM8K, WRITTEN, written_rows
 from nanopost.distributed import rank0_first
 from nanopost.hf import looks_local
 
@@ -79,6 +80,14 @@ def load_rows(path, split="train"):
     except OSError as e:  # (datasets' connection and not-found errors are OSErrors)
         raise ValueError(f"dataset {path!r}: cannot load it ({str(e).splitlines()[0][:120]}): check the name and that "
                          f"this machine is online, or pass a local file") from None
+
+
+def gsm8k_env(name, digits, n_ops):
+    """--env=gsm8k from --env_data: the hub dataset or local file `name` (dataset_splits), or, for
+    "arithmetic", the default task's word problems written in GSM8K's form (envs/gsm8k.written_rows)."""
+    if name == WRITTEN:
+        return GSM8K(*([GSM8K.check_row(row) for row in written_rows(split, digits, n_ops)] for split in GSM8K.splits))
+    return GSM8K(*dataset_splits(name, GSM8K.check_row))
 
 
 def dataset_splits(path, check):

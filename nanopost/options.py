@@ -19,7 +19,7 @@ import sys
 
 from nanopost.checkpoints import is_hf_checkpoint
 from nanopost.run_dir import PREVIOUS
-from envs import ENVS, GSM8K, WRITTEN, written_rows
+from envs import ENVS
 
 DEFAULTS = dict(
     algo="sft",                 # the algorithm: pretrain, sft, rm, dpo, ppo, grpo, opd, rft, or a variant of the lab (lab/NAME.py)
@@ -36,8 +36,7 @@ DEFAULTS = dict(
     env_direct_frac=0.5,        # share of SFT demonstrations that give only the answer; 0.0 = every one worked
     env_train_pool=0,           # 0 = fresh train problems in every draw; N = the training split is N fixed problems (all algorithms)
     env_midstart_frac=0.0,      # --env=treasure under GRPO: the share of train maps whose play starts mid-map (envs/treasure.py)
-    env_data="openai/gsm8k:main",  # --env=gsm8k's rows: a hub dataset NAME[:CONFIG] (train/test splits), a local file (last tenth
-                                   # held out), or "arithmetic": the default task's word problems written in GSM8K's form (envs/gsm8k.py)
+    env_data="openai/gsm8k:main",  # --env=gsm8k's rows: a hub dataset NAME[:CONFIG], a local file, or "arithmetic" (nanopost/data.gsm8k_env)
     # the model, when init_from=scratch
     n_layer=4,                  # transformer blocks
     n_head=4,                   # attention heads per block
@@ -293,12 +292,9 @@ def algo_module(name):
 def config_env(cfg):
     """The environment a run's configuration names (the task its data, rewards and evaluation use);
     gsm8k is built from the rows of env_data rather than generated (options.make_config has checked the name)."""
-    if cfg["env"] == "gsm8k" and cfg["env_data"] == WRITTEN:  # the project's own problems in GSM8K's form
-        return GSM8K(*([GSM8K.check_row(row) for row in written_rows(split, cfg["env_digits"], cfg["env_ops"])]
-                       for split in GSM8K.splits))
     if cfg["env"] == "gsm8k":
-        from nanopost.data import dataset_splits  # (a dataset's rows: only this task reads them)
-        return GSM8K(*dataset_splits(cfg["env_data"], GSM8K.check_row))
+        from nanopost.data import gsm8k_env  # (rows, not generated: only this task reads them)
+        return gsm8k_env(cfg["env_data"], cfg["env_digits"], cfg["env_ops"])
     # each set only for its task (arithmetic's pool, the treasure hunt's mid-map starts); an old config.json has neither
     own = {key: cfg[f"env_{key}"] for key in ("train_pool", "midstart_frac") if cfg.get(f"env_{key}")}
     return ENVS[cfg["env"]](digits=cfg["env_digits"], n_ops=cfg["env_ops"], direct_frac=cfg["env_direct_frac"], **own)

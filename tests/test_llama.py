@@ -313,7 +313,7 @@ def test_gsm8k_verifier_and_splits(tmp_path):
         assert final_number(text) is None and not env.parses(text), text  # (the last "####" counts)
     path = write_jsonl(tmp_path / "bad.jsonl", gsm8k_rows(3)[:2] + [{"question": "Q?", "answer": "4"}])
     with pytest.raises(ValueError, match="bad.jsonl: row 3: field 'answer': no final number after '####'"):
-        config_env(dict(env="gsm8k", env_data=path))
+        config_env(options.make_config(dict(env="gsm8k", env_data=path)))
     with pytest.raises(ValueError, match="--algo grpo takes its prompts from the environment, not --data"):
         options.make_config(dict(algo="grpo", data=path))
     options.check_start(dict(algo="grpo", init_from="Qwen/Qwen2.5-0.5B-Instruct"))  # a hub name: RL may start from it
