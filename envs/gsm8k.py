@@ -60,9 +60,9 @@ def written_rows(split, digits=1, n_ops=3):
     task, n, rows, seen = Arithmetic(digits=digits, n_ops=n_ops, word_frac=1.0), WRITTEN_ROWS[split], [], set()
     drawn = (p for draw in range(20) for p in task.problems(split, n, seed=f"gsm8k-{draw}"))  # (short chains: fewer equations)
     for problem in drawn:
-        equation = (problem["start"], tuple(problem["steps"]))
         if len(rows) == n:
             break
+        equation = (problem["start"], tuple(problem["steps"]))
         if equation in seen:
             continue
         seen.add(equation)

@@ -39,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from nanopost import bands  # noqa: E402  (after the path: the script runs from anywhere)
-from experiments.overoptimisation import QUICK  # noqa: E402
+from experiments.overoptimisation import QUICK, band  # noqa: E402
 from experiments.study import pyplot, save_figure, save_study, script_once, study_flags, train_once  # noqa: E402
 
 SIZES = (256, 1024, 4096)
@@ -92,11 +92,9 @@ def plot(results, path):
               ("ppo", "PPO against the proxy (mean of the seeds, band shaded)"))
     for (name, title), ax in zip(titles, axes):
         for colour, size in zip(colours, results["sizes"]):
-            xs, ys, band = (list(v) for v in zip(*results["curves"][size][name]))
+            xs, ys, halves = zip(*results["curves"][size][name])
             ax.plot(xs, ys, "o-" if name == "bon" else "s-", color=colour, label=f"RM on {int(size):,} prompts")
-            ax.fill_between(xs, [y - (b or 0) for y, b in zip(ys, band)],
-                            [y + (b or 0) for y, b in zip(ys, band)], color=colour,
-                            alpha=0.12, lw=0)
+            band(ax, xs, ys, halves, colour)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("KL to the SFT model (nats)")
         ax.grid(alpha=0.3)

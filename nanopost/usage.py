@@ -9,6 +9,7 @@ import io
 import os
 import tokenize
 
+from envs import WRITTEN
 from nanopost import options
 from nanopost.options import ACCUMULATES, DEFAULTS, MODEL_KEYS, READS_DATA, after_the_ladder, algo_module, available_algos, make_config
 
@@ -121,7 +122,7 @@ def applies(key, cfg, module):
     if key in ("data", "skip_bad_rows"):
         return reads_demonstrations
     if key in ("env_digits", "env_ops"):
-        return cfg["env"] in ("arithmetic", "calculator") or (cfg["env"] == "gsm8k" and cfg["env_data"] == "arithmetic")
+        return cfg["env"] in ("arithmetic", "calculator") or (cfg["env"] == "gsm8k" and cfg["env_data"] == WRITTEN)
     if key == "env_direct_frac":  # (the demonstrations: SFT's data and the preference pairs' gold answer)
         return cfg["env"] in ("arithmetic", "calculator", "generalpoints") and reads_demonstrations
     if key == "env_train_pool":
