@@ -65,6 +65,11 @@ THE RULES, fixed here before any run:
     python experiments/dense_signal.py --lengths=2          # one L (its results join the others in --out)
     python experiments/dense_signal.py --quick              # tiny models, a few iterations (the test)
     python experiments/dense_signal.py --report             # the table and the figure again from results.json
+    python experiments/dense_signal.py --report --join=A/results.json,B/results.json   # runs made elsewhere, joined
+
+A study stopped part-way goes on where it stopped: finished runs are read from --out's results.json, and
+a model missing from --out is made again, its start and teacher measured and required to equal the
+figures its finished runs started from (on the same kind of CPU the models come out the same).
 
 Writes results.json, dense_signal.md (the tables and the verdict) and dense_signal.png (tokens to
 each level against L, one line per arm, the band shaded) into --out, after every run.
@@ -319,6 +324,32 @@ def measure_start(L, student, teacher, args, common):
                 distinct=len({(p["start"], tuple(p["steps"])) for p in problems}), arms={})
 
 
+MODELS = ("start", "teacher", "distinct")  # what an L's models measure: runs join only where these agree
+
+
+def same_models(L, entry, measured, where):
+    """Exit unless `measured` (a start and a teacher, measured now or in another results.json) is what
+    `entry` holds for L: finished runs are kept only beside runs from the same models."""
+    if any(entry[key] != measured[key] for key in MODELS):
+        sys.exit(f"error: {where}: L = {L}'s models measure start {measured['start']:.3f}, teacher {measured['teacher']:.3f}, "
+                 f"but its finished runs started from start {entry['start']:.3f}, teacher {entry['teacher']:.3f} (other "
+                 f"models: another machine's kernels, or other settings); use another --out")
+
+
+def join(record, path):
+    """Another --out's finished runs (its results.json at `path`) read into `record`: a study split across
+    processes or machines, each with its own --out, joined. The settings and each L's models must agree."""
+    other = json.load(open(path))
+    if other["settings"] != record["settings"]:
+        sys.exit(f"error: {path} holds a study with {other['settings']}, not {record['settings']}; join only equal settings")
+    for L, entry in other["lengths"].items():
+        mine = record["lengths"].setdefault(L, dict(entry, arms={}))
+        same_models(L, mine, entry, path)
+        for arm, seeds in entry["arms"].items():
+            for seed, points in seeds.items():
+                mine["arms"].setdefault(arm, {}).setdefault(seed, points)
+
+
 def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated answer lengths (steps)")
@@ -329,6 +360,7 @@ def parse(argv=None):
     parser.add_argument("--out", default="out/dense_signal")
     parser.add_argument("--quick", action="store_true", help="tiny models and runs, for a smoke test (numbers mean nothing)")
     parser.add_argument("--report", action="store_true", help="no training: the table and the figure from --out's results.json")
+    parser.add_argument("--join", default="", help="comma-separated results.json of other --out's, their finished runs read in")
     args = parser.parse_args(argv)
     if args.quick:
         for key, value in QUICK.items():
@@ -346,17 +378,22 @@ def main(argv=None):
         record = json.load(open(path))
         if record["settings"] != settings and not args.report:
             sys.exit(f"error: {path} holds a study with {record['settings']}, not {settings}; use another --out")
+    for other in filter(None, args.join.split(",")):
+        join(record, other)
     save = lambda: save_study(args.out, "dense_signal", record, table, plot)
     if args.report:
         return save()
     common = dict(TASK, **(QUICK_KEYS if args.quick else {}))
     for L in (int(x) for x in args.lengths.split(",")):
         student, teacher = prepare(L, args, common)
+        measured = measure_start(L, student, teacher, args, common)  # every time: models made again must match
+        print(f"L = {L}: start {measured['start']:.3f}, teacher {measured['teacher']:.3f}, "
+              f"{measured['distinct']} of {args.eval_problems} problems distinct", flush=True)
         entry = record["lengths"].setdefault(str(L), {})
-        if "start" not in entry:
-            entry.update(measure_start(L, student, teacher, args, common))
-            print(f"L = {L}: start {entry['start']:.3f}, teacher {entry['teacher']:.3f}, "
-                  f"{entry['distinct']} of {args.eval_problems} problems distinct", flush=True)
+        if "start" in entry:
+            same_models(L, entry, measured, path)
+        else:
+            entry.update(measured)
         for seed in args.seeds.split(","):  # every arm of a seed, then the next seed
             for name in args.arms.split(","):
                 if seed in entry["arms"].get(name, {}):

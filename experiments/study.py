@@ -121,8 +121,10 @@ def save_figure(fig, path, dpi=100):
 def save_study(out, name, results, table, plot, plot_path=""):
     """A study's results.json, its table as NAME.md and its plot (NAME.png unless `plot_path`) into
     `out`, and the table printed: the same last step of every experiment script here."""
-    with open(os.path.join(out, "results.json"), "w") as f:
+    path = os.path.join(out, "results.json")
+    with open(path + ".tmp", "w") as f:  # written whole, then renamed: a kill mid-write loses no finished run
         json.dump(results, f, indent=1)
+    os.replace(path + ".tmp", path)
     text = table(results)
     with open(os.path.join(out, f"{name}.md"), "w") as f:
         f.write(text)

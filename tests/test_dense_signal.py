@@ -116,3 +116,25 @@ def test_quick_runs_every_length_and_arm_and_reads_finished_runs(tmp_path, monke
     D.main(["--quick", "--out", str(out)])
     with pytest.raises(SystemExit, match="another --out"):
         D.main(["--out", str(out)])  # other settings into the same --out
+    # a model made again (another machine) must measure what its finished runs started from
+    (out / "L2" / "student" / "ckpt.pt").unlink()
+    D.main(["--quick", "--lengths=2", "--out", str(out)])  # the same student again: its runs are kept
+    assert json.load(open(out / "results.json")) == record
+    tampered = dict(record, lengths=dict(record["lengths"], **{"2": dict(record["lengths"]["2"], start=0.123)}))
+    (out / "results.json").write_text(json.dumps(tampered))
+    with pytest.raises(SystemExit, match="other models"):
+        D.main(["--quick", "--lengths=2", "--out", str(out)])
+
+
+def test_a_study_split_across_two_outs_joins_into_one(tmp_path):
+    record = hand_written_record()
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    first = dict(record, lengths={"2": record["lengths"]["2"], "6": dict(record["lengths"]["6"], arms={"opd": record["lengths"]["6"]["arms"]["opd"]})})
+    second = dict(record, lengths={"6": dict(record["lengths"]["6"], arms={a: s for a, s in record["lengths"]["6"]["arms"].items() if a != "opd"})})
+    one.write_text(json.dumps(first))
+    two.write_text(json.dumps(second))
+    D.main(["--cap=6", "--report", f"--out={tmp_path / 'joined'}", f"--join={one},{two}"])
+    assert json.load(open(tmp_path / "joined" / "results.json")) == json.loads(json.dumps(record))
+    two.write_text(json.dumps(dict(second, lengths={"6": dict(second["lengths"]["6"], teacher=0.9)})))
+    with pytest.raises(SystemExit, match="other models"):
+        D.main(["--cap=6", "--report", f"--out={tmp_path / 'again'}", f"--join={one},{two}"])
