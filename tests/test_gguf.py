@@ -284,6 +284,32 @@ def test_smollm2_recipes_run_on_a_tiny_file(tiny_files, tmp_path):
         assert run.cfg["lora_rank"] == 16 and os.path.isfile(os.path.join(run.cfg["out_dir"], "ckpt.pt"))
 
 
+def test_smollm2_runs_record_each_stage_over_its_own_start_and_join(tiny_files, tmp_path, monkeypatch):
+    """experiments/smollm2_runs.py at toy size on the tiny file: every chain's stages recorded with their
+    start's verdicts (an SFT stage's the GGUF model's, GRPO's and DPO's their SFT's), finished stages read
+    rather than run again, a record joined into another --out equal to itself, other settings refused."""
+    import json
+    from experiments import smollm2_runs as R
+    path, out = tiny_files[0]["Q8_0"], tmp_path / "runs"
+    R.main(["--quick", f"--model={path}", "--chains=lora,dpo,full,gsm8k", "--seeds=0", f"--out={out}"])
+    record = json.load(open(out / "results.json"))
+    stages = record["seeds"]["0"]
+    assert set(stages) == set(R.STAGES) and set(record["starts"]) == {"arithmetic", "gsm8k"}
+    for name, (_, _, source) in R.STAGES.items():
+        start = stages[source] if source else record["starts"][R.task(name)]
+        assert stages[name]["start_verdicts"] == start["verdicts"] and len(start["verdicts"]) == 2
+        assert stages[name]["seconds_per_iter"] > 0 and stages[name]["tokens_per_iter"] > 0
+    assert record["starts"]["gsm8k"]["ood_acc"] is None and record["starts"]["arithmetic"]["ood_acc"] is not None
+    text = (out / "smollm2_runs.md").read_text()
+    assert all(f"| {name} | 0 |" in text for name in R.STAGES) and (out / "smollm2_runs.png").stat().st_size > 0
+    monkeypatch.setattr(R, "run", lambda cfg: pytest.fail(f"ran {cfg['out_dir']} again"))
+    R.main(["--quick", f"--model={path}", "--chains=lora,dpo,full,gsm8k", "--seeds=0", f"--out={out}"])
+    R.main(["--quick", f"--model={path}", "--report", f"--out={tmp_path / 'joined'}", f"--join={out / 'results.json'}"])
+    assert json.load(open(tmp_path / "joined" / "results.json")) == record
+    with pytest.raises(SystemExit, match="join only equal settings"):
+        R.main(["--report", f"--model={path}", f"--out={tmp_path / 'other'}", f"--join={out / 'results.json'}"])
+
+
 def test_chat_streams_each_answer_over_the_whole_conversation(tiny_files):
     """chat() on piped turns: each answer, streamed, is the greedy answer to the conversation so
     far through the template; /reset forgets it."""
