@@ -269,10 +269,13 @@ COLOURS = dict(opd="tab:blue", process_reward="tab:green", **{f"grpo_lr{lr:g}": 
 
 
 def plot(record, path):
-    """Tokens to each level against L, a panel per level, one line per arm: the seeds' mean where every
-    seed holds the level, its band shaded; a miss marked × at its run's tokens (a lower bound)."""
+    """Top row: tokens to each level against L, a panel per level, one line per arm: the seeds' mean where
+    every seed holds the level, its band shaded; a miss marked × at its run's tokens (a lower bound).
+    Bottom row: each L's held-out accuracy against rollout tokens, per arm the seeds' mean at each
+    evaluation, the start, the teacher and the primary level drawn across."""
     figures = analyse(record)
-    fig, axes = pyplot().subplots(1, len(FRACTIONS), figsize=(4.4 * len(FRACTIONS), 3.8), sharey=True)
+    fig, grid = pyplot().subplots(2, len(FRACTIONS), figsize=(4.4 * len(FRACTIONS), 7.6))
+    axes = grid[0]
     for ax, f in zip(axes, FRACTIONS):
         for arm, colour in ((a, c) for a, c in COLOURS.items() if any(a in fig_L["ends"] for fig_L in figures.values())):
             xs, ms, los, his, missed = [], [], [], [], []
@@ -295,6 +298,26 @@ def plot(record, path):
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("student rollout tokens, thousands\n(× a miss, at its run's tokens)")
     axes[0].legend(fontsize=7)
+    for ax, L in zip(grid[1], LENGTHS):
+        entry = record["lengths"].get(str(L))
+        if entry is None:
+            ax.set_axis_off()
+            continue
+        for arm, colour in ((a, c) for a, c in COLOURS.items() if a in entry["arms"]):
+            runs = list(entry["arms"][arm].values())
+            shared = min(map(len, runs))  # (every run evaluates on the same schedule)
+            ax.plot([mean(p[i]["tokens"] for p in runs) / 1e3 for i in range(shared)],
+                    [mean(p[i]["acc"] for p in runs) for i in range(shared)], color=colour, label=f"{arm} ({len(runs)})")
+        for value, style, name in ((entry["teacher"], "--", "teacher"), (entry["start"], ":", "start"),
+                                   (figures[L]["levels"].get(PRIMARY), "-.", "10% level")):
+            if value is not None:
+                ax.axhline(value, color="grey", ls=style, lw=1)
+                ax.annotate(name, (0, value), fontsize=7, color="grey", va="bottom")
+        ax.set_title(f"L = {L}: held-out accuracy (mean over seeds)", fontsize=9)
+        ax.set_xlabel("student rollout tokens, thousands")
+        ax.grid(alpha=0.3)
+    grid[1][0].set_ylabel("greedy held-out accuracy")
+    grid[1][0].legend(fontsize=7)
     save_figure(fig, path)
 
 
