@@ -3,8 +3,9 @@
 # solutions as targets ("7+8=15. 15-3=12. 12+5=17. Answer: 17", or only "Answer: 17" for half).
 # Before it the model answers in its own words and almost never ends with the "Answer: N" the
 # verifier reads (docs/smollm2.md). The first step; config/smollm2_grpo.py starts from its out_dir.
-#   python train.py config/smollm2_sft.py                       # about 40 minutes on 2 CPU cores (25 s a step
-#                                                               # beside other processes, and the evaluations)
+#   python train.py config/smollm2_sft.py                       # 60 steps of 5.7 s on 2 idle CPU cores, and three
+#                                                               # evaluations: the one at 0, of the untrained model's
+#                                                               # long answers, 10 to 20 minutes; the others under 2
 #   python train.py config/smollm2_sft.py --device=cuda         # a GPU (bf16 autocast)
 algo = "sft"
 init_from = "smollm2"
