@@ -179,6 +179,7 @@ def table(record):
                 ([r[k] for r in results if r[k] is not None] for k in ("seconds_per_iter", "tokens_per_iter", "minutes"))]
         lines.append(f"| {name} | {seeds} | {bands.cell([r['heldout_acc'] for r in results], n)} | "
                      f"{bands.cell(ood, n) if ood else '(none)'} | {gain} | {' | '.join(cost)} |")
+    lines += rivals(record)
     lines += ["", "The first held-out questions, greedy answers (the first seed of each stage):", ""]
     for key, start in record["starts"].items():
         for i, shown in enumerate(start["transcripts"]):
@@ -189,6 +190,26 @@ def table(record):
                     answer = entries[0][1]["transcripts"][i]
                     lines.append(f"      {name} -> {answer['response']!r} ({answer['verdict']:.0f})")
     return "\n".join(lines) + "\n"
+
+
+def rivals(record):
+    """Lines comparing two stages that start from the same stage (GRPO and DPO from SFT): the first's held-out
+    verdicts minus the second's, paired on the same problems in each seed where both ran."""
+    lines, table = [], stage_rows(record)
+    names = [name for name in table if STAGES[name][2]]
+    for i, first in enumerate(names):
+        for second in names[i + 1:]:
+            if STAGES[first][2] != STAGES[second][2]:
+                continue
+            other = dict(table[second])
+            pairs = [(seed, bands.paired([int(v) for v in r["verdicts"]], [int(v) for v in other[seed]["verdicts"]]))
+                     for seed, r in table[first] if seed in other]
+            if pairs:
+                gain = (bands.signed(*pairs[0][1]) if len(pairs) == 1
+                        else bands.paired_cell([m for _, (m, _) in pairs], [h for _, (_, h) in pairs]))
+                lines.append(f"{first} minus {second}, both from {STAGES[first][2]}, paired on the same held-out "
+                             f"problems (seeds {', '.join(seed for seed, _ in pairs)}): {gain}")
+    return [""] + lines if lines else []
 
 
 def plot(record, path):

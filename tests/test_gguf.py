@@ -23,7 +23,7 @@ import sample
 import train as T
 from conftest import TINY
 from model import GPT, GPTConfig
-from nanopost import gguf_file
+from nanopost import bands, gguf_file
 from nanopost.checkpoints import load_model
 from nanopost.gguf_file import dequantize, read_model, rotary_order, write
 from nanopost.tokenizer import ChatTemplateTokenizer, GGUFTokenizer, gpt2_byte_chars, make_tokenizer
@@ -302,6 +302,13 @@ def test_smollm2_runs_record_each_stage_over_its_own_start_and_join(tiny_files, 
     assert record["starts"]["gsm8k"]["ood_acc"] is None and record["starts"]["arithmetic"]["ood_acc"] is not None
     text = (out / "smollm2_runs.md").read_text()
     assert all(f"| {name} | 0 |" in text for name in R.STAGES) and (out / "smollm2_runs.png").stat().st_size > 0
+    # the one pair of stages from one start, GRPO's verdicts minus DPO's on the same problems
+    grpo, dpo = ([int(v) for v in stages[name]["verdicts"]] for name in ("grpo_lora", "dpo_lora"))
+    difference = bands.paired(grpo, dpo)
+    assert difference[0] == pytest.approx((sum(grpo) - sum(dpo)) / len(grpo))
+    assert text.count(" minus ") == 1 + text.count("minus the stage's start's")
+    assert f"grpo_lora minus dpo_lora, both from sft_lora, paired on the same held-out problems (seeds 0): " \
+           f"{bands.signed(*difference)}" in text
     monkeypatch.setattr(R, "run", lambda cfg: pytest.fail(f"ran {cfg['out_dir']} again"))
     R.main(["--quick", f"--model={path}", "--chains=lora,dpo,full,gsm8k", "--seeds=0", f"--out={out}"])
     R.main(["--quick", f"--model={path}", "--report", f"--out={tmp_path / 'joined'}", f"--join={out / 'results.json'}"])
