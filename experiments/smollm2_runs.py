@@ -108,8 +108,11 @@ def train_stage(cfg, out_dir):
 
 
 def measure_start(name, args):
-    """The GGUF model's own greedy figures on a stage's task: its recipe with no iteration, evaluated at 0."""
-    cfg = dict(stage_config(name, args, args.model), max_iters=0, eval_at_start=True, checkpoint=False)
+    """The GGUF model's own greedy figures on a stage's task: the task's first SFT stage with no iteration,
+    evaluated at 0 (that stage's keys, whichever chain asks: a rate or a LoRA rank changes no answer of
+    the untrained model, so every chain reads the one run)."""
+    first = next(other for other, (_, _, source) in STAGES.items() if source is None and task(other) == task(name))
+    cfg = dict(stage_config(first, args, args.model), max_iters=0, eval_at_start=True, checkpoint=False)
     cfg["eval_interval"] = 1
     return train_stage(cfg, os.path.join(args.out, f"start_{task(name)}"))
 

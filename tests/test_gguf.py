@@ -315,6 +315,12 @@ def test_smollm2_runs_record_each_stage_over_its_own_start_and_join(tiny_files, 
     assert json.load(open(tmp_path / "joined" / "results.json")) == record
     with pytest.raises(SystemExit, match="join only equal settings"):
         R.main(["--report", f"--model={path}", f"--out={tmp_path / 'other'}", f"--join={out / 'results.json'}"])
+    # the record lost, the runs kept: the full chain alone reads the untrained model's run that LoRA's made
+    (out / "results.json").unlink()
+    R.main(["--quick", f"--model={path}", "--chains=full", "--seeds=0", f"--out={out}"])
+    again = json.load(open(out / "results.json"))
+    assert list(again["starts"]) == ["arithmetic"]
+    assert again["starts"]["arithmetic"]["verdicts"] == record["starts"]["arithmetic"]["verdicts"]
 
 
 def test_chat_streams_each_answer_over_the_whole_conversation(tiny_files):
