@@ -196,13 +196,14 @@ def table(record):
 
 
 def rivals(record):
-    """Lines comparing two stages that start from the same stage (GRPO and DPO from SFT): the first's held-out
-    verdicts minus the second's, paired on the same problems in each seed where both ran."""
+    """Lines comparing two stages of one task that start from the same place (GRPO and DPO from one SFT; LoRA
+    and full SFT from the GGUF model): the first's held-out verdicts minus the second's, paired on the same
+    problems in each seed where both ran."""
     lines, table = [], stage_rows(record)
-    names = [name for name in table if STAGES[name][2]]
+    names = list(table)
     for i, first in enumerate(names):
         for second in names[i + 1:]:
-            if STAGES[first][2] != STAGES[second][2]:
+            if STAGES[first][2] != STAGES[second][2] or task(first) != task(second):
                 continue
             other = dict(table[second])
             pairs = [(seed, bands.paired([int(v) for v in r["verdicts"]], [int(v) for v in other[seed]["verdicts"]]))
@@ -210,7 +211,7 @@ def rivals(record):
             if pairs:
                 gain = (bands.signed(*pairs[0][1]) if len(pairs) == 1
                         else bands.paired_cell([m for _, (m, _) in pairs], [h for _, (_, h) in pairs]))
-                lines.append(f"{first} minus {second}, both from {STAGES[first][2]}, paired on the same held-out "
+                lines.append(f"{first} minus {second}, both from {STAGES[first][2] or 'the GGUF model'}, paired on the same held-out "
                              f"problems (seeds {', '.join(seed for seed, _ in pairs)}): {gain}")
     return [""] + lines if lines else []
 

@@ -302,13 +302,15 @@ def test_smollm2_runs_record_each_stage_over_its_own_start_and_join(tiny_files, 
     assert record["starts"]["gsm8k"]["ood_acc"] is None and record["starts"]["arithmetic"]["ood_acc"] is not None
     text = (out / "smollm2_runs.md").read_text()
     assert all(f"| {name} | 0 |" in text for name in R.STAGES) and (out / "smollm2_runs.png").stat().st_size > 0
-    # the one pair of stages from one start, GRPO's verdicts minus DPO's on the same problems
-    grpo, dpo = ([int(v) for v in stages[name]["verdicts"]] for name in ("grpo_lora", "dpo_lora"))
-    difference = bands.paired(grpo, dpo)
-    assert difference[0] == pytest.approx((sum(grpo) - sum(dpo)) / len(grpo))
-    assert text.count(" minus ") == 1 + text.count("minus the stage's start's")
-    assert f"grpo_lora minus dpo_lora, both from sft_lora, paired on the same held-out problems (seeds 0): " \
-           f"{bands.signed(*difference)}" in text
+    # the two pairs of stages of one task from one start (not grpo_lora and grpo_full: their SFTs differ;
+    # not sft_gsm8k: another task), each paired on the same problems
+    assert text.count(" minus ") == 2 + text.count("minus the stage's start's")
+    for first, second, start in (("grpo_lora", "dpo_lora", "sft_lora"), ("sft_lora", "sft_full", "the GGUF model")):
+        a, b = ([int(v) for v in stages[name]["verdicts"]] for name in (first, second))
+        difference = bands.paired(a, b)
+        assert difference[0] == pytest.approx((sum(a) - sum(b)) / len(a))
+        assert f"{first} minus {second}, both from {start}, paired on the same held-out problems (seeds 0): " \
+               f"{bands.signed(*difference)}" in text
     monkeypatch.setattr(R, "run", lambda cfg: pytest.fail(f"ran {cfg['out_dir']} again"))
     R.main(["--quick", f"--model={path}", "--chains=lora,dpo,full,gsm8k", "--seeds=0", f"--out={out}"])
     R.main(["--quick", f"--model={path}", "--report", f"--out={tmp_path / 'joined'}", f"--join={out / 'results.json'}"])
