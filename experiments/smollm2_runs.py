@@ -132,9 +132,22 @@ def stage(name, seed, args, record):
     return dict(train_stage(cfg, os.path.join(args.out, f"seed{seed}", name)), start_verdicts=start["verdicts"])
 
 
+def difference(verdicts, others):
+    """(mean, half-width) of one string of held-out verdicts minus another, paired on the same problems."""
+    return bands.paired([int(v) for v in verdicts], [int(v) for v in others])
+
+
 def lift(result):
-    """(mean, half-width) of a stage's held-out verdicts minus its start's, on the same problems."""
-    return bands.paired([int(v) for v in result["verdicts"]], [int(v) for v in result["start_verdicts"]])
+    """A stage's held-out verdicts minus its start's."""
+    return difference(result["verdicts"], result["start_verdicts"])
+
+
+def seeds_cell(pairs):
+    """Paired differences, one (mean, half-width) per seed, as a cell: one seed's signed band; several, the
+    seeds' band floored by theirs (bands.paired_cell)."""
+    if len(pairs) == 1:
+        return bands.signed(*pairs[0])
+    return bands.paired_cell([m for m, _ in pairs], [h for _, h in pairs])
 
 
 def join(record, path):
@@ -174,9 +187,7 @@ def table(record):
     for name, entries in stage_rows(record).items():
         seeds = ", ".join(seed for seed, _ in entries)
         results = [r for _, r in entries]
-        pairs = [lift(r) for r in results]
-        gain = (bands.signed(*pairs[0]) if len(pairs) == 1
-                else bands.paired_cell([m for m, _ in pairs], [h for _, h in pairs]))
+        gain = seeds_cell([lift(r) for r in results])
         ood = [r["ood_acc"] for r in results if r["ood_acc"] is not None]
         cost = [f"{sum(vals) / len(vals):.1f}" if vals else "" for vals in
                 ([r[k] for r in results if r[k] is not None] for k in ("seconds_per_iter", "tokens_per_iter", "minutes"))]
@@ -199,20 +210,19 @@ def rivals(record):
     """Lines comparing two stages of one task that start from the same place (GRPO and DPO from one SFT; LoRA
     and full SFT from the GGUF model): the first's held-out verdicts minus the second's, paired on the same
     problems in each seed where both ran."""
-    lines, table = [], stage_rows(record)
-    names = list(table)
+    lines, by_stage = [], stage_rows(record)
+    names = list(by_stage)
     for i, first in enumerate(names):
         for second in names[i + 1:]:
             if STAGES[first][2] != STAGES[second][2] or task(first) != task(second):
                 continue
-            other = dict(table[second])
-            pairs = [(seed, bands.paired([int(v) for v in r["verdicts"]], [int(v) for v in other[seed]["verdicts"]]))
-                     for seed, r in table[first] if seed in other]
-            if pairs:
-                gain = (bands.signed(*pairs[0][1]) if len(pairs) == 1
-                        else bands.paired_cell([m for _, (m, _) in pairs], [h for _, (_, h) in pairs]))
-                lines.append(f"{first} minus {second}, both from {STAGES[first][2] or 'the GGUF model'}, paired on the same held-out "
-                             f"problems (seeds {', '.join(seed for seed, _ in pairs)}): {gain}")
+            other = dict(by_stage[second])
+            seeds = [seed for seed, _ in by_stage[first] if seed in other]
+            if seeds:
+                ours = dict(by_stage[first])
+                gain = seeds_cell([difference(ours[seed]["verdicts"], other[seed]["verdicts"]) for seed in seeds])
+                lines.append(f"{first} minus {second}, both from {STAGES[first][2] or 'the GGUF model'}, paired on the "
+                             f"same held-out problems (seeds {', '.join(seeds)}): {gain}")
     return [""] + lines if lines else []
 
 
