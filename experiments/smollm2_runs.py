@@ -9,10 +9,12 @@ THE STAGES, fixed here before any run (each a recipe as written, evaluated once,
     dpo_lora     config/smollm2_dpo.py                  LoRA, 32 steps of 16 verifier pairs, from sft_lora
     sft_full     the SFT recipe, every weight trained    --lora_rank=0 --learning_rate=2e-5 --min_lr=2e-6
     grpo_full    the GRPO recipe, every weight trained   --lora_rank=0 --learning_rate=2e-5 --min_lr=2e-5, from sft_full
-    sft_gsm8k    the SFT recipe on GSM8K-format rows     --env=gsm8k --env_data=arithmetic (rows the project writes)
-    grpo_gsm8k   the GRPO recipe on the same rows        from sft_gsm8k
+    sft_gsm8k    the SFT recipe on GSM8K-format rows     --env=gsm8k --env_data=arithmetic (rows the project writes) --max_new_tokens=96
+    grpo_gsm8k   the GRPO recipe on the same rows        --max_new_tokens=96, from sft_gsm8k
 
-(full fine-tuning at a tenth of LoRA's rate: LoRA's usual factor, docs/menu.md's LoRA without regret.) A
+(full fine-tuning at a tenth of LoRA's rate: LoRA's usual factor, docs/menu.md's LoRA without regret; the
+GSM8K-format answers, worked steps with <<a+b=c>> and "#### n", are 69 to 85 tokens in SmolLM2's tokenizer, so
+96 new tokens where the recipes' 48 cut every one short: the first try, on docs/smollm2.md.) A
 chain (--chains) is the stages that start from one another: lora, dpo, full, gsm8k.
 
 THE RULES:
@@ -50,7 +52,7 @@ from nanopost import bands  # noqa: E402  (after the path: the script runs from 
 from nanopost.options import parse_args  # noqa: E402
 from experiments.study import finished, pyplot, rows, run, save_figure, save_study  # noqa: E402
 
-GSM8K = dict(env="gsm8k", env_data="arithmetic")
+GSM8K = dict(env="gsm8k", env_data="arithmetic", max_new_tokens=96)
 STAGES = {  # name: (recipe, its overrides, the stage it starts from: None is the GGUF model)
     "sft_lora": ("smollm2_sft", {}, None),
     "grpo_lora": ("smollm2_grpo", {}, "sft_lora"),
@@ -70,6 +72,11 @@ SHOWN = 4  # transcripts kept per stage: the first held-out questions
 
 def task(stage):
     return "gsm8k" if STAGES[stage][1].get("env") == "gsm8k" else "arithmetic"
+
+
+def first_stage(task_name):
+    """The task's first SFT stage: the one whose keys measure the GGUF model on that task."""
+    return next(name for name, (_, _, source) in STAGES.items() if source is None and task(name) == task_name)
 
 
 def stage_config(name, args, init_from):
@@ -111,8 +118,7 @@ def measure_start(name, args):
     """The GGUF model's own greedy figures on a stage's task: the task's first SFT stage with no iteration,
     evaluated at 0 (that stage's keys, whichever chain asks: a rate or a LoRA rank changes no answer of
     the untrained model, so every chain reads the one run)."""
-    first = next(other for other, (_, _, source) in STAGES.items() if source is None and task(other) == task(name))
-    cfg = dict(stage_config(first, args, args.model), max_iters=0, eval_at_start=True, checkpoint=False)
+    cfg = dict(stage_config(first_stage(task(name)), args, args.model), max_iters=0, eval_at_start=True, checkpoint=False)
     cfg["eval_interval"] = 1
     return train_stage(cfg, os.path.join(args.out, f"start_{task(name)}"))
 
@@ -151,11 +157,25 @@ def seeds_cell(pairs):
 
 
 def join(record, path):
-    """Another record's finished stages read into `record` (a run kept first where both have one)."""
+    """Another record's finished stages read into `record` (a run kept first where both have one). Its figures
+    must rest on the stages as defined here: the stages it holds, the stages they start from, and each start's
+    first SFT stage (a stage it never ran may have changed since)."""
     with open(path) as f:
         other = json.load(f)
-    if other["settings"] != record["settings"]:
-        sys.exit(f"error: {path} holds runs with {other['settings']}, not {record['settings']}; join only equal settings")
+    mine, theirs = record["settings"], other["settings"]
+    for key in ("model", "quick"):
+        if theirs[key] != mine[key]:
+            sys.exit(f"error: {path} holds runs with {key}={theirs[key]}, not {mine[key]}; join only equal settings")
+    used = {first_stage(name) for name in other["starts"]}
+    for stages in other["seeds"].values():
+        for name in stages:
+            while name:
+                used.add(name)
+                name = STAGES[name][2]
+    for name in sorted(used):
+        if theirs["stages"].get(name) != mine["stages"][name]:
+            sys.exit(f"error: {path} ran {name} as {theirs['stages'].get(name)}, defined here as {mine['stages'][name]};"
+                     " join only runs of the stages as defined")
     for key, value in other["starts"].items():
         record["starts"].setdefault(key, value)
     for seed, stages in other["seeds"].items():
