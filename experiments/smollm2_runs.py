@@ -26,6 +26,8 @@ THE RULES:
   bands.paired_across_seeds floored by the seeds' paired bands (the project's band rule). A lift is
   claimed only where its band lies wholly above 0.
 - Accuracy over seeds: bands.cell (one seed: its binomial band; two: both values; three: the t band).
+- Slips: held-out answers with a written step whose arithmetic is wrong (a ± b = c where c is not a ± b): where
+  a worked answer goes wrong in the arithmetic rather than the plan.
 - Cost: seconds per iteration (the loop's iter_time, the update and its sampling, no evaluation), trained
   tokens per iteration, and the stage's wall minutes (loading, training, evaluation and checkpoint).
 - Seeds 0, 1 and 2.
@@ -42,6 +44,7 @@ and the transcripts) and smollm2_runs.png (held-out accuracy by stage) into --ou
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -89,9 +92,17 @@ def stage_config(name, args, init_from):
     return cfg
 
 
+STEP = re.compile(r"(\d+)\s*([+-])\s*(\d+)\s*=\s*(-?\d+)")  # a written step, "6-2=4" (GSM8K's "<<6-2=4>>" holds one)
+
+
+def slipped(response):
+    """True when one of the answer's written steps has its arithmetic wrong: a ± b = c with c not a ± b."""
+    return any(int(c) != (int(a) + int(b) if sign == "+" else int(a) - int(b)) for a, sign, b, c in STEP.findall(response))
+
+
 def measured(out_dir, minutes=None):
     """A finished run's figures: its last evaluation, its held-out verdicts (a string of 0s and 1s, in the
-    problems' order), its cost, and its first answers."""
+    problems' order), how many held-out answers slipped in a step's arithmetic, its cost, and its first answers."""
     logged = rows(out_dir)
     evaluation = [r for r in logged if "heldout_acc" in r][-1]
     steps = [r for r in logged if "iter_time" in r]
@@ -100,8 +111,9 @@ def measured(out_dir, minutes=None):
     return dict(heldout_acc=evaluation["heldout_acc"], ood_acc=evaluation.get("ood_acc"),
                 heldout_len=evaluation["heldout_len"], heldout_work=evaluation["heldout_work"],
                 verdicts="".join(str(int(a["verdict"])) for a in answers),
+                slips=sum(slipped(a["response"]) for a in answers),
                 seconds_per_iter=sum(r["iter_time"] for r in steps) / len(steps) if steps else None,
-                tokens_per_iter=steps[-1]["train_tokens"] / len(steps) if steps else None, minutes=minutes,
+                tokens_per_iter=steps[-1]["train_tokens"] / steps[-1]["iter"] if steps else None, minutes=minutes,
                 transcripts=[dict(prompt=a["prompt"], response=a["response"], verdict=a["verdict"]) for a in answers[:SHOWN]])
 
 
@@ -198,12 +210,14 @@ def table(record):
     lines = [f"Greedy accuracy on the first {n} held-out and OOD problems; lift: held-out verdicts minus the stage's "
              "start's on the same problems, paired (one seed: its per-problem band; two: both values; three: the "
              "seeds' t band floored by their per-problem bands).", "",
-             "| stage | seeds | held-out | OOD | lift over its start | s / iteration | trained tokens / iteration | minutes |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| stage | seeds | held-out | OOD | lift over its start | answers with a slip | s / iteration | "
+             "trained tokens / iteration | minutes |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for key, start in record["starts"].items():
         ood = bands.cell([start["ood_acc"]], n) if start["ood_acc"] is not None else "(none)"
         minutes = f"{start['minutes']:.1f}" if start["minutes"] is not None else ""
-        lines.append(f"| the GGUF model ({key}) | | {bands.cell([start['heldout_acc']], n)} | {ood} | | | | {minutes} |")
+        lines.append(f"| the GGUF model ({key}) | | {bands.cell([start['heldout_acc']], n)} | {ood} | | {slips([start])} "
+                     f"| | | {minutes} |")
     for name, entries in stage_rows(record).items():
         seeds = ", ".join(seed for seed, _ in entries)
         results = [r for _, r in entries]
@@ -212,7 +226,7 @@ def table(record):
         cost = [f"{sum(vals) / len(vals):.1f}" if vals else "" for vals in
                 ([r[k] for r in results if r[k] is not None] for k in ("seconds_per_iter", "tokens_per_iter", "minutes"))]
         lines.append(f"| {name} | {seeds} | {bands.cell([r['heldout_acc'] for r in results], n)} | "
-                     f"{bands.cell(ood, n) if ood else '(none)'} | {gain} | {' | '.join(cost)} |")
+                     f"{bands.cell(ood, n) if ood else '(none)'} | {gain} | {slips(results)} | {' | '.join(cost)} |")
     lines += rivals(record)
     lines += ["", "The first held-out questions, greedy answers (the first seed of each stage):", ""]
     for key, start in record["starts"].items():
@@ -224,6 +238,11 @@ def table(record):
                     answer = entries[0][1]["transcripts"][i]
                     lines.append(f"      {name} -> {answer['response']!r} ({answer['verdict']:.0f})")
     return "\n".join(lines) + "\n"
+
+
+def slips(results):
+    """Each seed's count of held-out answers with a slipped step (a record made before it was counted: blank)."""
+    return ", ".join(str(r["slips"]) for r in results if r.get("slips") is not None)
 
 
 def rivals(record):

@@ -342,6 +342,31 @@ def test_smollm2_runs_record_each_stage_over_its_own_start_and_join(tiny_files, 
     assert again["starts"]["arithmetic"]["verdicts"] == record["starts"]["arithmetic"]["verdicts"]
 
 
+def test_smollm2_runs_measures_a_run_logged_every_tenth_iteration(tmp_path):
+    """The cost of a run that logs every log_interval iterations: seconds per iteration the logged iterations'
+    mean, trained tokens per iteration the running total over the iterations (not over the logged rows)."""
+    import json
+    from experiments.smollm2_runs import measured
+    rows = [dict(iter=10, iter_time=6.0, train_tokens=2500.0), dict(iter=20, iter_time=5.0, train_tokens=5300.0),
+            dict(iter=20, heldout_acc=0.5, heldout_len=9.0, heldout_work=1.0, ood_acc=0.0)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    answers = [dict(prompt="1+1?", answer="2", response="1+1=3. Answer: 3", verdict=0.0),
+               dict(prompt="2+2?", answer="4", response="2+2=4. Answer: 4", verdict=1.0)]
+    (tmp_path / "answers.jsonl").write_text(json.dumps(dict(iter=20, split="heldout", answers=answers)) + "\n")
+    result = measured(str(tmp_path))
+    assert result["seconds_per_iter"] == 5.5 and result["tokens_per_iter"] == 265.0
+    assert result["verdicts"] == "01" and result["slips"] == 1 and result["heldout_acc"] == 0.5
+
+
+def test_smollm2_runs_counts_an_answer_with_a_wrong_step_as_a_slip():
+    """A slip is a written step a ± b = c whose c is not a ± b, in the arithmetic task's form or GSM8K's."""
+    from experiments.smollm2_runs import slipped
+    assert slipped("0+6=6. 6-0=6. 6-2=5. Answer: 5") and slipped("Kim got 4: 7 + 4 = <<7+4=12>>12 shells.")
+    assert not slipped("7+9=16. 16-4=12. 12+3=15. Answer: 15") and not slipped("Bob: 1 - 0 = <<1-0=1>>1 cards.")
+    assert slipped("9+9=18. 18+0=18. 18-6=9. Answer: 9")  # (18 - 6 is 12)
+    assert not slipped("Answer: 10") and not slipped("1+0=1. 1-5=-4. Answer: -4")  # a wrong plan, no slip
+
+
 def test_chat_streams_each_answer_over_the_whole_conversation(tiny_files):
     """chat() on piped turns: each answer, streamed, is the greedy answer to the conversation so
     far through the template; /reset forgets it."""
