@@ -92,7 +92,7 @@ def stage_config(name, args, init_from):
     return cfg
 
 
-STEP = re.compile(r"(\d+)\s*([+-])\s*(\d+)\s*=\s*(-?\d+)")  # a written step, "6-2=4" (GSM8K's "<<6-2=4>>" holds one)
+STEP = re.compile(r"([0-9]+)\s*([+-])\s*([0-9]+)\s*=\s*(-?[0-9]+)")  # a written step, "6-2=4" (GSM8K's "<<6-2=4>>" holds one)
 
 
 def slipped(response):

@@ -318,22 +318,21 @@ def test_smollm2_runs_record_each_stage_over_its_own_start_and_join(tiny_files, 
     with pytest.raises(SystemExit, match="join only equal settings"):
         R.main(["--report", f"--model={path}", f"--out={tmp_path / 'other'}", f"--join={out / 'results.json'}"])
     # a stage defined anew since: refused in a record that ran it (or a stage from it), not in one that did not
-    defined = R.STAGES["sft_gsm8k"]
-    monkeypatch.setitem(R.STAGES, "sft_gsm8k", ("smollm2_sft", dict(R.GSM8K, max_new_tokens=3), None))
-    with pytest.raises(SystemExit, match="ran sft_gsm8k as .* join only runs of the stages as defined"):
-        R.main(["--quick", f"--model={path}", "--report", f"--out={tmp_path / 'anew'}", f"--join={out / 'results.json'}"])
-    arithmetic = dict(record, starts={"arithmetic": record["starts"]["arithmetic"]},
-                      seeds={"0": {name: result for name, result in stages.items() if R.task(name) == "arithmetic"}})
-    for gsm8k_only in ("grpo_gsm8k", None):  # a GRPO stage rests on its SFT; the start on the first SFT stage
-        held = dict(record, starts={"gsm8k": record["starts"]["gsm8k"]} if not gsm8k_only else {},
-                    seeds={"0": {gsm8k_only: stages[gsm8k_only]} if gsm8k_only else {}})
-        (tmp_path / "held.json").write_text(json.dumps(held))
-        with pytest.raises(SystemExit, match="ran sft_gsm8k as"):
-            R.main(["--quick", f"--model={path}", "--report", f"--out={tmp_path / 'anew'}", f"--join={tmp_path / 'held.json'}"])
-    (tmp_path / "arithmetic.json").write_text(json.dumps(arithmetic))
-    R.main(["--quick", f"--model={path}", "--report", f"--out={tmp_path / 'anew'}", f"--join={tmp_path / 'arithmetic.json'}"])
-    assert json.load(open(tmp_path / "anew" / "results.json"))["seeds"] == arithmetic["seeds"]
-    R.STAGES["sft_gsm8k"] = defined
+    with monkeypatch.context() as anew:
+        anew.setitem(R.STAGES, "sft_gsm8k", ("smollm2_sft", dict(R.GSM8K, max_new_tokens=3), None))
+        with pytest.raises(SystemExit, match="ran sft_gsm8k as .* join only runs of the stages as defined"):
+            R.main(["--quick", f"--model={path}", "--report", f"--out={tmp_path / 'anew'}", f"--join={out / 'results.json'}"])
+        arithmetic = dict(record, starts={"arithmetic": record["starts"]["arithmetic"]},
+                          seeds={"0": {name: result for name, result in stages.items() if R.task(name) == "arithmetic"}})
+        for gsm8k_only in ("grpo_gsm8k", None):  # a GRPO stage rests on its SFT; the start on the first SFT stage
+            held = dict(record, starts={"gsm8k": record["starts"]["gsm8k"]} if not gsm8k_only else {},
+                        seeds={"0": {gsm8k_only: stages[gsm8k_only]} if gsm8k_only else {}})
+            (tmp_path / "held.json").write_text(json.dumps(held))
+            with pytest.raises(SystemExit, match="ran sft_gsm8k as"):
+                R.main(["--quick", f"--model={path}", "--report", f"--out={tmp_path / 'anew'}", f"--join={tmp_path / 'held.json'}"])
+        (tmp_path / "arithmetic.json").write_text(json.dumps(arithmetic))
+        R.main(["--quick", f"--model={path}", "--report", f"--out={tmp_path / 'anew'}", f"--join={tmp_path / 'arithmetic.json'}"])
+        assert json.load(open(tmp_path / "anew" / "results.json"))["seeds"] == arithmetic["seeds"]
     # the record lost, the runs kept: the full chain alone reads the untrained model's run that LoRA's made
     (out / "results.json").unlink()
     R.main(["--quick", f"--model={path}", "--chains=full", "--seeds=0", f"--out={out}"])
